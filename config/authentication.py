@@ -1,0 +1,138 @@
+"""API-key authentication for DRF (DESIGN.md section 4).
+
+Credentials: ``X-API-Key: <key>`` or ``Authorization: Bearer <key>``. The
+rate-limit middleware resolves the credential first (it must know whose bucket
+to charge) and leaves the result on the request; authentication reuses it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from django.http import HttpRequest
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
+from rest_framework.authentication import BaseAuthentication
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+from config.errors import InvalidAPIKey, NotAuthenticated
+
+if TYPE_CHECKING:
+    from billing.models import APIKey
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller: one API key, wallet-scoped or operator."""
+
+    key: APIKey
+
+    @property
+    def key_id(self) -> str:
+        return self.key.key_id
+
+    @property
+    def wallet_id(self) -> str | None:
+        return self.key.wallet_id
+
+    @property
+    def tenant_id(self) -> str | None:
+        return self.key.tenant_id
+
+    @property
+    def is_operator(self) -> bool:
+        return self.key.wallet_id is None
+
+    # DRF and Django treat request.user as a user object.
+    @property
+    def is_authenticated(self) -> bool:
+        return True
+
+
+def credential_from_headers(request: HttpRequest) -> str | None:
+    """The presented secret, or None when no credential header is present."""
+    key = request.headers.get("X-API-Key")
+    if key is not None:
+        return key.strip()
+    auth = request.headers.get("Authorization")
+    if auth is not None:
+        scheme, _, token = auth.partition(" ")
+        if scheme.lower() != "bearer":
+            return auth.strip() or " "  # present but not a bearer credential: rejected
+        return token.strip()
+    return None
+
+
+def resolve_credential(request: HttpRequest) -> tuple[APIKey | None, Exception | None]:
+    """Resolve (once per request) the presented credential to an active key or an error."""
+    cached = getattr(request, "_tollgate_auth", None)
+    if cached is not None:
+        return cached
+    from billing.selectors import api_key_authenticate
+
+    secret = credential_from_headers(request)
+    result: tuple[APIKey | None, Exception | None]
+    if secret is None:
+        result = (None, None)
+    else:
+        try:
+            result = (api_key_authenticate(secret=secret), None)
+        except InvalidAPIKey as exc:
+            result = (None, exc)
+    request._tollgate_auth = result  # type: ignore[attr-defined]
+    return result
+
+
+class APIKeyAuthentication(BaseAuthentication):
+    """DRF authentication class: the caller is a :class:`Principal` or anonymous."""
+
+    def authenticate(self, request: Request) -> tuple[Principal, APIKey] | None:
+        key, error = resolve_credential(request._request)
+        if error is not None:
+            raise error
+        if key is None:
+            return None
+        return Principal(key), key
+
+    def authenticate_header(self, request: Request) -> str:
+        return 'Bearer realm="tollgate"'
+
+
+class HasAPIKey(BasePermission):
+    """Default permission: an authenticated API key is required."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not isinstance(request.user, Principal):
+            raise NotAuthenticated()
+        return True
+
+
+class AllowAnyone(BasePermission):
+    """For public endpoints: a presented key is still checked (a bad one is 401)."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        return True
+
+
+def principal(request: Request) -> Principal:
+    user = request.user
+    if not isinstance(user, Principal):
+        raise NotAuthenticated()
+    return user
+
+
+def optional_principal(request: Request) -> Principal | None:
+    user = request.user
+    return user if isinstance(user, Principal) else None
+
+
+class APIKeyScheme(OpenApiAuthenticationExtension):
+    target_class = "config.authentication.APIKeyAuthentication"
+    name = ["APIKeyHeader", "BearerAuth"]
+
+    def get_security_definition(self, auto_schema: Any) -> list[dict[str, Any]]:
+        return [
+            {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            {"type": "http", "scheme": "bearer"},
+        ]

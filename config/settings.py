@@ -1,0 +1,213 @@
+"""Tollgate settings. Everything comes from the environment (12-factor).
+
+See DESIGN.md section 10 for the flags. With ``DATABASE_URL`` unset, the
+embedded PostgreSQL server under ``.data/postgres`` is used (and started if it
+is not running); ``make run`` and ``make test`` start and stop it.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import environ
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+SERVICE_VERSION = "1.3.0"
+
+env = environ.Env()
+
+DJANGO_ENV = env.str("DJANGO_ENV", default="development")
+PRODUCTION = DJANGO_ENV == "production"
+TESTING = env.bool("TOLLGATE_TESTING", default=False)
+
+_DEFAULT_SECRET = "dev-insecure-tollgate-secret-key-change-me-0123456789"
+SECRET_KEY = env.str("SECRET_KEY", default=_DEFAULT_SECRET)
+DEBUG = env.bool("DEBUG", default=False)
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver", "[::1]"])
+PUBLIC_BASE_URL = env.str("PUBLIC_BASE_URL", default="http://127.0.0.1:8000")
+
+# Feature flags (DESIGN.md section 10).
+ENABLE_DOGFOOD_TOOL = env.bool("ENABLE_DOGFOOD_TOOL", default=False)
+ENABLE_PROOF_SURFACES = env.bool("ENABLE_PROOF_SURFACES", default=False)
+ENABLE_MCP_STREAMABLE_HTTP = env.bool("ENABLE_MCP_STREAMABLE_HTTP", default=not PRODUCTION)
+ALLOWED_ORIGINS = env.list(
+    "ALLOWED_ORIGINS",
+    default=[] if PRODUCTION else ["http://127.0.0.1:8000", "http://localhost:8000"],
+)
+UPSTREAM_MCP_URL = env.str("UPSTREAM_MCP_URL", default="")
+UPSTREAM_CONNECT_TIMEOUT = env.float("UPSTREAM_CONNECT_TIMEOUT", default=2.0)
+UPSTREAM_READ_TIMEOUT = env.float("UPSTREAM_READ_TIMEOUT", default=15.0)
+
+# Rate limits (spec, Limits). Adjustable only so that benchmarks can measure
+# throughput; the defaults are the contract.
+RATE_LIMIT_REQUESTS = env.int("RATE_LIMIT_REQUESTS", default=120)
+RATE_LIMIT_WINDOW_SECONDS = env.int("RATE_LIMIT_WINDOW_SECONDS", default=60)
+RATE_LIMIT_REJECTED_MULTIPLIER = 10
+
+# Evidence signing key: a base64url Ed25519 private key (32 bytes) in the
+# environment, or a file outside the repository. `make run` generates the file.
+SIGNING_KEY_PRIVATE = env.str("SIGNING_KEY_PRIVATE", default="")
+SIGNING_KEY_FILE = env.str("SIGNING_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "signing-keys.json"))
+
+if PRODUCTION:
+    problems = []
+    if DEBUG:
+        problems.append("DEBUG is on")
+    if SECRET_KEY == _DEFAULT_SECRET or len(SECRET_KEY) < 32:
+        problems.append("SECRET_KEY is the default or too short")
+    if ENABLE_DOGFOOD_TOOL:
+        problems.append("ENABLE_DOGFOOD_TOOL is on")
+    if not ALLOWED_ORIGINS:
+        problems.append("ALLOWED_ORIGINS is empty")
+    if problems:
+        raise ImproperlyConfigured("refusing to start in production: " + "; ".join(problems))
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "whitenoise.runserver_nostatic",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "audit",
+    "billing",
+    "permits",
+    "receipts",
+    "mcpgateway",
+]
+
+MIDDLEWARE = [
+    "config.middleware.RequestIdMiddleware",
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "billing.ratelimit.RateLimitMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+APPEND_SLASH = False
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+
+def _database_url() -> str:
+    url = env.str("DATABASE_URL", default="")
+    if url:
+        return url
+    from devtools import pg
+
+    return pg.running_url() or pg.start()
+
+
+_db = environ.Env.db_url_config(_database_url())
+if _db["ENGINE"] != "django.db.backends.postgresql":
+    raise ImproperlyConfigured("Tollgate runs on PostgreSQL only; DATABASE_URL must be postgres://...")
+if not _db.get("HOST") and "host" in _db.get("OPTIONS", {}):
+    _db["HOST"] = _db["OPTIONS"].pop("host")  # Unix socket directory
+_db["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0 if TESTING else 60)
+_db["CONN_HEALTH_CHECKS"] = True
+_db["ATOMIC_REQUESTS"] = False
+if TESTING:
+    # Test data is disposable: skip the WAL flush on commit.
+    _db.setdefault("OPTIONS", {})["options"] = "-c synchronous_commit=off"
+DATABASES = {"default": _db}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://tollgate")}
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+if TESTING:
+    PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+
+STATIC_URL = "/static/"
+STATIC_ROOT = BASE_DIR / "staticfiles"
+STATIC_ROOT.mkdir(exist_ok=True)  # WhiteNoise expects it; assets are also served from the finders
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+WHITENOISE_USE_FINDERS = True  # serve straight from app directories even before collectstatic
+
+EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
+DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="tollgate@localhost")
+
+SESSION_COOKIE_HTTPONLY = True
+CSRF_COOKIE_HTTPONLY = False
+SESSION_COOKIE_SECURE = PRODUCTION
+CSRF_COOKIE_SECURE = PRODUCTION
+X_FRAME_OPTIONS = "DENY"
+LOGIN_URL = "/admin/login/"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": ["config.authentication.APIKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["config.authentication.HasAPIKey"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "EXCEPTION_HANDLER": "config.errors.exception_handler",
+    "UNAUTHENTICATED_USER": None,
+    "DEFAULT_THROTTLE_CLASSES": [],
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Tollgate",
+    "DESCRIPTION": (
+        "Transaction-integrity gateway for consequential actions taken by autonomous agents. "
+        "Each logical action binds scoped authority and metered credits to at most one dispatch "
+        "and at most one debit, and leaves a signed receipt, a hash-chained audit event and a "
+        "ledger entry."
+    ),
+    "VERSION": SERVICE_VERSION,
+    "OAS_VERSION": "3.1.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+    "ENUM_NAME_OVERRIDES": {},
+    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums"],
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
+    "loggers": {
+        "django.db.backends": {"level": "WARNING"},
+        # Django logs every 4xx as a warning with the request line; ours are expected.
+        "django.request": {"level": "ERROR"},
+    },
+}

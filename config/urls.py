@@ -1,0 +1,26 @@
+"""Root URLconf. Each app owns its routes; a route exists only when it works."""
+
+from django.contrib import admin
+from django.urls import include, path
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularRedocView, SpectacularSwaggerView
+
+from mcpgateway import views as gateway_views
+
+admin.site.site_header = "Tollgate operator console"
+admin.site.site_title = "Tollgate"
+admin.site.index_title = "Operations"
+
+urlpatterns = [
+    path("health", gateway_views.health, name="health"),
+    path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
+    path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
+    path("redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
+    path("admin/", admin.site.urls),
+    path("", include("audit.urls")),
+    path("", include("billing.urls")),
+]
+
+handler400 = "config.errors.handler400"
+handler403 = "config.errors.handler403"
+handler404 = "config.errors.handler404"
+handler500 = "config.errors.handler500"

@@ -1,0 +1,78 @@
+"""Shared fixtures: API clients authenticated as operator, sponsor and agent keys."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from django.core.cache import cache
+from rest_framework.test import APIClient
+
+from billing.models import Wallet
+from tests import factories
+
+
+@pytest.fixture(autouse=True)
+def _clear_rate_limits() -> Iterator[None]:
+    cache.clear()
+    yield
+    cache.clear()
+
+
+def client_for(secret: str | None) -> APIClient:
+    client = APIClient()
+    if secret is not None:
+        client.credentials(HTTP_X_API_KEY=secret)
+    return client
+
+
+@dataclass
+class Tenant:
+    sponsor: Wallet
+    sponsor_secret: str
+    sponsor_key_id: str
+    agent: Wallet
+    agent_secret: str
+    agent_key_id: str
+
+    @property
+    def sponsor_client(self) -> APIClient:
+        return client_for(self.sponsor_secret)
+
+    @property
+    def agent_client(self) -> APIClient:
+        return client_for(self.agent_secret)
+
+
+def make_tenant(name: str = "acme") -> Tenant:
+    sponsor = factories.make_sponsor(name)
+    agent = factories.make_wallet(sponsor, f"{name}-agent")
+    sk = factories.make_key(sponsor)
+    ak = factories.make_key(agent)
+    return Tenant(sponsor, sk.secret, sk.key.key_id, agent, ak.secret, ak.key.key_id)
+
+
+@pytest.fixture
+def tenant(db: None) -> Tenant:
+    return make_tenant("acme")
+
+
+@pytest.fixture
+def other_tenant(db: None) -> Tenant:
+    return make_tenant("globex")
+
+
+@pytest.fixture
+def operator_secret(db: None) -> str:
+    return factories.make_operator_key().secret
+
+
+@pytest.fixture
+def operator_client(operator_secret: str) -> APIClient:
+    return client_for(operator_secret)
+
+
+@pytest.fixture
+def anon_client() -> APIClient:
+    return APIClient()
