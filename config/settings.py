@@ -134,6 +134,8 @@ _db["ATOMIC_REQUESTS"] = False
 if TESTING:
     # Test data is disposable: skip the WAL flush on commit.
     _db.setdefault("OPTIONS", {})["options"] = "-c synchronous_commit=off"
+# Several test runs can share one server when each names its own test database.
+_db["TEST"] = {"NAME": env.str("TOLLGATE_TEST_DB", default=f"test_{_db['NAME']}")}
 DATABASES = {"default": _db}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
