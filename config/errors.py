@@ -16,7 +16,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
 from django.http import Http404, HttpRequest, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
@@ -164,6 +163,8 @@ def _error_response(err: ApplicationError) -> Response:
     response = Response({"detail": err.as_detail()}, status=err.http_status)
     for name, value in err.headers.items():
         response[name] = value
+    if err.http_status == status.HTTP_401_UNAUTHORIZED:
+        response["WWW-Authenticate"] = 'Bearer realm="tollgate"'
     return response
 
 
@@ -177,9 +178,11 @@ _DRF_MAP: dict[type[Exception], type[ApplicationError]] = {
 
 def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response:
     """DRF EXCEPTION_HANDLER: render every error in the DESIGN.md section 8 shape."""
-    # Whatever was written in the failed request must not be committed.
-    if transaction.get_connection().in_atomic_block:
-        transaction.set_rollback(True)
+    # Whatever was written in the failed request must not be committed (DRF's rule:
+    # only matters under ATOMIC_REQUESTS, which stays off; services own their transactions).
+    from rest_framework.views import set_rollback  # late: rest_framework.views imports our auth classes
+
+    set_rollback()
 
     if isinstance(exc, RequestValidationError):
         return _validation_response(exc.errors)

@@ -1,0 +1,285 @@
+"""API keys: the six operations, storage, masking, revocation and scoping (spec "API keys")."""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+
+import pytest
+from django.db import connection
+
+from audit.models import AuditEvent
+from billing.models import APIKey
+from tests import factories
+from tests.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+SECRET_RE = re.compile(r"^tg_key_[0-9A-Za-z]{22}_[0-9A-Za-z]{32,}$")
+
+
+def create_key(client, wallet_id, name="worker"):
+    return client.post("/v1/api-keys", {"wallet_id": wallet_id, "name": name}, format="json")
+
+
+def test_create_reveals_secret_once_and_stores_only_its_hash(tenant, caplog):
+    caplog.set_level(logging.DEBUG)
+    r = create_key(tenant.sponsor_client, tenant.sponsor.wallet_id)
+    assert r.status_code == 201, r.content
+    body = r.json()
+    secret = body["secret"]
+    assert SECRET_RE.match(secret)
+    assert body["key_id"] in secret
+    assert body["wallet_id"] == tenant.sponsor.wallet_id
+    assert body["status"] == "active"
+
+    # Stored value: SHA-256 of the secret, never the secret.
+    with connection.cursor() as cur:
+        cur.execute("SELECT * FROM billing_api_key WHERE key_id = %s", [body["key_id"]])
+        row = cur.fetchone()
+    assert row is not None
+    assert not any(secret in str(col) for col in row)
+    assert hashlib.sha256(secret.encode()).hexdigest() in row
+
+    # Listing is masked.
+    listing = tenant.sponsor_client.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}")
+    assert listing.status_code == 200
+    assert secret not in listing.content.decode()
+    item = next(i for i in listing.json()["items"] if i["key_id"] == body["key_id"])
+    assert "secret" not in item
+    assert item["masked_key"].endswith(secret[-4:])
+    assert "*" in item["masked_key"]
+
+    # The new key works; its secret is never logged, nor stored in audit events.
+    assert client_for(secret).get(f"/v1/api-keys/{tenant.sponsor.wallet_id}").status_code == 200
+    assert secret not in caplog.text
+    assert not AuditEvent.objects.filter(detail__icontains=secret[-20:]).exists()
+
+
+@pytest.mark.parametrize("scheme", ["x-api-key", "bearer"])
+def test_both_credential_headers_are_accepted(tenant, scheme):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    if scheme == "bearer":
+        client.credentials(HTTP_AUTHORIZATION=f"Bearer {tenant.sponsor_secret}")
+    else:
+        client.credentials(HTTP_X_API_KEY=tenant.sponsor_secret)
+    assert client.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}").status_code == 200
+
+
+@pytest.mark.parametrize(
+    "credential",
+    [
+        None,
+        "",
+        "short",
+        "tg_key_abc_def",
+        "tg_key_" + "A" * 22 + "_" + "B" * 40,  # well-formed, unknown
+        "not-a-tollgate-key-" + "x" * 60,
+    ],
+)
+def test_bad_credentials_are_401(tenant, credential):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    if credential is not None:
+        client.credentials(HTTP_X_API_KEY=credential)
+    r = client.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}")
+    assert r.status_code == 401
+    assert r.json()["detail"]["error"] in {"not_authenticated", "invalid_api_key"}
+    assert "WWW-Authenticate" in r
+
+
+def test_wrong_secret_for_existing_key_id_is_401(tenant):
+    key_id = tenant.sponsor_key_id
+    forged = f"tg_{key_id}_" + "Z" * 40
+    r = client_for(forged).get(f"/v1/api-keys/{tenant.sponsor.wallet_id}")
+    assert r.status_code == 401
+
+
+def test_non_bearer_authorization_scheme_is_401(tenant):
+    from rest_framework.test import APIClient
+
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Basic {tenant.sponsor_secret}")
+    assert client.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}").status_code == 401
+
+
+def test_scoping_own_wallet_and_descendants_only(tenant, other_tenant):
+    # Sponsor key reaches its agent.
+    assert create_key(tenant.sponsor_client, tenant.agent.wallet_id).status_code == 201
+    # Agent key does not reach its parent sponsor.
+    r = create_key(tenant.agent_client, tenant.sponsor.wallet_id)
+    assert r.status_code == 403
+    assert r.json()["detail"]["error"] == "wallet_access_denied"
+    # Nor another tenant's wallets.
+    for client in (tenant.sponsor_client, tenant.agent_client):
+        assert create_key(client, other_tenant.sponsor.wallet_id).status_code == 403
+        assert client.get(f"/v1/api-keys/{other_tenant.agent.wallet_id}").status_code == 403
+        assert client.get(f"/v1/api-keys/{other_tenant.agent.wallet_id}/logs").status_code == 403
+    # Sibling agent.
+    sibling = factories.make_wallet(tenant.sponsor, "sibling")
+    assert create_key(tenant.agent_client, sibling.wallet_id).status_code == 403
+    # Unknown wallet: wallet keys cannot tell it from a foreign one.
+    assert create_key(tenant.sponsor_client, "agt_doesnotexist").status_code == 403
+
+
+def test_operator_reaches_every_wallet_and_gets_404_for_unknown(tenant, other_tenant, operator_client):
+    assert create_key(operator_client, other_tenant.agent.wallet_id).status_code == 201
+    r = create_key(operator_client, "agt_doesnotexist")
+    assert r.status_code == 404
+    assert r.json()["detail"]["error"] == "not_found"
+
+
+def test_revoked_key_is_refused_on_the_very_next_request(tenant):
+    victim = create_key(tenant.sponsor_client, tenant.agent.wallet_id).json()
+    victim_client = client_for(victim["secret"])
+    assert victim_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 200
+
+    r = tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/{victim['key_id']}")
+    assert r.status_code == 204
+    assert r.content == b""
+
+    refused = victim_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}")
+    assert refused.status_code == 401
+    key = APIKey.objects.get(key_id=victim["key_id"])
+    assert key.status == "revoked"
+    assert key.revoke_reason == "user_request"
+    # Revoking again is harmless; unknown key ids are 404.
+    assert tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/{victim['key_id']}").status_code == 204
+    assert tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/key_nope").status_code == 404
+
+
+def test_revoke_records_the_reason(tenant):
+    victim = create_key(tenant.sponsor_client, tenant.agent.wallet_id).json()
+    r = tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/{victim['key_id']}?reason=compromised")
+    assert r.status_code == 204
+    assert APIKey.objects.get(key_id=victim["key_id"]).revoke_reason == "compromised"
+    logs = tenant.sponsor_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}/logs").json()
+    assert {"action": "revoked", "key_id": victim["key_id"], "reason": "compromised"}.items() <= logs[0].items()
+
+
+def test_key_of_one_wallet_cannot_be_revoked_through_another(tenant):
+    # The agent's key addressed under the sponsor's wallet id: not found there.
+    r = tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.sponsor.wallet_id}/{tenant.agent_key_id}")
+    assert r.status_code == 404
+    assert APIKey.objects.get(key_id=tenant.agent_key_id).status == "active"
+
+
+def test_rotation_revokes_old_key_by_default(tenant):
+    r = tenant.sponsor_client.post(
+        "/v1/api-keys/rotate", {"wallet_id": tenant.agent.wallet_id, "key_id": tenant.agent_key_id}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["old_key_revoked"] is True
+    new_secret = body["new_key"]["secret"]
+    assert SECRET_RE.match(new_secret)
+    assert body["new_key"]["rotated_from"] == tenant.agent_key_id
+    assert tenant.agent_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 401
+    assert client_for(new_secret).get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 200
+    # A revoked key cannot be rotated.
+    again = tenant.sponsor_client.post(
+        "/v1/api-keys/rotate", {"wallet_id": tenant.agent.wallet_id, "key_id": tenant.agent_key_id}, format="json"
+    )
+    assert again.status_code == 409
+
+
+def test_rotation_can_keep_the_old_key(tenant):
+    r = tenant.agent_client.post(
+        "/v1/api-keys/rotate",
+        {"wallet_id": tenant.agent.wallet_id, "key_id": tenant.agent_key_id, "revoke_old": False},
+        format="json",
+    )
+    assert r.status_code == 200
+    assert r.json()["old_key_revoked"] is False
+    assert tenant.agent_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 200
+    assert client_for(r.json()["new_key"]["secret"]).get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 200
+    logs = tenant.agent_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}/logs").json()
+    assert logs[0]["action"] == "rotated"
+    assert logs[0]["new_key_id"] == r.json()["new_key"]["key_id"]
+
+
+def test_emergency_revocation_refuses_every_key_of_the_wallet_and_no_other(tenant, other_tenant):
+    extra = [create_key(tenant.sponsor_client, tenant.agent.wallet_id).json()["secret"] for _ in range(3)]
+    sibling = factories.make_wallet(tenant.sponsor, "sibling")
+    sibling_secret = factories.make_key(sibling).secret
+
+    r = tenant.sponsor_client.post(
+        "/v1/api-keys/emergency-revoke", {"wallet_id": tenant.agent.wallet_id, "reason": "leak"}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["revoked_count"] == 4
+    assert set(body["revoked_key_ids"]) >= {tenant.agent_key_id}
+
+    for secret in [tenant.agent_secret, *extra]:
+        assert client_for(secret).get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 401
+    # Untouched: the sponsor, a sibling, another tenant.
+    assert tenant.sponsor_client.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}").status_code == 200
+    assert client_for(sibling_secret).get(f"/v1/api-keys/{sibling.wallet_id}").status_code == 200
+    assert other_tenant.agent_client.get(f"/v1/api-keys/{other_tenant.agent.wallet_id}").status_code == 200
+    logs = tenant.sponsor_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}/logs").json()
+    assert sum(1 for e in logs if e["action"] == "emergency_revoked") == 4
+
+
+def test_emergency_revocation_of_own_wallet_revokes_the_caller_too(tenant):
+    r = tenant.agent_client.post("/v1/api-keys/emergency-revoke", {"wallet_id": tenant.agent.wallet_id}, format="json")
+    assert r.status_code == 200
+    assert tenant.agent_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 401
+
+
+def test_logs_limit_and_validation(tenant):
+    for _ in range(3):
+        create_key(tenant.sponsor_client, tenant.agent.wallet_id)
+    url = f"/v1/api-keys/{tenant.agent.wallet_id}/logs"
+    assert len(tenant.sponsor_client.get(url).json()) == 4  # the fixture's key + 3
+    assert len(tenant.sponsor_client.get(url + "?limit=2").json()) == 2
+    for bad in ("0", "201", "abc"):
+        r = tenant.sponsor_client.get(url + f"?limit={bad}")
+        assert r.status_code == 422
+        assert r.json()["detail"][0]["loc"] == ["query", "limit"]
+
+
+def test_list_pagination_bounds(tenant):
+    url = f"/v1/api-keys/{tenant.sponsor.wallet_id}"
+    for query in ("limit=0", "limit=201", "offset=-1", "limit=x"):
+        r = tenant.sponsor_client.get(f"{url}?{query}")
+        assert r.status_code == 422, query
+        detail = r.json()["detail"]
+        assert isinstance(detail, list)
+        assert {"loc", "msg", "type"} <= detail[0].keys()
+        assert detail[0]["loc"][0] == "query"
+    body = tenant.sponsor_client.get(f"{url}?limit=200&offset=0").json()
+    assert body["limit"] == 200
+    assert body["offset"] == 0
+
+
+def test_create_validation_errors_have_the_http_validation_error_shape(tenant):
+    r = tenant.sponsor_client.post("/v1/api-keys", {}, format="json")
+    assert r.status_code == 422
+    assert r.json()["detail"] == [{"loc": ["body", "wallet_id"], "msg": "This field is required.", "type": "required"}]
+    r = tenant.sponsor_client.post("/v1/api-keys", "[1, 2]", content_type="application/json")
+    assert r.status_code == 422
+    r = tenant.sponsor_client.post("/v1/api-keys", "{not json", content_type="application/json")
+    assert r.status_code == 422
+    assert r.json()["detail"][0]["type"] == "json_invalid"
+
+
+def test_every_key_operation_is_audited(tenant):
+    wallet_id = tenant.agent.wallet_id
+    new = create_key(tenant.sponsor_client, wallet_id).json()
+    tenant.sponsor_client.post("/v1/api-keys/rotate", {"wallet_id": wallet_id, "key_id": new["key_id"]}, format="json")
+    tenant.sponsor_client.delete(f"/v1/api-keys/{wallet_id}/{tenant.agent_key_id}")
+    tenant.sponsor_client.post("/v1/api-keys/emergency-revoke", {"wallet_id": wallet_id}, format="json")
+    events = list(
+        AuditEvent.objects.filter(wallet_id=wallet_id, event__startswith="api_key.").values_list("event", flat=True)
+    )
+    for name in ("api_key.created", "api_key.rotated", "api_key.revoked", "api_key.emergency_revoked"):
+        assert name in events
+    rotated = AuditEvent.objects.get(event="api_key.rotated", wallet_id=wallet_id)
+    assert rotated.key_id == tenant.sponsor_key_id
+    assert rotated.tenant_id == tenant.sponsor.tenant_id
+    assert rotated.request_id

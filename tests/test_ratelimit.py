@@ -1,0 +1,73 @@
+"""Rate limits (spec, Limits): 120 per 60 s per key, shared anonymous bucket, rejected credentials x10."""
+
+from __future__ import annotations
+
+import pytest
+from rest_framework.test import APIClient
+
+from audit.models import AuditEvent
+from tests.conftest import client_for
+
+pytestmark = pytest.mark.django_db
+
+
+def test_request_121_in_a_window_gets_429_with_headers(tenant):
+    client = tenant.sponsor_client
+    url = f"/v1/api-keys/{tenant.sponsor.wallet_id}"
+    for i in range(120):
+        r = client.get(url)
+        assert r.status_code == 200, (i, r.content)
+        assert r["X-RateLimit-Limit"] == "120"
+        assert r["X-RateLimit-Remaining"] == str(119 - i)
+        assert 1 <= int(r["X-RateLimit-Reset"]) <= 60
+    r = client.get(url)
+    assert r.status_code == 429
+    assert r["X-RateLimit-Remaining"] == "0"
+    assert 1 <= int(r["Retry-After"]) <= 60
+    body = r.json()["detail"]
+    assert body["error"] == "rate_limited"
+    assert body["retry_after_seconds"] == int(r["Retry-After"])
+    # Another key is not affected.
+    assert tenant.agent_client.get(f"/v1/api-keys/{tenant.agent.wallet_id}").status_code == 200
+
+
+def test_anonymous_requests_share_one_bucket():
+    a, b = APIClient(REMOTE_ADDR="10.0.0.1"), APIClient(REMOTE_ADDR="10.0.0.2")
+    for i in range(120):
+        r = (a if i % 2 else b).get("/docs")
+        assert r.status_code == 200
+    assert a.get("/docs").status_code == 429
+    assert b.get("/v1/api-keys/spn_x").status_code == 429
+
+
+def test_health_is_not_metered():
+    client = APIClient()
+    for _ in range(130):
+        assert client.get("/health").status_code == 200
+
+
+def test_rejected_credentials_cost_ten_and_are_audited_until_the_limiter_refuses(tenant):
+    bad = APIClient(REMOTE_ADDR="10.9.9.9")
+    bad.credentials(HTTP_X_API_KEY="tg_key_" + "A" * 22 + "_" + "B" * 40)
+    statuses = [bad.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}").status_code for _ in range(15)]
+    assert statuses[:12] == [401] * 12
+    assert statuses[12:] == [429] * 3
+    # Only the requests the limiter let through are written to the audit log.
+    assert AuditEvent.objects.filter(event="auth.credential_rejected").count() == 12
+    # A valid key from the same address still works: it has its own bucket.
+    good = APIClient(REMOTE_ADDR="10.9.9.9")
+    good.credentials(HTTP_X_API_KEY=tenant.sponsor_secret)
+    assert good.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}").status_code == 200
+    # Another client address is not affected.
+    other = APIClient(REMOTE_ADDR="10.9.9.10")
+    other.credentials(HTTP_X_API_KEY="tg_key_" + "A" * 22 + "_" + "B" * 40)
+    assert other.get(f"/v1/api-keys/{tenant.sponsor.wallet_id}").status_code == 401
+
+
+def test_revoked_key_counts_as_rejected_credentials(tenant):
+    tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/{tenant.agent_key_id}")
+    r = client_for(tenant.agent_secret).get(f"/v1/api-keys/{tenant.agent.wallet_id}")
+    assert r.status_code == 401
+    event = AuditEvent.objects.filter(event="auth.credential_rejected").latest("created_at")
+    assert event.key_id == tenant.agent_key_id
+    assert event.ok is False
