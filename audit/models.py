@@ -1,11 +1,18 @@
-"""Tamper evidence: hash-chained audit events and their chain heads."""
+"""Tamper evidence: hash-chained audit events, their chain heads, signing keys and alerts."""
 
 from __future__ import annotations
 
-from django.db import models
+from typing import Any, NoReturn
 
-GENESIS_HASH = "0" * 64
+from django.db import models
+from django.db.models import Q
+
+from audit.canonical import audit_event_payload, iso_utc
+from audit.evidence_core import GENESIS_HASH
+
 SYSTEM_CHAIN = "system"
+
+__all__ = ["GENESIS_HASH", "SYSTEM_CHAIN", "Alert", "AuditEvent", "ChainHead", "SigningKey"]
 
 
 class ChainHead(models.Model):
@@ -27,11 +34,24 @@ class ChainHead(models.Model):
         return f"{self.chain}@{self.seq}"
 
 
+class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
+    """Audit events are append-only: bulk updates and deletes are refused."""
+
+    def update(self, **kwargs: Any) -> NoReturn:
+        raise RuntimeError("audit events are immutable")
+
+    def delete(self) -> NoReturn:
+        raise RuntimeError("audit events are immutable")
+
+
 class AuditEvent(models.Model):
     """One immutable audit event. ``hash = SHA-256(prev_hash || canonical(event))``.
 
     Immutability: there is no update or delete path in code or admin; the
-    ``save`` guard refuses to overwrite an existing row.
+    ``save`` guard refuses to overwrite an existing row, the queryset refuses
+    bulk updates and deletes, and a PostgreSQL trigger (migration 0002) refuses
+    UPDATE and DELETE on the table. Tampering by someone who bypasses all three
+    is what the hash chain and signed checkpoints detect.
     """
 
     event_id = models.CharField(max_length=40, primary_key=True)
@@ -51,6 +71,8 @@ class AuditEvent(models.Model):
     prev_hash = models.CharField(max_length=64)
     hash = models.CharField(max_length=64)
 
+    objects = AuditEventQuerySet.as_manager()
+
     class Meta:
         db_table = "audit_event"
         constraints = [
@@ -62,6 +84,7 @@ class AuditEvent(models.Model):
             models.Index(fields=["wallet_id"], name="audit_wallet"),
             models.Index(fields=["request_id"], name="audit_request"),
             models.Index(fields=["created_at"], name="audit_created"),
+            models.Index(fields=["wallet_id", "created_at"], name="audit_wallet_created"),
         ]
         ordering = ["created_at", "seq"]
 
@@ -73,9 +96,12 @@ class AuditEvent(models.Model):
             raise RuntimeError("audit events are immutable")
         super().save(*args, **kwargs)  # type: ignore[arg-type]
 
-    def canonical_payload(self) -> dict[str, object]:
+    def delete(self, *args: object, **kwargs: object) -> NoReturn:
+        raise RuntimeError("audit events are immutable")
+
+    def canonical_payload(self) -> dict[str, Any]:
         """The hashed content of this event (everything except ``prev_hash`` and ``hash``)."""
-        return event_payload(
+        return audit_event_payload(
             event_id=self.event_id,
             chain=self.chain,
             seq=self.seq,
@@ -89,12 +115,48 @@ class AuditEvent(models.Model):
             request_id=self.request_id,
             ok=self.ok,
             detail=self.detail,
-            created_at=self.created_at.isoformat().replace("+00:00", "Z"),
+            created_at=iso_utc(self.created_at),
         )
 
 
-def event_payload(**fields: object) -> dict[str, object]:
-    return {"type": "audit_event", **fields}
+class SigningKeyState(models.TextChoices):
+    ACTIVE = "active"
+    RETIRED = "retired"
+
+
+class SigningKey(models.Model):
+    """Public metadata of an Ed25519 evidence signing key. The private key is never stored here.
+
+    ``key_id`` is derived from the public key (``sig_`` + base62 of its
+    SHA-256), so a key has the same id in the database, the key file and every
+    signed statement. Exactly one key is active, enforced by a partial unique
+    index; retired keys stay published so older statements keep verifying.
+    """
+
+    key_id = models.CharField(max_length=40, primary_key=True)
+    algorithm = models.CharField(max_length=16, default="Ed25519")
+    public_key = models.CharField(max_length=64, help_text="Raw 32-byte Ed25519 public key, unpadded base64url.")
+    state = models.CharField(max_length=16, choices=SigningKeyState.choices, default=SigningKeyState.ACTIVE)
+    created_at = models.DateTimeField()
+    activated_at = models.DateTimeField(null=True, blank=True)
+    retired_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "audit_signing_key"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["state"], condition=Q(state="active"), name="signing_key_exactly_one_active"
+            ),
+            models.CheckConstraint(
+                condition=Q(state="active", activated_at__isnull=False, retired_at__isnull=True)
+                | Q(state="retired", retired_at__isnull=False),
+                name="signing_key_state_consistent",
+            ),
+            models.CheckConstraint(condition=Q(algorithm="Ed25519"), name="signing_key_algorithm_ed25519"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.key_id} ({self.state})"
 
 
 class AlertSeverity(models.TextChoices):

@@ -1,21 +1,49 @@
-"""Audit writes. ``audit_record`` is the one way any app appends to an audit chain."""
+"""Audit and evidence writes.
+
+``audit_record`` is the one way any app appends to an audit chain;
+``alert_raise`` records an alert; ``signing_key_ensure`` and
+``signing_key_rotate`` manage the evidence signing keys; ``audit_chain_verify``
+recomputes a chain and signs a checkpoint of it.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.canonical import canonical_bytes, sha256_hex
-from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead
+from audit import keystore
+from audit.canonical import check_round_trip, event_bytes, iso_utc
+from audit.evidence_core import GENESIS_HASH, chain_hash, verify_chain_rows
+from audit.exceptions import SigningKeyRetired, SigningKeyUnavailable
+from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead, SigningKey, SigningKeyState
+from config.errors import RequestValidationError
 from config.ids import new_id
 from config.middleware import get_request_id
 
+logger = logging.getLogger("tollgate.audit")
 
-def chain_hash(prev_hash: str, payload: dict[str, Any]) -> str:
-    """SHA-256 over the previous hash (32 raw bytes) followed by the canonical event bytes."""
-    return sha256_hex(bytes.fromhex(prev_hash) + canonical_bytes(payload))
+CHECKPOINT_TYPE = "audit_checkpoint"
+VERIFY_CHUNK_SIZE = 5000
+
+__all__ = [
+    "CHECKPOINT_TYPE",
+    "ChainVerification",
+    "alert_raise",
+    "audit_chain_verify",
+    "audit_record",
+    "chain_hash",
+    "signing_key_ensure",
+    "signing_key_rotate",
+]
 
 
 def audit_record(
@@ -30,6 +58,7 @@ def audit_record(
     policy_decision_id: str | None = None,
     request_id: str | None = None,
     detail: dict[str, Any] | None = None,
+    event_id: str | None = None,
 ) -> AuditEvent:
     """Append one event to the tenant's chain (or the ``system`` chain without a tenant).
 
@@ -37,15 +66,27 @@ def audit_record(
     commits exactly when the change it records commits. It locks the chain
     head row; call it as the last statement of the transaction so the lock is
     held only until commit. Concurrent appends to one chain serialize on that
-    lock and can never fork the chain.
+    lock and can never fork the chain or leave a gap in ``seq``.
+
+    ``detail`` must be JSON: strings, integers within +-(2**53 - 1), booleans,
+    null, lists and objects (money as decimal strings). Floats below 2**53
+    are accepted but hash through the slower reference canonicalizer; anything
+    that would not read back identically raises ``ValueError`` before any write.
+
+    ``event_id`` may be allocated by the caller beforehand (``new_id("evt")``)
+    when another record must name the event before it is appended (a receipt
+    signs the id of its audit event).
     """
     chain = tenant_id or SYSTEM_CHAIN
+    check_round_trip(detail or {})
     with transaction.atomic():
-        ChainHead.objects.bulk_create([ChainHead(chain=chain)], ignore_conflicts=True)
-        head = ChainHead.objects.select_for_update().get(chain=chain)
+        head = ChainHead.objects.select_for_update().filter(chain=chain).first()
+        if head is None:
+            ChainHead.objects.bulk_create([ChainHead(chain=chain)], ignore_conflicts=True)
+            head = ChainHead.objects.select_for_update().get(chain=chain)
         seq = head.seq + 1
         record = AuditEvent(
-            event_id=new_id("evt"),
+            event_id=event_id or new_id("evt"),
             chain=chain,
             seq=seq,
             event=event,
@@ -61,7 +102,23 @@ def audit_record(
             created_at=timezone.now(),
             prev_hash=head.head_hash,
         )
-        record.hash = chain_hash(head.head_hash, record.canonical_payload())
+        payload = event_bytes(
+            chain,
+            seq,
+            record.event_id,
+            event,
+            tenant_id,
+            wallet_id,
+            key_id,
+            tool,
+            endpoint,
+            policy_decision_id,
+            record.request_id,
+            ok,
+            record.detail,
+            iso_utc(record.created_at),
+        )
+        record.hash = chain_hash(head.head_hash, payload)
         record.save(force_insert=True)
         head.seq = seq
         head.head_hash = record.hash
@@ -87,4 +144,330 @@ def alert_raise(
         severity=severity,
         message=message,
         detail=detail or {},
+    )
+
+
+# --- signing keys -----------------------------------------------------------------
+
+
+def _activate(key: keystore.KeyMaterial) -> None:
+    """Insert ``key`` as the active key unless some key is active already (or ``key`` exists)."""
+    now = timezone.now()
+    SigningKey.objects.bulk_create(
+        [
+            SigningKey(
+                key_id=key.kid,
+                public_key=key.public_key,
+                state=SigningKeyState.ACTIVE,
+                created_at=now,
+                activated_at=now,
+            )
+        ],
+        ignore_conflicts=True,
+    )
+
+
+def _candidate() -> keystore.KeyMaterial:
+    """The key to activate when none is active: the environment's, else an unused file key, else a new one."""
+    known = set(SigningKey.objects.values_list("key_id", flat=True))
+    env = keystore.env_key()
+    if env is not None:
+        if env.kid in known:
+            raise SigningKeyRetired(key_id=env.kid)
+        return env
+    unused = [key for key in keystore.file_keys() if key.kid not in known]
+    if unused:
+        return unused[-1]
+    return keystore.generate_and_store()
+
+
+def signing_key_ensure(*, repair: bool = False, actor: str = "") -> SigningKey:
+    """The active signing key, activating one first when there is none. Idempotent.
+
+    With no active key it activates ``SIGNING_KEY_PRIVATE`` if set, else the
+    newest key-file key the database has never seen, else a newly generated
+    key written to the key file. Concurrent callers race on the partial unique
+    index and all end with the same active key. Runs inside the caller's
+    transaction when there is one (``sign_statement`` calls it lazily).
+
+    If the active key's private part is unavailable here, raises
+    :class:`SigningKeyUnavailable`; with ``repair=True`` (``manage.py
+    ensure_signing_key``) it rotates to a new key instead.
+    """
+    active = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).first()
+    if active is not None:
+        if keystore.private_key_for(active.key_id) is not None:
+            return active
+        if not repair:
+            raise SigningKeyUnavailable(key_id=active.key_id)
+        logger.warning("active signing key %s has no private key here; rotating", active.key_id)
+        return signing_key_rotate(actor=actor or "ensure_signing_key (private key missing)")
+    candidate = _candidate()
+    with transaction.atomic():
+        _activate(candidate)
+        active = SigningKey.objects.get(state=SigningKeyState.ACTIVE)
+        if actor and active.key_id == candidate.kid:
+            audit_record(event="signing_key.activated", ok=True, detail={"key_id": active.key_id, "actor": actor})
+    return active
+
+
+@transaction.atomic(durable=True)
+def signing_key_rotate(*, actor: str = "") -> SigningKey:
+    """Retire the active key and activate a newly generated one, in one transaction.
+
+    The new private key is written to the key file first (an unused key left
+    there by a failed rotation is harmless). The retired key stays published,
+    so statements it signed keep verifying.
+    """
+    new = keystore.generate_and_store()
+    now = timezone.now()
+    retired = list(SigningKey.objects.select_for_update().filter(state=SigningKeyState.ACTIVE))
+    for old in retired:
+        old.state = SigningKeyState.RETIRED
+        old.retired_at = now
+        old.save(update_fields=["state", "retired_at"])
+    key = SigningKey.objects.create(
+        key_id=new.kid,
+        public_key=new.public_key,
+        state=SigningKeyState.ACTIVE,
+        created_at=now,
+        activated_at=now,
+    )
+    audit_record(
+        event="signing_key.rotated",
+        ok=True,
+        detail={"new_key_id": key.key_id, "retired_key_ids": [old.key_id for old in retired], "actor": actor},
+    )
+    return key
+
+
+# --- chain verification ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChainVerification:
+    """The answer of ``POST /v1/audit/verify-chain`` (AuditChainVerifyResponse)."""
+
+    valid: bool
+    chain: str
+    from_seq: int
+    to_seq: int
+    checked_events: int
+    head_seq: int
+    head_hash: str
+    first_broken_seq: int | None
+    first_broken_event_id: str | None
+    reason: str | None
+    checkpoint_verified: bool | None
+    checkpoint: dict[str, Any] | None
+
+
+@dataclass(frozen=True)
+class _Walk:
+    valid: bool
+    to_seq: int
+    checked: int
+    head_seq: int
+    head_hash: str
+    last_seq: int
+    last_hash: str
+    broken_seq: int | None
+    broken_event_id: str | None
+    reason: str | None
+    checkpoint_ok: bool | None
+
+
+def _check_checkpoint(chain: str, checkpoint: Mapping[str, Any], from_seq: int, to_seq: int | None) -> int:
+    """Validate a kept checkpoint's signature and fit; return its size. 422 on any problem."""
+    from audit.signing import verify_statement
+
+    loc = ["body", "checkpoint"]
+    signature = checkpoint.get("signature")
+    statement = {k: v for k, v in checkpoint.items() if k != "signature"}
+    result = verify_statement(statement, str(signature or ""), expected_type=CHECKPOINT_TYPE)
+    if not result.valid:
+        raise RequestValidationError.single(
+            loc, f"The checkpoint's signature does not verify ({result.reason}).", "checkpoint_invalid"
+        )
+    if statement.get("chain") != chain:
+        raise RequestValidationError.single(loc, "The checkpoint belongs to another chain.", "checkpoint_chain")
+    size = statement.get("size")
+    if type(size) is not int or size < 0:
+        raise RequestValidationError.single(loc, "The checkpoint size is not a count.", "checkpoint_invalid")
+    if from_seq != 1 or (to_seq is not None and to_seq < size):
+        raise RequestValidationError.single(
+            loc,
+            "A checkpoint is checked from the start of the chain to at least its size; widen from_seq/to_seq.",
+            "checkpoint_range",
+        )
+    return size
+
+
+# The rows verify_chain_rows reads, in CHAIN_ROW_FIELDS order. PostgreSQL renders
+# created_at exactly as iso_utc() does (microseconds only when non-zero) and
+# hands detail over as JSON text, which the loop parses with the bare C scanner.
+_CHAIN_ROWS_SQL = """
+SELECT seq, event_id, event, tenant_id, wallet_id, key_id, tool, endpoint, policy_decision_id, request_id, ok,
+       detail::text,
+       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
+         || CASE WHEN to_char(created_at AT TIME ZONE 'UTC', 'US') = '000000' THEN ''
+                 ELSE to_char(created_at AT TIME ZONE 'UTC', '.US') END
+         || 'Z',
+       prev_hash, hash
+FROM audit_event
+WHERE chain = %s AND seq >= %s AND seq <= %s
+ORDER BY seq
+"""
+
+
+@contextlib.contextmanager
+def _chain_rows(chain: str, from_seq: int, to_seq: int) -> Iterator[Iterator[tuple[Any, ...]]]:
+    """Stream a chain's rows from a server-side cursor, fetching the next chunk while the current one hashes.
+
+    Verification is the hot loop (100,000+ events/s): the ORM's per-row
+    conversion (``.values_list().iterator()``) alone costs more than hashing,
+    so rows come from a binary-protocol named cursor on the same connection
+    and transaction, and a helper thread overlaps the server's work with ours.
+    Must run inside a transaction (named cursors live in one).
+    """
+    connection.ensure_connection()
+    raw = connection.connection
+    assert raw is not None
+    chunks: queue.Queue[list[tuple[Any, ...]] | BaseException] = queue.Queue(maxsize=2)
+    stop = threading.Event()
+    with raw.cursor(name=f"audit_verify_{threading.get_ident()}", binary=True) as cursor:
+        cursor.execute(_CHAIN_ROWS_SQL, [chain, from_seq, to_seq])
+
+        def produce() -> None:
+            try:
+                while not stop.is_set():
+                    rows = cursor.fetchmany(VERIFY_CHUNK_SIZE)
+                    chunks.put(rows)
+                    if not rows:
+                        return
+            except BaseException as exc:  # handed to the consumer, which re-raises it
+                chunks.put(exc)
+
+        def consume() -> Iterator[list[tuple[Any, ...]]]:
+            while True:
+                item = chunks.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if not item:
+                    return
+                yield item
+
+        producer = threading.Thread(target=produce, name="audit-verify-fetch", daemon=True)
+        producer.start()
+        try:
+            yield itertools.chain.from_iterable(consume())
+        finally:
+            stop.set()
+            while producer.is_alive():  # unblock a producer waiting on a full queue
+                with contextlib.suppress(queue.Empty):
+                    chunks.get(timeout=0.01)
+            producer.join()
+
+
+def _walk(chain: str, from_seq: int, to_seq: int | None, checkpoint: Mapping[str, Any] | None) -> _Walk:
+    head = ChainHead.objects.filter(chain=chain).values_list("seq", "head_hash").first()
+    head_seq, head_hash = head if head is not None else (0, GENESIS_HASH)
+    end = head_seq if to_seq is None else min(to_seq, head_seq)
+    checkpoint_size = None if checkpoint is None else int(checkpoint["size"])
+    with _chain_rows(chain, from_seq, end) as rows:
+        check = verify_chain_rows(
+            chain,
+            rows,
+            start_seq=from_seq,
+            start_prev_hash=GENESIS_HASH if from_seq == 1 else None,
+            checkpoint_seq=checkpoint_size,
+            detail_as_text=True,
+        )
+    valid, reason = check.valid, check.reason
+    broken_seq, broken_event_id = check.first_broken_seq, check.first_broken_event_id
+    if valid and check.last_seq < end:
+        valid, reason, broken_seq = False, "missing_events", check.last_seq + 1
+    elif valid and end == head_seq and check.last_hash and check.last_hash != head_hash:
+        valid, reason, broken_seq = False, "head_mismatch", head_seq
+    elif valid and end == head_seq:
+        beyond = AuditEvent.objects.filter(chain=chain, seq__gt=head_seq).order_by("seq").values_list("event_id")
+        extra = beyond.first()
+        if extra is not None:
+            valid, reason, broken_seq, broken_event_id = False, "events_beyond_head", head_seq + 1, extra[0]
+    checkpoint_ok: bool | None = None
+    if checkpoint is not None and checkpoint_size is not None:
+        checkpoint_ok = check.checkpoint_hash is not None and check.checkpoint_hash == checkpoint.get("head_hash")
+        if valid and checkpoint_size > head_seq:
+            valid, reason, broken_seq = False, "truncated_below_checkpoint", head_seq + 1
+            checkpoint_ok = False
+        elif valid and not checkpoint_ok:
+            valid, reason, broken_seq = False, "checkpoint_mismatch", checkpoint_size
+    return _Walk(
+        valid=valid,
+        to_seq=end,
+        checked=check.checked_events,
+        head_seq=head_seq,
+        head_hash=head_hash,
+        last_seq=check.last_seq,
+        last_hash=check.last_hash,
+        broken_seq=broken_seq,
+        broken_event_id=broken_event_id,
+        reason=reason,
+        checkpoint_ok=checkpoint_ok,
+    )
+
+
+def audit_chain_verify(
+    *,
+    chain: str,
+    from_seq: int = 1,
+    to_seq: int | None = None,
+    checkpoint: Mapping[str, Any] | None = None,
+) -> ChainVerification:
+    """Recompute ``chain`` from ``from_seq`` to ``to_seq`` (default: its head) and report the first break.
+
+    Reads one consistent snapshot (REPEATABLE READ, read only) when called
+    outside a transaction, streaming rows in chunks. A range that does not
+    start at 1 trusts the ``prev_hash`` of its first event. A kept
+    ``checkpoint`` ({type, chain, size, head_hash, kid, issued_at, signature})
+    must verify and is compared with the recomputed hash at its size: a chain
+    now shorter than the checkpoint was truncated; a different hash means the
+    events below it were rewritten. A valid walk ends with a new signed
+    checkpoint at its last event. The caller has checked access to ``chain``.
+    """
+    from audit.signing import sign_statement
+
+    if checkpoint is not None:
+        _check_checkpoint(chain, checkpoint, from_seq, to_seq)
+    if connection.in_atomic_block:
+        walk = _walk(chain, from_seq, to_seq, checkpoint)
+    else:
+        with transaction.atomic():
+            with connection.cursor() as cursor:
+                cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+            walk = _walk(chain, from_seq, to_seq, checkpoint)
+    signed: dict[str, Any] | None = None
+    if walk.valid and walk.last_hash:
+        statement = {
+            "type": CHECKPOINT_TYPE,
+            "chain": chain,
+            "size": walk.last_seq,
+            "head_hash": walk.last_hash,
+            "issued_at": iso_utc(timezone.now()),
+        }
+        result = sign_statement(statement)
+        signed = {**result.statement, "signature": result.signature}
+    return ChainVerification(
+        valid=walk.valid,
+        chain=chain,
+        from_seq=from_seq,
+        to_seq=walk.to_seq,
+        checked_events=walk.checked,
+        head_seq=walk.head_seq,
+        head_hash=walk.head_hash,
+        first_broken_seq=walk.broken_seq,
+        first_broken_event_id=walk.broken_event_id,
+        reason=walk.reason,
+        checkpoint_verified=walk.checkpoint_ok,
+        checkpoint=signed,
     )

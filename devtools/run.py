@@ -40,6 +40,7 @@ def main() -> int:
         print("Applying migrations ...", flush=True)
         _manage("migrate", "--no-input", "-v", "0", env=env)
         _manage("bootstrap_operator", env=env)
+        _manage("ensure_signing_key", env=env)
         workers = env.get("WEB_CONCURRENCY", "2")
         threads = env.get("GUNICORN_THREADS", "4")
         children.append(

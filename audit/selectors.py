@@ -1,0 +1,117 @@
+"""Audit reads, each with the caller's scope applied.
+
+Scope: operator keys see every chain and event; wallet keys see their
+tenant's (the audit app knows tenants, not the wallet tree, which lives in
+billing above it). ``/v1/me/*`` narrows further to the caller's own wallet.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import Count, Q, QuerySet
+
+from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead, SigningKey, SigningKeyState
+from config.authentication import Principal
+from config.errors import NotFound, WalletKeyRequired
+
+EVENT_FILTERS = ("event", "wallet_id", "key_id", "tool", "endpoint", "policy_decision_id", "request_id", "ok")
+
+
+def audit_events_visible(principal: Principal) -> QuerySet[AuditEvent]:
+    """Events the caller may read: all for operators, the tenant's for wallet keys."""
+    qs = AuditEvent.objects.all()
+    if principal.is_operator:
+        return qs
+    return qs.filter(tenant_id=principal.tenant_id)
+
+
+def _filtered(qs: QuerySet[AuditEvent], params: dict[str, Any]) -> QuerySet[AuditEvent]:
+    for name in EVENT_FILTERS:
+        if params.get(name) is not None:
+            qs = qs.filter(**{name: params[name]})
+    if params.get("created_after") is not None:
+        qs = qs.filter(created_at__gte=params["created_after"])
+    if params.get("created_before") is not None:
+        qs = qs.filter(created_at__lt=params["created_before"])
+    return qs
+
+
+def audit_event_list(principal: Principal, params: dict[str, Any]) -> QuerySet[AuditEvent]:
+    """The caller's visible events matching ``params``, newest first."""
+    return _filtered(audit_events_visible(principal), params).order_by("-created_at", "-seq", "event_id")
+
+
+def my_audit_event_list(principal: Principal, params: dict[str, Any]) -> QuerySet[AuditEvent]:
+    """Events about the caller's own wallet (wallet keys only), newest first."""
+    if principal.is_operator:
+        raise WalletKeyRequired()
+    qs = AuditEvent.objects.filter(tenant_id=principal.tenant_id, wallet_id=principal.wallet_id)
+    return _filtered(qs, {**params, "wallet_id": None}).order_by("-created_at", "-seq", "event_id")
+
+
+def audit_summary(
+    principal: Principal, *, created_after: datetime | None, created_before: datetime | None
+) -> dict[str, Any]:
+    """Counts of visible events by event name and outcome over ``[created_after, created_before)``."""
+    qs = _filtered(audit_events_visible(principal), {"created_after": created_after, "created_before": created_before})
+    rows = (
+        qs.order_by()
+        .values("event")
+        .annotate(total=Count("event_id"), ok=Count("event_id", filter=Q(ok=True)))
+        .order_by("event")
+    )
+    by_event = [
+        {"event": row["event"], "total": row["total"], "ok": row["ok"], "failed": row["total"] - row["ok"]}
+        for row in rows
+    ]
+    total = sum(item["total"] for item in by_event)
+    ok = sum(item["ok"] for item in by_event)
+    return {
+        "created_after": created_after,
+        "created_before": created_before,
+        "total": total,
+        "ok": ok,
+        "failed": total - ok,
+        "by_event": by_event,
+    }
+
+
+def chain_for_caller(principal: Principal, chain: str | None) -> str:
+    """The chain the caller asks to verify, if it may: 404 for a chain it cannot see or that does not exist.
+
+    Default: the caller's tenant chain (``system`` for operator keys).
+    """
+    if not principal.is_operator:
+        own = principal.tenant_id or SYSTEM_CHAIN
+        if chain not in (None, own):
+            raise NotFound("No such audit chain.", chain=chain)
+        return own
+    if chain is None or chain == SYSTEM_CHAIN:
+        return SYSTEM_CHAIN
+    if not (ChainHead.objects.filter(chain=chain).exists() or AuditEvent.objects.filter(chain=chain).exists()):
+        raise NotFound("No such audit chain.", chain=chain)
+    return chain
+
+
+def my_alerts(principal: Principal) -> QuerySet[Alert]:
+    """Alerts of the caller's own wallet (wallet keys only), newest first."""
+    if principal.is_operator:
+        raise WalletKeyRequired()
+    return Alert.objects.filter(tenant_id=principal.tenant_id, wallet_id=principal.wallet_id).order_by(
+        "-created_at", "alert_id"
+    )
+
+
+def signing_key_get(key_id: str) -> SigningKey:
+    key = SigningKey.objects.filter(key_id=key_id).first()
+    if key is None:
+        raise NotFound("No such signing key.", key_id=key_id)
+    return key
+
+
+def signing_keys_published() -> list[SigningKey]:
+    """Every published key: the active one first, then retired keys, newest first."""
+    keys = SigningKey.objects.all()
+    return sorted(keys, key=lambda k: (k.state != SigningKeyState.ACTIVE, -k.created_at.timestamp(), k.key_id))

@@ -1,0 +1,116 @@
+"""The one signing function for every signed statement (permit, quote, receipt, audit checkpoint).
+
+A statement is a JSON object with a ``type``; signing adds the ``kid`` of the
+active key, so both are inside the signed bytes. The signature is Ed25519
+over the RFC 8785 canonical bytes, unpadded base64url (DESIGN.md section 7).
+Verification resolves the key by ``kid`` among active and retired keys; the
+pure checks live in :mod:`audit.evidence_core` for the offline verifier.
+
+Cost of a signature: one indexed query for the active key id, canonical
+encoding and one Ed25519 signature; the private key is cached in memory.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from audit import keystore
+from audit.canonical import canonical_bytes_fast
+from audit.evidence_core import (
+    VerificationResult,
+    sign_canonical,
+    verify_bytes_with_keys,
+    verify_statement_with_keys,
+)
+from audit.exceptions import SigningKeyUnavailable
+from audit.models import SigningKey, SigningKeyState
+
+__all__ = [
+    "SignedStatement",
+    "VerificationResult",
+    "public_key_set",
+    "sign_statement",
+    "verify_statement",
+    "verify_statement_bytes",
+]
+
+
+@dataclass(frozen=True)
+class SignedStatement:
+    """A signed statement: the object as signed (with ``kid``), its canonical bytes and the signature."""
+
+    statement: dict[str, Any]
+    canonical: bytes
+    signature: str
+
+    @property
+    def kid(self) -> str:
+        return str(self.statement["kid"])
+
+    @property
+    def type(self) -> str:
+        return str(self.statement["type"])
+
+
+def sign_statement(statement: Mapping[str, Any]) -> SignedStatement:
+    """Sign ``statement`` with the active key. Adds (or replaces) ``kid``; requires a non-empty ``type``.
+
+    The values must be JSON (strings, safe integers, booleans, null, lists,
+    objects; money as decimal strings). Activates a signing key first when
+    there is none (see ``signing_key_ensure``). Raises ``ValueError`` for a
+    statement without ``type`` or with values RFC 8785 cannot encode, and
+    :class:`SigningKeyUnavailable` when the active key's private part is not
+    available on this server.
+    """
+    statement_type = statement.get("type")
+    if not isinstance(statement_type, str) or not statement_type:
+        raise ValueError("a signed statement needs a non-empty string 'type'")
+    kid = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).values_list("key_id", flat=True).first()
+    if kid is None:
+        from audit.services import signing_key_ensure
+
+        kid = signing_key_ensure().key_id
+    private_key = keystore.private_key_for(kid)
+    if private_key is None:
+        raise SigningKeyUnavailable(key_id=kid)
+    body = {**statement, "kid": kid}
+    canonical = canonical_bytes_fast(body)
+    return SignedStatement(statement=body, canonical=canonical, signature=sign_canonical(private_key, canonical))
+
+
+def _keys_for(kid: Any) -> dict[str, str]:
+    if not isinstance(kid, str):
+        return {}
+    public = SigningKey.objects.filter(key_id=kid).values_list("public_key", flat=True).first()
+    return {} if public is None else {kid: public}
+
+
+def verify_statement(
+    statement: Mapping[str, Any], signature: str, *, expected_type: str | None = None
+) -> VerificationResult:
+    """Verify a statement (with its ``kid``) against the published key it names, active or retired.
+
+    Fails with a reason code (see :func:`audit.evidence_core.verify_statement_with_keys`)
+    for an unknown kid, any changed byte, a ``type`` other than ``expected_type``
+    or a malformed signature.
+    """
+    kid = statement.get("kid") if isinstance(statement, Mapping) else None
+    return verify_statement_with_keys(statement, signature, _keys_for(kid), expected_type=expected_type)
+
+
+def verify_statement_bytes(data: bytes, signature: str, *, expected_type: str | None = None) -> VerificationResult:
+    """Verify signed bytes as transmitted; bytes that are not exactly canonical are ``non_canonical``."""
+    try:
+        parsed = json.loads(data)
+        kid = parsed.get("kid") if isinstance(parsed, dict) else None
+    except (ValueError, UnicodeDecodeError):
+        kid = None
+    return verify_bytes_with_keys(data, signature, _keys_for(kid), expected_type=expected_type)
+
+
+def public_key_set() -> dict[str, str]:
+    """Every published key, ``kid -> base64url public key`` (the snapshot an offline verifier needs)."""
+    return dict(SigningKey.objects.values_list("key_id", "public_key"))

@@ -1,0 +1,158 @@
+"""Audit, signing-key and alert HTTP API (spec "Audit", "Signing keys", ``/v1/me/alerts``)."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit import selectors, services
+from audit.serializers import (
+    AlertListResponse,
+    AlertResponse,
+    AuditChainVerifyRequest,
+    AuditChainVerifyResponse,
+    AuditEventListResponse,
+    AuditEventQuery,
+    AuditEventResponse,
+    AuditEventSummaryItem,
+    AuditSummaryQuery,
+    AuditSummaryResponse,
+    JWKSResponse,
+    MeAuditEventQuery,
+    SigningKeyMetadataResponse,
+    jwk_data,
+)
+from config.authentication import AllowAnyone, principal
+from config.pagination import PageQuery, page, parse_body, parse_query
+from config.schema import error_responses
+
+AUDIT = ["audit"]
+SIGNING_KEYS = ["signing_keys"]
+ME = ["me"]
+_SIGNING_UNAVAILABLE = OpenApiResponse(description="No usable signing key on this server (signing_key_unavailable).")
+
+
+class AuditEventListView(APIView):
+    @extend_schema(
+        operation_id="audit_events_list",
+        tags=AUDIT,
+        parameters=[AuditEventQuery],
+        responses={200: AuditEventListResponse, **error_responses(401, 422)},
+        summary="List audit events (wallet keys: their tenant's; operator keys: all)",
+    )
+    def get(self, request: Request) -> Response:
+        caller = principal(request)
+        params = parse_query(request, AuditEventQuery)
+        item = AuditEventSummaryItem if params["summary"] else AuditEventResponse
+        return Response(page(selectors.audit_event_list(caller, params), params, item))
+
+
+class AuditSummaryView(APIView):
+    @extend_schema(
+        operation_id="audit_summary",
+        tags=AUDIT,
+        parameters=[AuditSummaryQuery],
+        responses={200: AuditSummaryResponse, **error_responses(401, 422)},
+        summary="Count audit events by event and outcome over a time range",
+    )
+    def get(self, request: Request) -> Response:
+        caller = principal(request)
+        params = parse_query(request, AuditSummaryQuery)
+        summary = selectors.audit_summary(
+            caller, created_after=params.get("created_after"), created_before=params.get("created_before")
+        )
+        return Response(AuditSummaryResponse(summary).data)
+
+
+class AuditChainVerifyView(APIView):
+    @extend_schema(
+        operation_id="audit_verify_chain",
+        tags=AUDIT,
+        request=AuditChainVerifyRequest,
+        responses={200: AuditChainVerifyResponse, **error_responses(401, 404, 422), 503: _SIGNING_UNAVAILABLE},
+        summary="Recompute an audit chain, report the first broken event and sign a checkpoint",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        data = parse_body(request, AuditChainVerifyRequest)
+        chain = selectors.chain_for_caller(caller, data.get("chain"))
+        result = services.audit_chain_verify(
+            chain=chain,
+            from_seq=data["from_seq"],
+            to_seq=data.get("to_seq"),
+            checkpoint=data.get("checkpoint"),
+        )
+        return Response(AuditChainVerifyResponse(result).data)
+
+
+class MyAuditEventListView(APIView):
+    @extend_schema(
+        operation_id="me_audit_events_list",
+        tags=ME,
+        parameters=[MeAuditEventQuery],
+        responses={200: AuditEventListResponse, **error_responses(401, 403, 422)},
+        summary="Audit events about the caller's own wallet (wallet-scoped keys only)",
+    )
+    def get(self, request: Request) -> Response:
+        caller = principal(request)
+        params = parse_query(request, MeAuditEventQuery)
+        return Response(page(selectors.my_audit_event_list(caller, params), params, AuditEventResponse))
+
+
+class MyAlertListView(APIView):
+    @extend_schema(
+        operation_id="me_alerts_list",
+        tags=ME,
+        parameters=[PageQuery],
+        responses={200: AlertListResponse, **error_responses(401, 403, 422)},
+        summary="Alerts of the caller's own wallet (wallet-scoped keys only)",
+    )
+    def get(self, request: Request) -> Response:
+        caller = principal(request)
+        params = parse_query(request, PageQuery)
+        return Response(page(selectors.my_alerts(caller), params, AlertResponse))
+
+
+class SigningKeyActiveView(APIView):
+    permission_classes = [AllowAnyone]
+
+    @extend_schema(
+        operation_id="signing_keys_active",
+        tags=SIGNING_KEYS,
+        auth=[],
+        responses={200: SigningKeyMetadataResponse, **error_responses(), 503: _SIGNING_UNAVAILABLE},
+        summary="Public metadata of the active evidence signing key",
+    )
+    def get(self, request: Request) -> Response:
+        # Activates a key on first use (a fresh install or a test database), as signing does.
+        return Response(SigningKeyMetadataResponse(services.signing_key_ensure()).data)
+
+
+class SigningKeyDetailView(APIView):
+    permission_classes = [AllowAnyone]
+
+    @extend_schema(
+        operation_id="signing_keys_get",
+        tags=SIGNING_KEYS,
+        auth=[],
+        responses={200: SigningKeyMetadataResponse, **error_responses(404)},
+        summary="Public metadata of an active or retired evidence signing key",
+    )
+    def get(self, request: Request, key_id: str) -> Response:
+        return Response(SigningKeyMetadataResponse(selectors.signing_key_get(key_id)).data)
+
+
+class JWKSView(APIView):
+    permission_classes = [AllowAnyone]
+
+    @extend_schema(
+        operation_id="signing_keys_jwks",
+        tags=SIGNING_KEYS,
+        auth=[],
+        responses={200: JWKSResponse, **error_responses()},
+        summary="JSON Web Key Set of every published evidence signing key (OKP, Ed25519)",
+    )
+    def get(self, request: Request) -> Response:
+        return Response({"keys": [jwk_data(key) for key in selectors.signing_keys_published()]})
