@@ -1,25 +1,84 @@
-"""Operator console: wallets and API keys. Every change goes through the services."""
+"""Operator console: wallets, money, prices and API keys. Every change goes through the services.
+
+Wallet actions (each audited by its service): provision credits to sponsors
+(from mint), fund wallets from their parent, freeze, unfreeze, close. Amounts
+and reasons are asked for on an intermediate page. Ledger entries are read-only.
+"""
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.options import csrf_protect_m
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from billing import services
-from billing.models import APIKey, APIKeyStatus, KeyRotationLog, Wallet
+from billing.models import (
+    APIKey,
+    APIKeyStatus,
+    ChargeIdempotency,
+    KeyRotationLog,
+    LedgerEntry,
+    ServicePrice,
+    ToolPrice,
+    Wallet,
+    WalletStatus,
+)
+from config.errors import ApplicationError, RequestValidationError
+
+
+class AmountForm(forms.Form):
+    amount = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal("0.00000001"))
+    description = forms.CharField(max_length=200, required=False)
+
+
+class ReasonForm(forms.Form):
+    reason = forms.CharField(max_length=200, required=False, initial="frozen by operator")
+
+
+class ServiceSavedAdmin(admin.ModelAdmin):
+    """A change form whose ``save_model`` calls a service.
+
+    Django wraps the add/change view in ``transaction.atomic()``; the services
+    own durable transactions, which cannot nest in it. The form is validated and
+    rendered the same; the service's transaction is the only one.
+    """
+
+    @csrf_protect_m
+    def changeform_view(
+        self,
+        request: HttpRequest,
+        object_id: str | None = None,
+        form_url: str = "",
+        extra_context: dict[str, Any] | None = None,
+    ) -> HttpResponse:
+        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+
+
+def _actor(request: HttpRequest) -> str:
+    return f"admin:{request.user.get_username()}" if request.user.is_authenticated else "admin"
+
+
+def _failure(exc: Exception) -> str:
+    if isinstance(exc, ApplicationError):
+        return f"{exc.code}: {exc.detail_message}"
+    if isinstance(exc, RequestValidationError):
+        return "; ".join(str(e.get("msg")) for e in exc.errors)
+    return str(exc)
 
 
 @admin.register(Wallet)
 class WalletAdmin(admin.ModelAdmin):
-    list_display = ["wallet_id", "wallet_type", "name", "status", "balance", "tenant_id", "created_at"]
+    list_display = ["wallet_id", "wallet_type", "name", "status", "balance", "total_spent", "tenant_id", "created_at"]
     list_filter = ["wallet_type", "status"]
     search_fields = ["wallet_id", "name", "tenant_id"]
     readonly_fields = [f.name for f in Wallet._meta.fields]
+    actions = ["provision_credits", "fund_from_parent", "freeze_wallets", "unfreeze_wallets", "close_wallets"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -29,6 +88,203 @@ class WalletAdmin(admin.ModelAdmin):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def _form_page(
+        self,
+        request: HttpRequest,
+        queryset: QuerySet[Wallet],
+        *,
+        form: forms.Form,
+        action: str,
+        title: str,
+        submit_label: str,
+    ) -> HttpResponse:
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "form": form,
+            "wallets": list(queryset),
+            "action": action,
+            "submit_label": submit_label,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/billing/wallet_action.html", context)
+
+    def _apply(self, request: HttpRequest, queryset: QuerySet[Wallet], verb: str, call: Any) -> None:
+        done, failed = 0, []
+        for wallet in queryset.order_by("path"):
+            try:
+                call(wallet)
+                done += 1
+            except (ApplicationError, RequestValidationError) as exc:
+                failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
+        if done:
+            self.message_user(request, f"{verb} {done} wallet(s).", messages.SUCCESS)
+        for line in failed:
+            self.message_user(request, line, messages.ERROR)
+
+    @admin.action(description="Provision credits (mint -> sponsor)")
+    def provision_credits(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
+        form = AmountForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._form_page(
+                request,
+                queryset,
+                form=form,
+                action="provision_credits",
+                title="Provision credits to sponsor wallets",
+                submit_label="Provision",
+            )
+        amount, description = form.cleaned_data["amount"], form.cleaned_data["description"]
+        self._apply(
+            request,
+            queryset,
+            "Provisioned",
+            lambda w: services.wallet_provision(
+                wallet=w, amount=amount, description=description, actor=_actor(request)
+            ),
+        )
+        return None
+
+    @admin.action(description="Fund from parent")
+    def fund_from_parent(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
+        form = AmountForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._form_page(
+                request,
+                queryset,
+                form=form,
+                action="fund_from_parent",
+                title="Fund wallets from their parent",
+                submit_label="Fund",
+            )
+        amount, description = form.cleaned_data["amount"], form.cleaned_data["description"]
+
+        def fund(wallet: Wallet) -> None:
+            if wallet.parent is None:
+                raise RequestValidationError.single(["wallet"], "A sponsor has no parent; provision it.", "no_parent")
+            services.wallet_fund(
+                source=wallet.parent, target=wallet, amount=amount, description=description, actor=_actor(request)
+            )
+
+        self._apply(request, queryset, "Funded", fund)
+        return None
+
+    @admin.action(description="Freeze")
+    def freeze_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
+        form = ReasonForm(request.POST if "apply" in request.POST else None)
+        if not form.is_valid():
+            return self._form_page(
+                request, queryset, form=form, action="freeze_wallets", title="Freeze wallets", submit_label="Freeze"
+            )
+        reason = form.cleaned_data["reason"]
+        self._apply(
+            request,
+            queryset,
+            "Froze",
+            lambda w: services.wallet_freeze(wallet=w, reason=reason, actor=_actor(request)),
+        )
+        return None
+
+    @admin.action(description="Unfreeze")
+    def unfreeze_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> None:
+        self._apply(
+            request,
+            queryset.filter(status=WalletStatus.FROZEN),
+            "Unfroze",
+            lambda w: services.wallet_unfreeze(wallet=w, actor=_actor(request)),
+        )
+
+    @admin.action(description="Close (remaining balance returns to the parent)")
+    def close_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> None:
+        # Deepest first, so a selected parent closes after its selected children.
+        wallets = sorted(queryset, key=lambda w: -len(w.ancestry))
+        done, failed = 0, []
+        for wallet in wallets:
+            try:
+                services.wallet_close(wallet=wallet, actor=_actor(request))
+                done += 1
+            except ApplicationError as exc:
+                failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
+        if done:
+            self.message_user(request, f"Closed {done} wallet(s).", messages.SUCCESS)
+        for line in failed:
+            self.message_user(request, line, messages.ERROR)
+
+
+class _ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(LedgerEntry)
+class LedgerEntryAdmin(_ReadOnlyAdmin):
+    list_display = ["created_at", "entry_id", "account", "kind", "amount", "balance_after", "counterparty", "tenant_id"]
+    list_filter = ["kind", "service_category"]
+    search_fields = ["entry_id", "transaction_id", "account", "tenant_id", "correlation_id"]
+    ordering = ["-created_at"]
+
+
+@admin.register(ChargeIdempotency)
+class ChargeIdempotencyAdmin(_ReadOnlyAdmin):
+    list_display = ["created_at", "wallet", "key", "status", "response_status", "entry"]
+    search_fields = ["wallet__wallet_id", "key"]
+
+
+class ServicePriceForm(forms.ModelForm):
+    class Meta:
+        model = ServicePrice
+        fields = ["category", "credits_per_unit"]
+
+
+@admin.register(ServicePrice)
+class ServicePriceAdmin(ServiceSavedAdmin):
+    """Category prices; saving goes through ``category_price_set`` (audited)."""
+
+    list_display = ["category", "credits_per_unit", "updated_at"]
+    form = ServicePriceForm
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["category"] if obj is not None else []
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: ServicePrice, form: Any, change: bool) -> None:
+        services.category_price_set(
+            category=obj.category, credits_per_unit=form.cleaned_data["credits_per_unit"], actor=_actor(request)
+        )
+
+
+class ToolPriceForm(forms.ModelForm):
+    class Meta:
+        model = ToolPrice
+        fields = ["tool", "credits"]
+        help_texts = {"credits": "Credits per call. Leave empty for 'price not set'."}
+
+
+@admin.register(ToolPrice)
+class ToolPriceAdmin(ServiceSavedAdmin):
+    """Tool prices; saving goes through ``tool_price_set`` (audited). Clear the price instead of deleting."""
+
+    list_display = ["tool", "credits", "updated_at"]
+    search_fields = ["tool"]
+    form = ToolPriceForm
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["tool"] if obj is not None else []
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: ToolPrice, form: Any, change: bool) -> None:
+        services.tool_price_set(tool=obj.tool, credits=form.cleaned_data["credits"], actor=_actor(request))
 
 
 class APIKeyCreateForm(forms.ModelForm):
@@ -41,7 +297,7 @@ class APIKeyCreateForm(forms.ModelForm):
 
 
 @admin.register(APIKey)
-class APIKeyAdmin(admin.ModelAdmin):
+class APIKeyAdmin(ServiceSavedAdmin):
     list_display = ["key_id", "wallet", "name", "status", "created_at", "revoked_at"]
     list_filter = ["status"]
     search_fields = ["key_id", "name", "wallet__wallet_id"]

@@ -1,8 +1,18 @@
-"""Wallets and API keys.
+"""Wallets, the double-entry ledger, prices and API keys.
 
 Wallets form the sponsor -> agent -> child hierarchy; ``tenant_id`` is the root
 sponsor's id on every row. API keys are wallet-scoped (``wallet`` set) or
 operator keys (``wallet`` null, created by ``manage.py`` or the admin only).
+
+The ledger (DESIGN.md section 5) has one row per account movement. Every
+movement is one ledger transaction (``transaction_id``) of two or more entries
+whose amounts sum to zero; a deferred constraint trigger (migration 0003)
+refuses to commit anything else, and another trigger makes entries immutable.
+Accounts are the wallets plus two system accounts, ``mint`` (where operator
+credits come from) and ``revenue`` (where charges go). System accounts have no
+row and no stored balance: a stored balance would be one global hot row that
+every charge of every tenant locks. Their balance is the sum of their entries,
+and their entries carry the tenant of the movement, so revenue stays per tenant.
 """
 
 from __future__ import annotations
@@ -10,7 +20,8 @@ from __future__ import annotations
 from decimal import Decimal
 
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
+from django.utils import timezone
 
 ZERO = Decimal("0")
 
@@ -58,6 +69,8 @@ class Wallet(models.Model):
     total_spent = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
     expires_at = models.DateTimeField(null=True, blank=True)
     frozen_reason = models.CharField(max_length=200, blank=True, default="")
+    frozen_at = models.DateTimeField(null=True, blank=True)
+    closed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -66,6 +79,11 @@ class Wallet(models.Model):
         constraints = [
             models.CheckConstraint(condition=Q(balance__gte=0), name="wallet_balance_non_negative"),
             models.CheckConstraint(condition=Q(total_spent__gte=0), name="wallet_total_spent_non_negative"),
+            models.CheckConstraint(
+                condition=Q(refill_threshold__isnull=True, refill_amount__isnull=True)
+                | Q(refill_threshold__gte=0, refill_amount__gt=0),
+                name="wallet_refill_consistent",
+            ),
             models.CheckConstraint(
                 condition=(
                     Q(wallet_type="sponsor", parent__isnull=True)
@@ -83,6 +101,216 @@ class Wallet(models.Model):
     def ancestry(self) -> list[str]:
         """Wallet ids from the root sponsor down to this wallet, inclusive."""
         return self.path.split("/")
+
+    @property
+    def is_expired(self) -> bool:
+        return self.status == WalletStatus.EXPIRED or (
+            self.expires_at is not None and self.expires_at <= timezone.now()
+        )
+
+    @property
+    def effective_status(self) -> str:
+        """The status as callers see it: an active wallet past its expiry reads as ``expired``."""
+        if self.status == WalletStatus.ACTIVE and self.is_expired:
+            return WalletStatus.EXPIRED
+        return self.status
+
+    @property
+    def has_refill(self) -> bool:
+        return self.parent_id is not None and self.refill_threshold is not None and self.refill_amount is not None
+
+
+class ServiceCategory(models.TextChoices):
+    """The ServiceCategory enumeration (tool categories and charge categories).
+
+    ``compute`` (running code or models), ``data`` (datasets, lookups),
+    ``search`` (web or index search), ``storage`` (reading and writing stored
+    objects), ``messaging`` (email, chat, notifications), ``payments`` (moving
+    money outside Tollgate), ``content`` (generating or transforming content),
+    ``tooling`` (developer and utility tools), ``other`` (anything else; the
+    default of a charge without a category).
+    """
+
+    COMPUTE = "compute"
+    DATA = "data"
+    SEARCH = "search"
+    STORAGE = "storage"
+    MESSAGING = "messaging"
+    PAYMENTS = "payments"
+    CONTENT = "content"
+    TOOLING = "tooling"
+    OTHER = "other"
+
+
+# Prices a category has when the operator has not set one (the price list rows override them).
+DEFAULT_CATEGORY_PRICES: dict[str, Decimal] = {
+    ServiceCategory.COMPUTE: Decimal("1.00000000"),
+    ServiceCategory.DATA: Decimal("0.50000000"),
+    ServiceCategory.SEARCH: Decimal("0.25000000"),
+    ServiceCategory.STORAGE: Decimal("0.10000000"),
+    ServiceCategory.MESSAGING: Decimal("0.20000000"),
+    ServiceCategory.PAYMENTS: Decimal("2.00000000"),
+    ServiceCategory.CONTENT: Decimal("0.50000000"),
+    ServiceCategory.TOOLING: Decimal("0.10000000"),
+    ServiceCategory.OTHER: Decimal("1.00000000"),
+}
+
+
+class SystemAccount(models.TextChoices):
+    """The two wallet-less ledger accounts."""
+
+    MINT = "mint"
+    REVENUE = "revenue"
+
+
+class LedgerKind(models.TextChoices):
+    """What a ledger transaction does.
+
+    ``provision``: mint -> sponsor. ``fund``: parent -> child. ``charge``:
+    wallet -> revenue. ``refund``: revenue -> wallet. ``refill``: parent ->
+    child, automatically, when a debit takes the child under its refill
+    threshold. ``return``: a closing wallet's remaining balance back to its
+    parent (or to mint for a sponsor).
+    """
+
+    PROVISION = "provision"
+    FUND = "fund"
+    CHARGE = "charge"
+    REFUND = "refund"
+    REFILL = "refill"
+    RETURN = "return"
+
+
+# Kinds that count as spend (charges) or undo spend (refunds).
+SPEND_KINDS = (LedgerKind.CHARGE, LedgerKind.REFUND)
+
+
+class LedgerEntry(models.Model):
+    """One side of a ledger transaction: an amount credited (+) or debited (-) to one account.
+
+    ``account`` is the wallet id for wallet entries (then ``wallet`` is set) or
+    ``mint``/``revenue`` for system entries (then ``wallet`` is null and
+    ``balance_after`` is null: system accounts keep no running balance). A
+    wallet's entries sum to its balance; all entries sum to zero. Immutable.
+    """
+
+    entry_id = models.CharField(max_length=40, primary_key=True)
+    transaction_id = models.CharField(max_length=40)
+    tenant_id = models.CharField(max_length=40)
+    wallet = models.ForeignKey(
+        Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries", db_index=False
+    )
+    account = models.CharField(max_length=40)
+    counterparty = models.CharField(max_length=40)
+    kind = models.CharField(max_length=16, choices=LedgerKind.choices)
+    amount = models.DecimalField(max_digits=20, decimal_places=8)
+    balance_after = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    service_category = models.CharField(max_length=32, choices=ServiceCategory.choices, blank=True, default="")
+    units = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    description = models.CharField(max_length=500, blank=True, default="")
+    request_path = models.CharField(max_length=300, blank=True, default="")
+    correlation_id = models.CharField(max_length=128, blank=True, default="")
+    # A refund points at the charge it reverses.
+    refund_of = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="refunds", db_index=False
+    )
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "billing_ledger_entry"
+        verbose_name_plural = "ledger entries"
+        constraints = [
+            models.CheckConstraint(
+                condition=(
+                    Q(wallet__isnull=True, account__in=["mint", "revenue"], balance_after__isnull=True)
+                    | Q(wallet__isnull=False, account=F("wallet_id"), balance_after__gte=0)
+                ),
+                name="ledger_entry_account_consistent",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["wallet", "created_at"], name="ledger_wallet_created"),
+            models.Index(
+                fields=["wallet", "created_at"],
+                condition=Q(kind__in=["charge", "refund"]),
+                name="ledger_wallet_spend",
+            ),
+            models.Index(fields=["transaction_id"], name="ledger_transaction"),
+            models.Index(fields=["tenant_id", "created_at"], name="ledger_tenant_created"),
+            models.Index(fields=["account", "created_at"], name="ledger_account_created"),
+            models.Index(fields=["refund_of"], condition=Q(refund_of__isnull=False), name="ledger_refund_of"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.entry_id} {self.kind} {self.account} {self.amount}"
+
+
+class IdempotencyStatus(models.TextChoices):
+    IN_PROGRESS = "in_progress"
+    DONE = "done"
+
+
+class ChargeIdempotency(models.Model):
+    """A charge's idempotency key, scoped by wallet, with the stored response for replay.
+
+    Written in the same transaction as the debit it records (see
+    ``billing.services.wallet_charge``), never in a cache.
+    """
+
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="charge_keys", db_index=False)
+    tenant_id = models.CharField(max_length=40)
+    key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+    status = models.CharField(max_length=16, choices=IdempotencyStatus.choices, default=IdempotencyStatus.DONE)
+    response_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    response_body = models.JSONField(null=True, blank=True)
+    entry = models.ForeignKey(LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "billing_charge_idempotency"
+        verbose_name_plural = "charge idempotency keys"
+        constraints = [models.UniqueConstraint(fields=["wallet", "key"], name="charge_idempotency_wallet_key")]
+
+    def __str__(self) -> str:
+        return f"{self.wallet_id}:{self.key}"
+
+
+class ServicePrice(models.Model):
+    """The price list per service category: credits per unit of a charge."""
+
+    category = models.CharField(max_length=32, choices=ServiceCategory.choices, primary_key=True)
+    credits_per_unit = models.DecimalField(max_digits=20, decimal_places=8)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "billing_service_price"
+        ordering = ["category"]
+        constraints = [models.CheckConstraint(condition=Q(credits_per_unit__gte=0), name="service_price_non_negative")]
+
+    def __str__(self) -> str:
+        return f"{self.category}: {self.credits_per_unit}"
+
+
+class ToolPrice(models.Model):
+    """The price of one call of a tool, by tool name. ``credits`` null means "price not set"."""
+
+    tool = models.CharField(max_length=200, primary_key=True)
+    credits = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "billing_tool_price"
+        ordering = ["tool"]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(credits__isnull=True) | Q(credits__gte=0), name="tool_price_non_negative"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.tool}: {self.credits if self.credits is not None else 'not set'}"
 
 
 class APIKeyStatus(models.TextChoices):

@@ -3,13 +3,35 @@
 from __future__ import annotations
 
 import hmac
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
 
-from django.db.models import QuerySet
+from django.db import models
+from django.db.models import OuterRef, Q, QuerySet, Subquery, Sum, Value
+from django.db.models.functions import Coalesce, Greatest
+from django.utils import timezone
 
 from billing.keys import MIN_SECRET_LENGTH, hash_secret, parse_secret
-from billing.models import APIKey, APIKeyStatus, KeyRotationLog, Wallet
+from billing.models import (
+    DEFAULT_CATEGORY_PRICES,
+    SPEND_KINDS,
+    ZERO,
+    APIKey,
+    APIKeyStatus,
+    KeyRotationLog,
+    LedgerEntry,
+    ServiceCategory,
+    ServicePrice,
+    ToolPrice,
+    Wallet,
+)
 from config.authentication import Principal
 from config.errors import InvalidAPIKey, NotFound, WalletAccessDenied
+
+MONEY_FIELD = models.DecimalField(max_digits=20, decimal_places=8)
+ZERO_DEC = Value(ZERO, output_field=MONEY_FIELD)
 
 
 def api_key_authenticate(*, secret: str) -> APIKey:
@@ -73,3 +95,112 @@ def api_keys_of_wallet(wallet: Wallet) -> QuerySet[APIKey]:
 
 def key_logs_of_wallet(wallet: Wallet) -> QuerySet[KeyRotationLog]:
     return KeyRotationLog.objects.filter(wallet=wallet).order_by("-created_at", "-id")
+
+
+# --- Wallet figures, ledger and prices -------------------------------------------------
+
+
+@dataclass(frozen=True)
+class SpendFigures:
+    """Net spend (charges minus refunds) of one wallet in the three windows the controls use."""
+
+    last_hour: Decimal
+    last_day: Decimal
+    today: Decimal
+
+
+def _utc_midnight(now: datetime) -> datetime:
+    return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def wallet_spend(wallet: Wallet, *, now: datetime | None = None) -> SpendFigures:
+    """The wallet's net spend in the last hour, the last 24 hours and since 00:00 UTC today.
+
+    One aggregate query over the partial index ``ledger_wallet_spend``. Spend is
+    charges minus refunds (a refunded charge is not spend), floored at zero.
+    Consistent with later debits only while the caller holds the wallet row lock.
+    """
+    now = now or timezone.now()
+    hour_ago, day_ago, midnight = now - timedelta(hours=1), now - timedelta(days=1), _utc_midnight(now)
+    figures = LedgerEntry.objects.filter(
+        wallet=wallet, kind__in=SPEND_KINDS, created_at__gte=min(day_ago, midnight)
+    ).aggregate(
+        last_hour=Coalesce(Sum("amount", filter=Q(created_at__gte=hour_ago)), ZERO_DEC),
+        last_day=Coalesce(Sum("amount", filter=Q(created_at__gte=day_ago)), ZERO_DEC),
+        today=Coalesce(Sum("amount", filter=Q(created_at__gte=midnight)), ZERO_DEC),
+    )
+    return SpendFigures(
+        last_hour=max(-figures["last_hour"], ZERO),
+        last_day=max(-figures["last_day"], ZERO),
+        today=max(-figures["today"], ZERO),
+    )
+
+
+def with_daily_spend(queryset: QuerySet[Wallet], *, now: datetime | None = None) -> QuerySet[Wallet]:
+    """Annotate each wallet with ``daily_spent``: net spend since 00:00 UTC today."""
+    midnight = _utc_midnight(now or timezone.now())
+    spent = (
+        LedgerEntry.objects.filter(wallet=OuterRef("pk"), kind__in=SPEND_KINDS, created_at__gte=midnight)
+        .order_by()
+        .values("wallet")
+        .annotate(total=Sum("amount"))
+        .values("total")
+    )
+    return queryset.annotate(
+        daily_spent=Greatest(-Coalesce(Subquery(spent, output_field=MONEY_FIELD), ZERO_DEC), ZERO_DEC)
+    )
+
+
+def wallet_detail(principal: Principal, wallet_id: str) -> Wallet:
+    """A wallet the caller may see, with ``daily_spent`` set (403/404 as ``wallet_for_caller``)."""
+    wallet = wallet_for_caller(principal, wallet_id)
+    wallet.daily_spent = wallet_spend(wallet).today  # type: ignore[attr-defined]
+    return wallet
+
+
+def wallets_list(principal: Principal, *, wallet_type: str | None = None) -> QuerySet[Wallet]:
+    """Visible wallets, optionally of one type, oldest first, with ``daily_spent``."""
+    qs = wallets_visible(principal)
+    if wallet_type:
+        qs = qs.filter(wallet_type=wallet_type)
+    return with_daily_spend(qs.order_by("created_at", "wallet_id"))
+
+
+def ledger_of_wallet(wallet: Wallet) -> QuerySet[LedgerEntry]:
+    """The wallet's ledger entries, newest first (scoped by the wallet's tenant as well)."""
+    return LedgerEntry.objects.filter(wallet=wallet, tenant_id=wallet.tenant_id).order_by("-created_at", "-entry_id")
+
+
+def account_balance(account: str, *, tenant_id: str | None = None) -> Decimal:
+    """The balance of any ledger account (wallet id, ``mint`` or ``revenue``) as the sum of its entries."""
+    qs = LedgerEntry.objects.filter(account=account)
+    if tenant_id is not None:
+        qs = qs.filter(tenant_id=tenant_id)
+    total = qs.aggregate(total=Sum("amount"))["total"]
+    return total if total is not None else ZERO
+
+
+def price_for_category(category: str) -> Decimal:
+    """Credits per unit of ``category``: the price list row, else the built-in default."""
+    row = ServicePrice.objects.filter(category=category).values_list("credits_per_unit", flat=True).first()
+    if row is not None:
+        return row
+    if category not in DEFAULT_CATEGORY_PRICES:
+        raise NotFound("No such service category.", service_category=category)
+    return DEFAULT_CATEGORY_PRICES[category]
+
+
+def tool_price(tool_name: str) -> Decimal | None:
+    """Credits per call of ``tool_name``; None when its price is not set."""
+    return ToolPrice.objects.filter(tool=tool_name).values_list("credits", flat=True).first()
+
+
+def pricing_table() -> dict[str, Any]:
+    """Every category price (defaults filled in) and every tool price, for GET /v1/billing/pricing."""
+    rows = dict(ServicePrice.objects.values_list("category", "credits_per_unit"))
+    categories = [
+        {"service_category": c.value, "credits_per_unit": rows.get(c.value, DEFAULT_CATEGORY_PRICES[c.value])}
+        for c in ServiceCategory
+    ]
+    tools = [{"tool": t.tool, "credits_per_call": t.credits} for t in ToolPrice.objects.order_by("tool")]
+    return {"unit": "credits", "categories": categories, "tools": tools}

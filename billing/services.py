@@ -1,21 +1,103 @@
-"""Billing writes: API keys (and, as billing grows, wallets and the ledger).
+"""Billing writes: API keys, wallets, the double-entry ledger, charges and prices.
 
-Every service owns its transaction and writes its audit event inside it, as the
-last statement.
+Every public service owns its transaction (``@transaction.atomic(durable=True)``)
+and writes its audit events inside it, as the last statements. The exceptions
+are the building blocks ``ledger_debit`` and ``ledger_refund``, which run
+inside a transaction the caller holds (the tool gateway debits and refunds
+inside its own phase transactions).
+
+Money movements (DESIGN.md section 5). Each movement is one ledger
+transaction: a debit entry on the source account and a credit entry on the
+target account, summing to zero (the database checks the sum at commit). A
+wallet's ``balance`` changes only together with its entry, under its row lock,
+so it always equals the sum of its entries.
+
+Lock order. Wallet row locks are always taken ancestor first: a parent before
+its child (funding, auto-refill, closing), and the audit chain head last. Two
+transactions therefore never wait on each other in a cycle.
+
+Spend controls, applied by ``ledger_debit`` under the wallet's row lock, in
+this order: status (closed, frozen, expired: 403), velocity (the debit would
+take net spend above 1000 credits in the last hour or 10000 in the last 24
+hours: 403 ``wallet_frozen`` and the wallet is frozen), lifetime budget
+(403 ``budget_exceeded``), daily limit (403 ``daily_limit_exceeded``),
+auto-refill, balance (402 ``insufficient_funds``).
+
+"Spend" is net: charges minus refunds, so a refunded call (an upstream failure)
+neither uses up the budget or the daily limit nor counts toward velocity. The
+daily spend figure is the net spend since 00:00 UTC; velocity uses rolling
+windows (last 60 minutes, last 24 hours). ``total_spent`` (the budget's
+counter) is lifetime net spend.
+
+Auto-refill. When a debit would take a wallet's balance under its refill
+threshold, ``refill_amount`` moves from the parent first, in the same
+transaction, if the parent is active and can pay; a charge that the refill
+makes coverable therefore succeeds. If the parent cannot pay, no refill happens
+and the debit proceeds or fails on its own balance.
+
+Charge idempotency. ``wallet_charge`` takes an optional key, scoped by wallet.
+The key row (request hash and the stored response) is written in the debit's
+transaction, so it exists exactly when the debit committed. The same key and
+parameters replay the stored response; other parameters are the idempotency
+conflict (422), with nothing written. A concurrent duplicate waits on the
+wallet row lock, then finds the committed row and replays. A refused charge
+(402, 403) writes nothing, so it does not burn the key: the client may retry
+the same key once the wallet can pay. The velocity freeze is the one write that
+survives a refusal; it commits in its own transaction after the refused debit
+rolled back.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
-from django.db import transaction
+from django.db import connection, transaction
+from django.db.models import F, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from audit.services import alert_raise, audit_record
+from billing import selectors
+from billing.exceptions import (
+    BudgetExceeded,
+    DailyLimitExceeded,
+    InsufficientFunds,
+    RefundExceedsCharge,
+    VelocityLimitExceeded,
+    WalletClosed,
+    WalletExpired,
+    WalletFrozen,
+    WalletHasOpenChildren,
+    WalletNotActive,
+    money,
+)
 from billing.keys import hash_secret, make_secret
-from billing.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog, Wallet
-from config.errors import NotFound
+from billing.models import (
+    WALLET_PREFIX,
+    ZERO,
+    APIKey,
+    APIKeyStatus,
+    ChargeIdempotency,
+    IdempotencyStatus,
+    KeyLogAction,
+    KeyRotationLog,
+    LedgerEntry,
+    LedgerKind,
+    ServiceCategory,
+    ServicePrice,
+    SystemAccount,
+    ToolPrice,
+    Wallet,
+    WalletStatus,
+    WalletType,
+)
+from config.errors import Conflict, IdempotencyKeyInProgress, IdempotencyKeyReused, NotFound, RequestValidationError
+from config.idempotency import request_hash
 from config.ids import new_id
+from config.middleware import get_request_id
 
 
 @dataclass(frozen=True)
@@ -207,3 +289,849 @@ def api_key_emergency_revoke(*, wallet: Wallet, reason: str = "emergency", actor
         detail={"revoked_key_ids": revoked, "reason": reason},
     )
     return revoked
+
+
+# --- Ledger building blocks (caller holds the transaction) ------------------------------
+
+CENT = Decimal("0.00000001")
+VELOCITY_HOUR_LIMIT = Decimal("1000")
+VELOCITY_DAY_LIMIT = Decimal("10000")
+
+
+def to_money(value: Decimal | int | str) -> Decimal:
+    """``value`` as a Decimal with 8 places (half up)."""
+    return Decimal(value).quantize(CENT, rounding=ROUND_HALF_UP)
+
+
+def _require_atomic(name: str) -> None:
+    if not connection.in_atomic_block:
+        raise RuntimeError(f"{name} must run inside a transaction the caller holds")
+
+
+def _lock(wallet_id: str) -> Wallet:
+    """Lock one wallet row and return its current state."""
+    wallet = Wallet.objects.select_for_update(of=("self",)).filter(wallet_id=wallet_id).first()
+    if wallet is None:
+        raise NotFound("No such wallet.", wallet_id=wallet_id)
+    return wallet
+
+
+def _check_may_spend(wallet: Wallet) -> None:
+    """Status controls: closed, frozen and expired wallets spend nothing (403)."""
+    if wallet.status == WalletStatus.CLOSED:
+        raise WalletClosed(wallet_id=wallet.wallet_id)
+    if wallet.status == WalletStatus.FROZEN:
+        raise WalletFrozen(wallet_id=wallet.wallet_id, frozen_reason=wallet.frozen_reason)
+    if wallet.is_expired:
+        raise WalletExpired(wallet_id=wallet.wallet_id)
+
+
+def _check_positive(amount: Decimal, *, loc: str = "amount") -> Decimal:
+    amount = to_money(amount)
+    if amount <= 0:
+        raise RequestValidationError.single(["body", loc], "The amount must be greater than 0.", "greater_than")
+    return amount
+
+
+Account = Wallet | SystemAccount
+
+
+def _move(
+    *,
+    kind: LedgerKind,
+    tenant_id: str,
+    source: Account,
+    target: Account,
+    amount: Decimal,
+    service_category: str = "",
+    units: Decimal | None = None,
+    description: str = "",
+    request_path: str = "",
+    correlation_id: str = "",
+    refund_of: LedgerEntry | None = None,
+    spend_delta: Decimal = ZERO,
+) -> tuple[LedgerEntry, LedgerEntry]:
+    """Post one balanced ledger transaction moving ``amount`` from ``source`` to ``target``.
+
+    Caller holds the transaction and the row locks of every wallet involved,
+    and has checked that ``source`` can pay. Updates the wallets' balances (and
+    ``total_spent`` by ``spend_delta`` on the source for charges, or on the
+    target for refunds, where it is negative) in memory and in the database.
+    Returns (source entry, target entry).
+    """
+    now = timezone.now()
+    transaction_id = new_id("ltx")
+    correlation_id = correlation_id or get_request_id() or ""
+    entries = []
+    for account, other, signed in ((source, target, -amount), (target, source, amount)):
+        wallet = account if isinstance(account, Wallet) else None
+        balance_after = None
+        if wallet is not None:
+            balance_after = wallet.balance + signed
+            changes: dict[str, Any] = {"balance": F("balance") + signed, "updated_at": now}
+            if spend_delta and ((spend_delta > 0 and signed < 0) or (spend_delta < 0 and signed > 0)):
+                changes["total_spent"] = Greatest(F("total_spent") + spend_delta, ZERO)
+                wallet.total_spent = max(wallet.total_spent + spend_delta, ZERO)
+            Wallet.objects.filter(wallet_id=wallet.wallet_id).update(**changes)
+            wallet.balance = balance_after
+        entries.append(
+            LedgerEntry(
+                entry_id=new_id("led"),
+                transaction_id=transaction_id,
+                tenant_id=tenant_id,
+                wallet=wallet,
+                account=wallet.wallet_id if wallet is not None else str(account),
+                counterparty=other.wallet_id if isinstance(other, Wallet) else str(other),
+                kind=kind,
+                amount=signed,
+                balance_after=balance_after,
+                service_category=service_category,
+                units=units,
+                description=description[:500],
+                request_path=request_path[:300],
+                correlation_id=correlation_id[:128],
+                refund_of=refund_of,
+                created_at=now,
+            )
+        )
+    LedgerEntry.objects.bulk_create(entries)
+    return entries[0], entries[1]
+
+
+@dataclass(frozen=True)
+class DebitResult:
+    """What ``ledger_debit`` posted: the charge entry (on the wallet) and the refill entry, if any."""
+
+    entry: LedgerEntry
+    wallet: Wallet
+    refill: LedgerEntry | None
+    daily_spent: Decimal
+
+
+def _lock_for_debit(wallet: Wallet | str, amount: Decimal) -> tuple[Wallet, Wallet | None]:
+    """Lock the wallet, and first its parent when the debit will likely refill (parent before child).
+
+    Whether a refill is likely is read from ``wallet`` as given (a hint; the
+    decision is re-checked under the locks).
+    """
+    hint = wallet if isinstance(wallet, Wallet) else Wallet.objects.filter(wallet_id=wallet).first()
+    if hint is None:
+        raise NotFound("No such wallet.", wallet_id=str(wallet))
+    parent = None
+    if hint.has_refill and hint.balance - amount < (hint.refill_threshold or ZERO):
+        assert hint.parent_id is not None
+        parent = _lock(hint.parent_id)
+    return _lock(hint.wallet_id), parent
+
+
+def _debit_locked(
+    *,
+    wallet: Wallet,
+    parent: Wallet | None,
+    amount: Decimal,
+    service_category: str,
+    units: Decimal | None,
+    description: str,
+    request_path: str,
+    correlation_id: str,
+) -> DebitResult:
+    """Apply every spend control to locked ``wallet``, refill from locked ``parent`` if due, then debit."""
+    now = timezone.now()
+    _check_may_spend(wallet)
+    spend = selectors.wallet_spend(wallet, now=now)
+    if spend.last_hour + amount > VELOCITY_HOUR_LIMIT:
+        raise VelocityLimitExceeded(
+            wallet_id=wallet.wallet_id, window="hour", spent=spend.last_hour, amount=amount, limit=VELOCITY_HOUR_LIMIT
+        )
+    if spend.last_day + amount > VELOCITY_DAY_LIMIT:
+        raise VelocityLimitExceeded(
+            wallet_id=wallet.wallet_id, window="day", spent=spend.last_day, amount=amount, limit=VELOCITY_DAY_LIMIT
+        )
+    if wallet.budget is not None and wallet.total_spent + amount > wallet.budget:
+        raise BudgetExceeded(
+            wallet_id=wallet.wallet_id,
+            budget=money(wallet.budget),
+            total_spent=money(wallet.total_spent),
+            required=money(amount),
+        )
+    if wallet.daily_limit is not None and spend.today + amount > wallet.daily_limit:
+        raise DailyLimitExceeded(
+            wallet_id=wallet.wallet_id,
+            daily_limit=money(wallet.daily_limit),
+            daily_spent=money(spend.today),
+            required=money(amount),
+        )
+    refill = None
+    if (
+        parent is not None
+        and wallet.has_refill
+        and wallet.parent_id == parent.wallet_id
+        and wallet.balance - amount < (wallet.refill_threshold or ZERO)
+        and parent.status == WalletStatus.ACTIVE
+        and not parent.is_expired
+        and parent.balance >= (wallet.refill_amount or ZERO)
+    ):
+        assert wallet.refill_amount is not None
+        _, refill = _move(
+            kind=LedgerKind.REFILL,
+            tenant_id=wallet.tenant_id,
+            source=parent,
+            target=wallet,
+            amount=wallet.refill_amount,
+            description="auto-refill",
+            correlation_id=correlation_id,
+        )
+    if wallet.balance < amount:
+        raise InsufficientFunds(wallet_id=wallet.wallet_id, balance=wallet.balance, required=amount)
+    entry, _ = _move(
+        kind=LedgerKind.CHARGE,
+        tenant_id=wallet.tenant_id,
+        source=wallet,
+        target=SystemAccount.REVENUE,
+        amount=amount,
+        service_category=service_category,
+        units=units,
+        description=description,
+        request_path=request_path,
+        correlation_id=correlation_id,
+        spend_delta=amount,
+    )
+    return DebitResult(entry=entry, wallet=wallet, refill=refill, daily_spent=spend.today + amount)
+
+
+def ledger_debit(
+    *,
+    wallet: Wallet | str,
+    amount: Decimal,
+    service_category: str = "",
+    units: Decimal | None = None,
+    description: str = "",
+    request_path: str = "",
+    correlation_id: str = "",
+) -> DebitResult:
+    """Charge ``amount`` from ``wallet`` to revenue. Caller holds the transaction.
+
+    Takes the row locks itself (the parent's first when an auto-refill is
+    likely, then the wallet's), re-reads the wallet and applies every spend
+    control (see the module docstring). Raises ``WalletClosed``,
+    ``WalletFrozen``, ``WalletExpired``, ``BudgetExceeded``,
+    ``DailyLimitExceeded`` (403) or ``InsufficientFunds`` (402); the caller's
+    transaction must then roll back. ``VelocityLimitExceeded`` (a
+    ``WalletFrozen``) additionally requires the caller, once its transaction
+    has rolled back, to call ``wallet_freeze_for_velocity(exc=exc)``.
+
+    Writes no audit event: the caller records the movement (``ledger_audit``
+    or its own event naming the entry) as the last statement of its
+    transaction. ``correlation_id`` defaults to the request id.
+    """
+    _require_atomic("ledger_debit")
+    amount = to_money(amount)
+    if amount < 0:
+        raise ValueError("a debit amount cannot be negative")
+    locked, parent = _lock_for_debit(wallet, amount)
+    return _debit_locked(
+        wallet=locked,
+        parent=parent,
+        amount=amount,
+        service_category=service_category,
+        units=units,
+        description=description,
+        request_path=request_path,
+        correlation_id=correlation_id,
+    )
+
+
+def ledger_refund(
+    *,
+    amount: Decimal,
+    charge: LedgerEntry | None = None,
+    wallet: Wallet | str | None = None,
+    description: str = "",
+    request_path: str = "",
+    correlation_id: str = "",
+) -> LedgerEntry:
+    """Move ``amount`` from revenue back to a wallet; returns the wallet's entry. Caller holds the transaction.
+
+    With ``charge`` (a charge entry), refunds go to that charge's wallet and
+    never exceed what is left of it (409 ``refund_exceeds_charge``); the
+    wallet's row lock serializes concurrent refunds of one charge. Without it,
+    ``wallet`` is required (an operator's goodwill credit out of revenue).
+    Frozen and expired wallets accept refunds; closed wallets do not. Lowers
+    the wallet's net spend (``total_spent`` and the daily figure). Writes no
+    audit event (see ``ledger_debit``).
+    """
+    _require_atomic("ledger_refund")
+    amount = to_money(amount)
+    if amount <= 0:
+        raise ValueError("a refund amount must be positive")
+    if charge is not None:
+        if charge.kind != LedgerKind.CHARGE or charge.wallet_id is None:
+            raise Conflict("Only a charge entry of a wallet can be refunded.", entry_id=charge.entry_id)
+        wallet_id = charge.wallet_id
+    elif wallet is not None:
+        wallet_id = wallet.wallet_id if isinstance(wallet, Wallet) else wallet
+    else:
+        raise ValueError("ledger_refund needs a charge or a wallet")
+    locked = _lock(wallet_id)
+    if locked.status == WalletStatus.CLOSED:
+        raise WalletClosed(wallet_id=wallet_id)
+    if charge is not None:
+        refunded = LedgerEntry.objects.filter(refund_of=charge, account=wallet_id).aggregate(t=Sum("amount"))["t"]
+        remaining = -charge.amount - (refunded or ZERO)
+        if amount > remaining:
+            raise RefundExceedsCharge(entry_id=charge.entry_id, remaining=money(remaining), requested=money(amount))
+    _, entry = _move(
+        kind=LedgerKind.REFUND,
+        tenant_id=locked.tenant_id,
+        source=SystemAccount.REVENUE,
+        target=locked,
+        amount=amount,
+        service_category=charge.service_category if charge is not None else "",
+        description=description,
+        request_path=request_path,
+        correlation_id=correlation_id or (charge.correlation_id if charge is not None else ""),
+        refund_of=charge,
+        spend_delta=-amount,
+    )
+    return entry
+
+
+def ledger_audit(entry: LedgerEntry, *, actor_key_id: str = "", actor: str = "", endpoint: str | None = None) -> None:
+    """Record the movement of ``entry`` (a wallet's entry) in the tenant's audit chain.
+
+    Caller holds the transaction; call it among the last statements (it locks the chain head).
+    """
+    detail: dict[str, Any] = {
+        "entry_id": entry.entry_id,
+        "transaction_id": entry.transaction_id,
+        "kind": entry.kind,
+        "amount": money(entry.amount),
+        "balance_after": money(entry.balance_after) if entry.balance_after is not None else None,
+        "counterparty": entry.counterparty,
+    }
+    if entry.service_category:
+        detail["service_category"] = entry.service_category
+    if entry.request_path:
+        detail["request_path"] = entry.request_path
+    if entry.refund_of_id:
+        detail["refund_of"] = entry.refund_of_id
+    if actor:
+        detail["actor"] = actor
+    audit_record(
+        event=f"ledger.{entry.kind}",
+        ok=True,
+        tenant_id=entry.tenant_id,
+        wallet_id=entry.account,
+        key_id=actor_key_id or None,
+        endpoint=endpoint,
+        request_id=entry.correlation_id or None,
+        detail=detail,
+    )
+
+
+# --- Wallets ---------------------------------------------------------------------------
+
+
+def _audit_wallet(event: str, wallet: Wallet, *, actor_key_id: str, actor: str, **detail: Any) -> None:
+    if actor:
+        detail["actor"] = actor
+    audit_record(
+        event=event,
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        detail=detail,
+    )
+
+
+def _optional_money(value: Decimal | None) -> Decimal | None:
+    return None if value is None else to_money(value)
+
+
+@transaction.atomic(durable=True)
+def wallet_create_sponsor(
+    *,
+    name: str = "",
+    initial_credits: Decimal | int = 0,
+    daily_limit: Decimal | None = None,
+    expires_at: datetime | None = None,
+    actor_key_id: str = "",
+    actor: str = "",
+) -> Wallet:
+    """Create a sponsor wallet (a new tenant); provision ``initial_credits`` from mint in the same transaction.
+
+    Operator only: the view and the admin console check that before calling.
+    """
+    wallet_id = new_id(WALLET_PREFIX[WalletType.SPONSOR])
+    wallet = Wallet.objects.create(
+        wallet_id=wallet_id,
+        tenant_id=wallet_id,
+        path=wallet_id,
+        wallet_type=WalletType.SPONSOR,
+        name=name,
+        daily_limit=_optional_money(daily_limit),
+        expires_at=expires_at,
+    )
+    credits = to_money(initial_credits)
+    if credits < 0:
+        raise RequestValidationError.single(["body", "initial_credits"], "Must be 0 or more.", "greater_than_equal")
+    entry = None
+    if credits > 0:
+        _, entry = _move(
+            kind=LedgerKind.PROVISION,
+            tenant_id=wallet.tenant_id,
+            source=SystemAccount.MINT,
+            target=wallet,
+            amount=credits,
+            description="initial credits",
+        )
+    _audit_wallet("wallet.created", wallet, actor_key_id=actor_key_id, actor=actor, wallet_type=wallet.wallet_type)
+    if entry is not None:
+        ledger_audit(entry, actor_key_id=actor_key_id, actor=actor)
+    return wallet
+
+
+@transaction.atomic(durable=True)
+def wallet_create_agent(
+    *,
+    parent: Wallet,
+    name: str = "",
+    initial_balance: Decimal | int = 0,
+    budget: Decimal | None = None,
+    daily_limit: Decimal | None = None,
+    refill_threshold: Decimal | None = None,
+    refill_amount: Decimal | None = None,
+    expires_at: datetime | None = None,
+    actor_key_id: str = "",
+    actor: str = "",
+) -> Wallet:
+    """Create a wallet under ``parent`` (type ``agent`` under a sponsor, ``child`` under an agent).
+
+    Funds it with ``initial_balance`` from the parent in the same transaction,
+    under the parent's row lock: 402 when the parent cannot cover it, 403 when
+    the parent may not spend (frozen, expired, closed). Children cannot have
+    children (422). The caller has checked that the parent is in reach.
+    """
+    locked_parent = _lock(parent.wallet_id)
+    if locked_parent.wallet_type == WalletType.CHILD:
+        raise RequestValidationError.single(
+            ["body", "parent_wallet_id"], "A child wallet cannot have child wallets.", "wallet_hierarchy"
+        )
+    if locked_parent.status == WalletStatus.CLOSED:
+        raise WalletClosed(wallet_id=locked_parent.wallet_id)
+    if (refill_threshold is None) != (refill_amount is None):
+        raise RequestValidationError.single(
+            ["body", "refill_amount"], "Set both refill_threshold and refill_amount, or neither.", "refill_pair"
+        )
+    amount = to_money(initial_balance)
+    wallet_type = WalletType.AGENT if locked_parent.wallet_type == WalletType.SPONSOR else WalletType.CHILD
+    wallet_id = new_id(WALLET_PREFIX[wallet_type])
+    wallet = Wallet.objects.create(
+        wallet_id=wallet_id,
+        tenant_id=locked_parent.tenant_id,
+        parent=locked_parent,
+        path=f"{locked_parent.path}/{wallet_id}",
+        wallet_type=wallet_type,
+        name=name,
+        budget=_optional_money(budget),
+        daily_limit=_optional_money(daily_limit),
+        refill_threshold=_optional_money(refill_threshold),
+        refill_amount=_optional_money(refill_amount),
+        expires_at=expires_at,
+    )
+    entry = None
+    if amount > 0:
+        _check_may_spend(locked_parent)
+        if locked_parent.balance < amount:
+            raise InsufficientFunds(wallet_id=locked_parent.wallet_id, balance=locked_parent.balance, required=amount)
+        _, entry = _move(
+            kind=LedgerKind.FUND,
+            tenant_id=wallet.tenant_id,
+            source=locked_parent,
+            target=wallet,
+            amount=amount,
+            description="initial balance",
+        )
+    _audit_wallet(
+        "wallet.created",
+        wallet,
+        actor_key_id=actor_key_id,
+        actor=actor,
+        wallet_type=wallet.wallet_type,
+        parent_wallet_id=locked_parent.wallet_id,
+    )
+    if entry is not None:
+        ledger_audit(entry, actor_key_id=actor_key_id, actor=actor)
+    return wallet
+
+
+@transaction.atomic(durable=True)
+def wallet_provision(
+    *, wallet: Wallet, amount: Decimal | int, description: str = "", actor_key_id: str = "", actor: str = ""
+) -> LedgerEntry:
+    """Credit a sponsor wallet with ``amount`` new credits from mint. Returns the sponsor's entry.
+
+    Operator only (the admin console and ``manage.py``). Refused for non-sponsor
+    wallets (409) and closed wallets (403).
+    """
+    amount = _check_positive(Decimal(amount))
+    locked = _lock(wallet.wallet_id)
+    if locked.wallet_type != WalletType.SPONSOR:
+        raise WalletNotActive("Credits are provisioned to sponsor wallets only.", wallet_id=locked.wallet_id)
+    if locked.status == WalletStatus.CLOSED:
+        raise WalletClosed(wallet_id=locked.wallet_id)
+    _, entry = _move(
+        kind=LedgerKind.PROVISION,
+        tenant_id=locked.tenant_id,
+        source=SystemAccount.MINT,
+        target=locked,
+        amount=amount,
+        description=description or "provision",
+    )
+    ledger_audit(entry, actor_key_id=actor_key_id, actor=actor)
+    return entry
+
+
+@transaction.atomic(durable=True)
+def wallet_fund(
+    *,
+    source: Wallet,
+    target: Wallet,
+    amount: Decimal | int,
+    description: str = "",
+    actor_key_id: str = "",
+    actor: str = "",
+) -> LedgerEntry:
+    """Move ``amount`` from ``source`` to its direct child ``target``. Returns the target's entry.
+
+    Locks the parent, then the child. The source must be able to spend
+    (active, unexpired: else 403) and cover the amount (else 402); the target
+    must not be closed (403). Funding is not spend: no velocity, budget or
+    daily limit applies.
+    """
+    amount = _check_positive(Decimal(amount))
+    if target.parent_id != source.wallet_id:
+        raise Conflict("Wallets are funded by their direct parent only.", source=source.wallet_id)
+    locked_source = _lock(source.wallet_id)
+    locked_target = _lock(target.wallet_id)
+    _check_may_spend(locked_source)
+    if locked_target.status == WalletStatus.CLOSED:
+        raise WalletClosed(wallet_id=locked_target.wallet_id)
+    if locked_source.balance < amount:
+        raise InsufficientFunds(wallet_id=locked_source.wallet_id, balance=locked_source.balance, required=amount)
+    _, entry = _move(
+        kind=LedgerKind.FUND,
+        tenant_id=locked_target.tenant_id,
+        source=locked_source,
+        target=locked_target,
+        amount=amount,
+        description=description or "fund",
+    )
+    ledger_audit(entry, actor_key_id=actor_key_id, actor=actor)
+    return entry
+
+
+@transaction.atomic(durable=True)
+def wallet_refund(
+    *,
+    amount: Decimal | int,
+    charge: LedgerEntry | None = None,
+    wallet: Wallet | None = None,
+    description: str = "",
+    request_path: str = "",
+    correlation_id: str = "",
+    actor_key_id: str = "",
+    actor: str = "",
+) -> LedgerEntry:
+    """Refund ``amount`` from revenue to a charge's wallet (or to ``wallet``), audited. See ``ledger_refund``."""
+    entry = ledger_refund(
+        amount=Decimal(amount),
+        charge=charge,
+        wallet=wallet,
+        description=description or "refund",
+        request_path=request_path,
+        correlation_id=correlation_id,
+    )
+    ledger_audit(entry, actor_key_id=actor_key_id, actor=actor)
+    return entry
+
+
+@transaction.atomic(durable=True)
+def wallet_freeze(*, wallet: Wallet, reason: str = "", actor_key_id: str = "", actor: str = "") -> Wallet:
+    """Freeze a wallet: it spends nothing until unfrozen. Freezing a frozen wallet changes nothing."""
+    locked = _lock(wallet.wallet_id)
+    if locked.status == WalletStatus.CLOSED:
+        raise WalletClosed(wallet_id=locked.wallet_id)
+    if locked.status == WalletStatus.FROZEN:
+        return locked
+    _set_frozen(locked, reason or "frozen by operator")
+    alert_raise(
+        tenant_id=locked.tenant_id,
+        wallet_id=locked.wallet_id,
+        kind="wallet_frozen",
+        message=f"Wallet {locked.wallet_id} was frozen: {locked.frozen_reason}.",
+        detail={"reason": locked.frozen_reason},
+    )
+    _audit_wallet("wallet.frozen", locked, actor_key_id=actor_key_id, actor=actor, reason=locked.frozen_reason)
+    return locked
+
+
+def _set_frozen(wallet: Wallet, reason: str) -> None:
+    wallet.status = WalletStatus.FROZEN
+    wallet.frozen_reason = reason[:200]
+    wallet.frozen_at = timezone.now()
+    wallet.save(update_fields=["status", "frozen_reason", "frozen_at", "updated_at"])
+
+
+@transaction.atomic(durable=True)
+def wallet_freeze_for_velocity(*, exc: VelocityLimitExceeded, actor_key_id: str = "") -> bool:
+    """Commit the freeze that a refused debit's ``VelocityLimitExceeded`` calls for; alert and audit.
+
+    Call it after the refused debit's transaction has rolled back. Returns
+    False when the wallet was already frozen or closed (a concurrent refusal
+    froze it first), so only one alert and one audit event are written.
+    """
+    locked = _lock(exc.wallet_id)
+    if locked.status in (WalletStatus.FROZEN, WalletStatus.CLOSED):
+        return False
+    _set_frozen(locked, exc.reason)
+    alert_raise(
+        tenant_id=locked.tenant_id,
+        wallet_id=locked.wallet_id,
+        kind="wallet_frozen_velocity",
+        severity="critical",
+        message=f"Wallet {locked.wallet_id} was frozen automatically: {exc.reason}.",
+        detail={"window": exc.window, "reason": exc.reason},
+    )
+    _audit_wallet(
+        "wallet.frozen", locked, actor_key_id=actor_key_id, actor="velocity", reason=exc.reason, window=exc.window
+    )
+    return True
+
+
+@transaction.atomic(durable=True)
+def wallet_unfreeze(*, wallet: Wallet, actor_key_id: str = "", actor: str = "") -> Wallet:
+    """Return a frozen wallet to ``active`` (operator only). Other statuses: 409.
+
+    The velocity windows are not reset: a debit that still exceeds them freezes the wallet again.
+    """
+    locked = _lock(wallet.wallet_id)
+    if locked.status != WalletStatus.FROZEN:
+        raise WalletNotActive("Only a frozen wallet can be unfrozen.", wallet_id=locked.wallet_id, status=locked.status)
+    previous = locked.frozen_reason
+    locked.status = WalletStatus.ACTIVE
+    locked.frozen_reason = ""
+    locked.frozen_at = None
+    locked.save(update_fields=["status", "frozen_reason", "frozen_at", "updated_at"])
+    _audit_wallet("wallet.unfrozen", locked, actor_key_id=actor_key_id, actor=actor, previous_reason=previous)
+    return locked
+
+
+@transaction.atomic(durable=True)
+def wallet_close(*, wallet: Wallet, actor_key_id: str = "", actor: str = "") -> Wallet:
+    """Close a wallet for good. Its remaining balance returns to its parent (a sponsor's to mint).
+
+    Refused (409) while the wallet has child wallets that are not closed.
+    Locks the parent before the wallet. Closing a closed wallet changes nothing.
+    """
+    parent = _lock(wallet.parent_id) if wallet.parent_id else None
+    locked = _lock(wallet.wallet_id)
+    if locked.status == WalletStatus.CLOSED:
+        return locked
+    if Wallet.objects.filter(parent=locked).exclude(status=WalletStatus.CLOSED).exists():
+        raise WalletHasOpenChildren(wallet_id=locked.wallet_id)
+    entry = None
+    if locked.balance > 0:
+        entry, _ = _move(
+            kind=LedgerKind.RETURN,
+            tenant_id=locked.tenant_id,
+            source=locked,
+            target=parent if parent is not None else SystemAccount.MINT,
+            amount=locked.balance,
+            description="balance returned on close",
+        )
+    locked.status = WalletStatus.CLOSED
+    locked.closed_at = timezone.now()
+    locked.save(update_fields=["status", "closed_at", "updated_at"])
+    _audit_wallet("wallet.closed", locked, actor_key_id=actor_key_id, actor=actor)
+    if entry is not None:
+        ledger_audit(entry, actor_key_id=actor_key_id, actor=actor)
+    return locked
+
+
+# --- Charge ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ChargeOutcome:
+    """The HTTP status and body of a charge, and whether they are a replay of a stored response."""
+
+    status: int
+    body: dict[str, Any]
+    replayed: bool
+
+
+def charge_request_hash(
+    *, wallet_id: str, service_category: str, units: Decimal, request_path: str, description: str
+) -> str:
+    """SHA-256 of the canonical JSON of the charge's parameters (what an idempotency key binds)."""
+    return request_hash(
+        {
+            "operation": "billing.charge",
+            "wallet_id": wallet_id,
+            "service_category": service_category,
+            "units": money(units),
+            "request_path": request_path,
+            "description": description,
+        }
+    )
+
+
+def _replay(record: ChargeIdempotency, request_hash: str) -> ChargeOutcome:
+    if record.request_hash != request_hash:
+        raise IdempotencyKeyReused()
+    if record.status != IdempotencyStatus.DONE or record.response_status is None:
+        raise IdempotencyKeyInProgress(headers={"Retry-After": "1"})
+    return ChargeOutcome(status=record.response_status, body=dict(record.response_body or {}), replayed=True)
+
+
+def wallet_charge(
+    *,
+    wallet: Wallet,
+    service_category: str = ServiceCategory.OTHER,
+    units: Decimal | int = 1,
+    request_path: str = "",
+    description: str = "",
+    idempotency_key: str | None = None,
+    actor_key_id: str = "",
+    correlation_id: str = "",
+) -> ChargeOutcome:
+    """Charge ``price(service_category) * units`` from ``wallet`` to revenue (POST /v1/billing/charge).
+
+    Owns its transaction. Idempotent per (wallet, ``idempotency_key``) as the
+    module docstring describes. On a velocity refusal, commits the freeze in a
+    second transaction before the refusal propagates.
+    """
+    try:
+        return _charge(
+            wallet=wallet,
+            service_category=service_category,
+            units=to_money(Decimal(units)),
+            request_path=request_path,
+            description=description,
+            idempotency_key=idempotency_key,
+            actor_key_id=actor_key_id,
+            correlation_id=correlation_id,
+        )
+    except VelocityLimitExceeded as exc:
+        wallet_freeze_for_velocity(exc=exc, actor_key_id=actor_key_id)
+        raise
+
+
+@transaction.atomic(durable=True)
+def _charge(
+    *,
+    wallet: Wallet,
+    service_category: str,
+    units: Decimal,
+    request_path: str,
+    description: str,
+    idempotency_key: str | None,
+    actor_key_id: str,
+    correlation_id: str,
+) -> ChargeOutcome:
+    from billing.serializers import charge_response_body
+
+    request_hash = charge_request_hash(
+        wallet_id=wallet.wallet_id,
+        service_category=service_category,
+        units=units,
+        request_path=request_path,
+        description=description,
+    )
+    if idempotency_key is not None:
+        # Replays need no wallet lock.
+        record = ChargeIdempotency.objects.filter(wallet_id=wallet.wallet_id, key=idempotency_key).first()
+        if record is not None:
+            return _replay(record, request_hash)
+    unit_price = selectors.price_for_category(service_category)
+    amount = to_money(unit_price * units)
+    locked, parent = _lock_for_debit(wallet, amount)
+    if idempotency_key is not None:
+        # Re-check under the lock: a duplicate that held the lock before us has committed its row.
+        record = ChargeIdempotency.objects.filter(wallet_id=wallet.wallet_id, key=idempotency_key).first()
+        if record is not None:
+            return _replay(record, request_hash)
+    result = _debit_locked(
+        wallet=locked,
+        parent=parent,
+        amount=amount,
+        service_category=service_category,
+        units=units,
+        description=description,
+        request_path=request_path,
+        correlation_id=correlation_id,
+    )
+    body = charge_response_body(result=result, unit_price=unit_price, idempotency_key=idempotency_key)
+    if idempotency_key is not None:
+        ChargeIdempotency.objects.create(
+            wallet=locked,
+            tenant_id=locked.tenant_id,
+            key=idempotency_key,
+            request_hash=request_hash,
+            status=IdempotencyStatus.DONE,
+            response_status=200,
+            response_body=body,
+            entry=result.entry,
+        )
+    if result.refill is not None:
+        ledger_audit(result.refill, actor_key_id=actor_key_id, endpoint="/v1/billing/charge")
+    ledger_audit(result.entry, actor_key_id=actor_key_id, endpoint="/v1/billing/charge")
+    return ChargeOutcome(status=200, body=body, replayed=False)
+
+
+# --- Prices ----------------------------------------------------------------------------
+
+
+@transaction.atomic(durable=True)
+def category_price_set(
+    *, category: str, credits_per_unit: Decimal, actor_key_id: str = "", actor: str = ""
+) -> ServicePrice:
+    """Set the credits per unit of a service category (audited on the system chain)."""
+    if category not in ServiceCategory.values:
+        raise NotFound("No such service category.", service_category=category)
+    price = to_money(credits_per_unit)
+    if price < 0:
+        raise RequestValidationError.single(["body", "credits_per_unit"], "Must be 0 or more.", "greater_than_equal")
+    row, _ = ServicePrice.objects.update_or_create(category=category, defaults={"credits_per_unit": price})
+    audit_record(
+        event="pricing.category_price_set",
+        ok=True,
+        key_id=actor_key_id or None,
+        detail={"service_category": category, "credits_per_unit": money(price), **({"actor": actor} if actor else {})},
+    )
+    return row
+
+
+@transaction.atomic(durable=True)
+def tool_price_set(*, tool: str, credits: Decimal | None, actor_key_id: str = "", actor: str = "") -> ToolPrice:
+    """Set the credits per call of ``tool`` (None: price not set). Quotes and the gateway read it.
+
+    Audited on the system chain.
+    """
+    tool = tool.strip()
+    if not tool or len(tool) > 200:
+        raise RequestValidationError.single(["body", "tool"], "A tool name of 1 to 200 characters.", "string_length")
+    price = None if credits is None else to_money(credits)
+    if price is not None and price < 0:
+        raise RequestValidationError.single(["body", "credits"], "Must be 0 or more.", "greater_than_equal")
+    row, _ = ToolPrice.objects.update_or_create(tool=tool, defaults={"credits": price})
+    audit_record(
+        event="pricing.tool_price_set",
+        ok=True,
+        key_id=actor_key_id or None,
+        tool=tool,
+        detail={"credits": money(price) if price is not None else None, **({"actor": actor} if actor else {})},
+    )
+    return row

@@ -1,8 +1,9 @@
-"""Billing HTTP API: API keys (spec "API keys" table)."""
+"""Billing HTTP API: wallets, ledger, pricing, charge (spec "Billing") and API keys (spec "API keys")."""
 
 from __future__ import annotations
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -12,21 +13,181 @@ from billing import selectors, services
 from billing.serializers import (
     APIKeyListResponse,
     APIKeyWithSecret,
+    ChargeQuery,
+    ChargeResponse,
+    CreateAgentWalletRequest,
     CreateAPIKeyRequest,
+    CreateSponsorWalletRequest,
     EmergencyKeyRevocationRequest,
     EmergencyKeyRevocationResponse,
+    InsufficientFundsError,
     KeyLogQuery,
     KeyRotationLogEntry,
+    LedgerQuery,
+    LedgerResponse,
+    PricingTableResponse,
     RevokeQuery,
     RotateAPIKeyRequest,
     RotationResponse,
+    WalletListQuery,
+    WalletListResponse,
+    WalletResponse,
     api_key_data,
 )
 from config.authentication import principal
+from config.errors import OperatorKeyRequired
+from config.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
+from config.idempotency import validate_idempotency_key
 from config.pagination import PageQuery, page, parse_body, parse_query
 from config.schema import ERRORS_KEY, error_responses
 
 TAG = ["api_keys"]
+BILLING = ["billing"]
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    IDEMPOTENCY_HEADER_NAME,
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=False,
+    description=(
+        "1 to 255 printable ASCII characters (no leading or trailing space), scoped by wallet. "
+        "The same key with the same parameters replays the stored response "
+        "(header Idempotent-Replayed: true) without a second debit; with other parameters "
+        "it is 422 idempotency_key_reused. A refused charge does not use the key up."
+    ),
+)
+INSUFFICIENT_FUNDS = OpenApiResponse(InsufficientFundsError, description="Insufficient credits.")
+
+
+class SponsorWalletCreateView(APIView):
+    @extend_schema(
+        operation_id="billing_wallets_create_sponsor",
+        tags=BILLING,
+        request=CreateSponsorWalletRequest,
+        responses={201: WalletResponse, **error_responses(401, 403, 422)},
+        summary="Create a sponsor wallet, optionally provisioning credits (operator key only)",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        if not caller.is_operator:
+            raise OperatorKeyRequired()
+        data = parse_body(request, CreateSponsorWalletRequest)
+        wallet = services.wallet_create_sponsor(**data, actor_key_id=caller.key_id)
+        return Response(WalletResponse(selectors.wallet_detail(caller, wallet.wallet_id)).data, status=201)
+
+
+class AgentWalletCreateView(APIView):
+    @extend_schema(
+        operation_id="billing_wallets_create_agent",
+        tags=BILLING,
+        request=CreateAgentWalletRequest,
+        responses={201: WalletResponse, 402: INSUFFICIENT_FUNDS, **error_responses(401, 403, 404, 422)},
+        summary="Create an agent (or child) wallet funded from its parent",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        data = parse_body(request, CreateAgentWalletRequest)
+        parent = selectors.wallet_for_caller(caller, data.pop("parent_wallet_id"))
+        wallet = services.wallet_create_agent(parent=parent, **data, actor_key_id=caller.key_id)
+        return Response(WalletResponse(selectors.wallet_detail(caller, wallet.wallet_id)).data, status=201)
+
+
+class WalletDetailView(APIView):
+    @extend_schema(
+        operation_id="billing_wallets_get",
+        tags=BILLING,
+        responses={200: WalletResponse, **error_responses(401, 403, 404)},
+        summary="A wallet: balance, daily spend, status and controls",
+    )
+    def get(self, request: Request, wallet_id: str) -> Response:
+        return Response(WalletResponse(selectors.wallet_detail(principal(request), wallet_id)).data)
+
+
+class WalletListView(APIView):
+    @extend_schema(
+        operation_id="billing_wallets_list",
+        tags=BILLING,
+        parameters=[WalletListQuery],
+        responses={200: WalletListResponse, **error_responses(401, 422)},
+        summary="Wallets visible to the caller (its own wallet and descendants; all for operators)",
+    )
+    def get(self, request: Request) -> Response:
+        params = parse_query(request, WalletListQuery)
+        qs = selectors.wallets_list(principal(request), wallet_type=params.get("wallet_type"))
+        return Response(page(qs, params, WalletResponse))
+
+
+class LedgerView(APIView):
+    @extend_schema(
+        operation_id="billing_ledger_list",
+        tags=BILLING,
+        parameters=[LedgerQuery],
+        responses={200: LedgerResponse, **error_responses(401, 403, 404, 422)},
+        summary="The newest ledger entries of a wallet",
+    )
+    def get(self, request: Request, wallet_id: str) -> Response:
+        params = parse_query(request, LedgerQuery)
+        wallet = selectors.wallet_for_caller(principal(request), wallet_id)
+        entries = selectors.ledger_of_wallet(wallet)
+        body = {
+            "wallet_id": wallet.wallet_id,
+            "balance": wallet.balance,
+            "items": list(entries[: params["limit"]]),
+            "total": entries.count(),
+            "limit": params["limit"],
+        }
+        return Response(LedgerResponse(body).data)
+
+
+class PricingView(APIView):
+    @extend_schema(
+        operation_id="billing_pricing",
+        tags=BILLING,
+        responses={200: PricingTableResponse, **error_responses(401)},
+        summary="The price list: credits per unit of each service category and per call of each tool",
+    )
+    def get(self, request: Request) -> Response:
+        principal(request)
+        return Response(PricingTableResponse(selectors.pricing_table()).data)
+
+
+class ChargeView(APIView):
+    @extend_schema(
+        operation_id="billing_charge",
+        tags=BILLING,
+        parameters=[ChargeQuery, IDEMPOTENCY_HEADER],
+        request=None,
+        responses={
+            200: ChargeResponse,
+            402: INSUFFICIENT_FUNDS,
+            **error_responses(401, 403, 404, 409, 422),
+        },
+        summary="Debit a wallet: price of the service category times units",
+        description=(
+            "Spend controls apply under the wallet's row lock: closed, frozen or expired wallets, the "
+            "lifetime budget and the daily limit answer 403; a charge that would take spend above 1000 "
+            "credits in an hour or 10000 in a day is refused with 403 wallet_frozen and freezes the wallet; "
+            "an uncovered amount is 402."
+        ),
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        params = parse_query(request, ChargeQuery)
+        key = validate_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER_NAME), required=False)
+        wallet = selectors.wallet_for_caller(caller, params["wallet_id"])
+        outcome = services.wallet_charge(
+            wallet=wallet,
+            service_category=params["service_category"],
+            units=params["units"],
+            request_path=params["request_path"],
+            description=params["description"],
+            idempotency_key=key,
+            actor_key_id=caller.key_id,
+        )
+        response = Response(outcome.body, status=outcome.status)
+        if outcome.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
 
 
 class APIKeyCreateView(APIView):

@@ -1,0 +1,109 @@
+"""The operator console moves money and sets prices through the services, each audited."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from audit.models import AuditEvent
+from billing import selectors
+from billing.models import LedgerEntry
+from tests import factories
+
+D = Decimal
+CHANGELIST = "/admin/billing/wallet/"
+
+
+@pytest.fixture
+def admin_client(client, db):
+    user = get_user_model().objects.create_superuser("root", "", "pw-for-tests-only")
+    client.force_login(user)
+    return client
+
+
+def act(admin_client, action, wallets, **form):
+    data = {"action": action, "_selected_action": [w.pk for w in wallets], **form}
+    return admin_client.post(CHANGELIST, data)
+
+
+@pytest.mark.django_db
+def test_admin_provision_fund_freeze_unfreeze_close(admin_client):
+    sponsor = factories.make_sponsor("acme")
+    agent = factories.make_wallet(sponsor, "bot")
+
+    # Without "apply" the action asks for the amount.
+    page = act(admin_client, "provision_credits", [sponsor])
+    assert page.status_code == 200
+    assert b'name="amount"' in page.content
+
+    r = act(admin_client, "provision_credits", [sponsor], apply="1", amount="500", description="pilot")
+    assert r.status_code == 302
+    r = act(admin_client, "fund_from_parent", [agent], apply="1", amount="120")
+    assert r.status_code == 302
+    sponsor.refresh_from_db()
+    agent.refresh_from_db()
+    assert (sponsor.balance, agent.balance) == (D("380"), D("120"))
+
+    act(admin_client, "freeze_wallets", [agent], apply="1", reason="investigation")
+    agent.refresh_from_db()
+    assert agent.status == "frozen"
+    assert agent.frozen_reason == "investigation"
+    act(admin_client, "unfreeze_wallets", [agent])
+    agent.refresh_from_db()
+    assert agent.status == "active"
+    act(admin_client, "close_wallets", [agent])
+    agent.refresh_from_db()
+    sponsor.refresh_from_db()
+    assert agent.status == "closed"
+    assert agent.balance == 0
+    assert sponsor.balance == D("500")
+
+    events = list(AuditEvent.objects.filter(tenant_id=sponsor.wallet_id).values_list("event", "detail"))
+    names = [name for name, _ in events]
+    for expected in ("ledger.provision", "ledger.fund", "wallet.frozen", "wallet.unfrozen", "wallet.closed"):
+        assert expected in names
+    assert any(detail.get("actor") == "admin:root" for _, detail in events)
+    assert selectors.account_balance("mint") == D("-500")
+
+
+@pytest.mark.django_db
+def test_admin_refusal_is_reported_not_applied(admin_client):
+    sponsor = factories.make_sponsor("acme", 10)
+    agent = factories.make_wallet(sponsor, "bot")
+    r = act(admin_client, "fund_from_parent", [agent], apply="1", amount="11")
+    assert r.status_code == 302
+    agent.refresh_from_db()
+    assert agent.balance == 0
+    r = admin_client.get(CHANGELIST)
+    assert b"insufficient_funds" in r.content
+
+
+@pytest.mark.django_db
+def test_admin_prices_and_read_only_ledger(admin_client):
+    r = admin_client.post("/admin/billing/toolprice/add/", {"tool": "partner.notes.write", "credits": "0.5"})
+    assert r.status_code == 302, r.content[:500]
+    assert selectors.tool_price("partner.notes.write") == D("0.5")
+    r = admin_client.post("/admin/billing/serviceprice/compute/change/", {"credits_per_unit": "2"})
+    assert r.status_code == 302, r.content[:500]
+    assert selectors.price_for_category("compute") == D("2")
+    assert AuditEvent.objects.filter(event__startswith="pricing.").count() == 2
+
+    factories.make_sponsor("acme", 10)
+    entry = LedgerEntry.objects.first()
+    assert entry is not None
+    assert admin_client.get("/admin/billing/ledgerentry/").status_code == 200
+    assert admin_client.get(f"/admin/billing/ledgerentry/{entry.pk}/change/").status_code == 200
+    assert admin_client.get("/admin/billing/ledgerentry/add/").status_code == 403
+
+
+@pytest.mark.django_db
+def test_admin_creates_api_keys_through_the_service(admin_client):
+    from billing.models import APIKey
+
+    sponsor = factories.make_sponsor("acme")
+    r = admin_client.post("/admin/billing/apikey/add/", {"wallet": sponsor.pk, "name": "console"})
+    assert r.status_code == 200, r.content[:300]
+    assert b"api-key-secret" in r.content
+    assert APIKey.objects.filter(wallet=sponsor, name="console").count() == 1
