@@ -169,7 +169,8 @@ CSRF_COOKIE_HTTPONLY = False
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 X_FRAME_OPTIONS = "DENY"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/approvals/login"
+LOGIN_REDIRECT_URL = "/approvals/"
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": ["config.authentication.APIKeyAuthentication"],
@@ -197,7 +198,13 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
-    "ENUM_NAME_OVERRIDES": {},
+    "ENUM_NAME_OVERRIDES": {
+        # Serializers declare these value lists; one component name each.
+        "APIKeyStatusEnum": [("active", "active"), ("revoked", "revoked")],
+        "PermitStatusEnum": [(v, v) for v in ("active", "revoked", "expired", "exhausted")],
+        "PermitRequestStatusEnum": [(v, v) for v in ("pending", "approved", "rejected", "expired")],
+        "QuoteStatusEnum": [(v, v) for v in ("active", "consumed", "expired")],
+    },
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums"],
 }
 

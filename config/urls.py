@@ -18,6 +18,8 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("", include("audit.urls")),
     path("", include("billing.urls")),
+    path("", include("permits.urls")),
+    path("", include("receipts.urls")),
 ]
 
 handler400 = "config.errors.handler400"

@@ -1,0 +1,111 @@
+"""Operator console for permits, permit requests, quotes, policies and approvers.
+
+Revocation and policy changes go through the same services as the API.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from billing.admin import ServiceSavedAdmin
+from permits import services
+from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
+
+
+class ReadOnlyAdmin(admin.ModelAdmin):
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Permit)
+class PermitAdmin(ReadOnlyAdmin):
+    list_display = ["permit_id", "wallet", "status", "max_credits", "spent_credits", "calls_used", "expires_at"]
+    list_filter = ["status"]
+    search_fields = ["permit_id", "wallet__wallet_id", "tenant_id"]
+    actions = ["revoke_selected"]
+
+    @admin.action(description="Revoke selected permits")
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Permit]) -> None:
+        count = 0
+        for permit in queryset.exclude(status=PermitStatus.REVOKED):
+            services.permit_revoke(permit_id=permit.permit_id, reason=f"operator_console:{request.user}")
+            count += 1
+        self.message_user(request, f"Revoked {count} permit(s).", messages.SUCCESS)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # Needed for the revoke action to be offered; every field stays read-only.
+        return bool(request.user.is_staff)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Permit._meta.fields]
+
+
+@admin.register(PermitRequest)
+class PermitRequestAdmin(ReadOnlyAdmin):
+    list_display = ["request_id", "wallet", "status", "max_credits", "created_at", "decided_by", "permit"]
+    list_filter = ["status"]
+    search_fields = ["request_id", "wallet__wallet_id", "tenant_id"]
+
+
+@admin.register(Quote)
+class QuoteAdmin(ReadOnlyAdmin):
+    list_display = ["quote_id", "wallet", "tool", "quoted_credits", "status", "expires_at"]
+    list_filter = ["status"]
+    search_fields = ["quote_id", "tool", "wallet__wallet_id"]
+
+
+@admin.register(PolicyBundle)
+class PolicyBundleAdmin(ServiceSavedAdmin):
+    list_display = ["policy_id", "wallet", "name", "enabled", "human_approval_required", "version", "updated_at"]
+    list_filter = ["enabled", "human_approval_required"]
+    search_fields = ["policy_id", "name", "wallet__wallet_id"]
+    readonly_fields = ["policy_id", "tenant_id", "version", "created_at", "updated_at", "created_by_key_id"]
+    fields = [
+        "policy_id",
+        "wallet",
+        "name",
+        "enabled",
+        "allowed_tools",
+        "denied_tools",
+        "max_credits_per_call",
+        "max_daily_credits",
+        "allowed_categories",
+        "human_approval_required",
+        "version",
+        "created_at",
+        "updated_at",
+    ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*self.readonly_fields, "wallet"] if obj is not None else list(self.readonly_fields)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: PolicyBundle, form: Any, change: bool) -> None:
+        rules = {name: form.cleaned_data.get(name) for name in services.POLICY_FIELDS if name in form.cleaned_data}
+        if rules.get("denied_tools") is None:
+            rules["denied_tools"] = []
+        if change:
+            updated = services.policy_update(policy_id=obj.policy_id, **rules)
+        else:
+            updated = services.policy_create(wallet=form.cleaned_data["wallet"], **rules)
+        obj.pk = updated.pk
+        obj.policy_id = updated.policy_id
+        obj._state.adding = False
+
+
+@admin.register(TenantApprover)
+class TenantApproverAdmin(admin.ModelAdmin):
+    list_display = ["user", "tenant", "created_at"]
+    search_fields = ["user__username", "tenant__wallet_id"]

@@ -1,0 +1,90 @@
+"""Authority failures, one class per domain failure."""
+
+from __future__ import annotations
+
+from config.errors import ApplicationError, Conflict, PermissionDeniedError
+
+
+class PermitDenied(PermissionDeniedError):
+    """Base for a tool call refused by its permit or a policy."""
+
+    code = "permit_denied"
+    message = "The permit does not authorize this call."
+
+
+class PermitNotFound(PermitDenied):
+    code = "permit_not_found"
+    message = "No such permit for this wallet."
+
+
+class PermitRevoked(PermitDenied):
+    code = "permit_revoked"
+    message = "The permit has been revoked."
+
+
+class PermitExpired(PermitDenied):
+    code = "permit_expired"
+    message = "The permit has expired."
+
+
+class PermitExhausted(PermitDenied):
+    code = "permit_exhausted"
+    message = "The permit's allowance cannot cover this call."
+
+
+class PermitWalletMismatch(PermitDenied):
+    code = "permit_wallet_mismatch"
+    message = "The permit was issued for another wallet."
+
+
+class PermitKeyMismatch(PermitDenied):
+    code = "permit_key_mismatch"
+    message = "The permit is bound to another API key."
+
+
+class ToolNotPermitted(PermitDenied):
+    code = "tool_not_permitted"
+    message = "The permit does not allow this tool."
+
+
+class PermitSignatureInvalid(PermitDenied):
+    code = "permit_signature_invalid"
+    message = "The permit's signature does not verify."
+
+
+class PolicyDenied(PermitDenied):
+    code = "policy_denied"
+    message = "A policy bundle denies this call."
+
+
+class HumanApprovalRequired(PermissionDeniedError):
+    code = "human_approval_required"
+    message = (
+        "A policy requires human approval for permits of this wallet: ask through POST /v1/permit-requests instead."
+    )
+
+
+class IssuerNotAllowed(PermissionDeniedError):
+    code = "issuer_not_allowed"
+    message = "The issuer must be the subject wallet or a wallet above it."
+
+
+class RequestAlreadyDecided(Conflict):
+    code = "permit_request_decided"
+    message = "This permit request has already been decided."
+
+
+class RequestExpired(Conflict):
+    code = "permit_request_expired"
+    message = "This permit request has expired and can no longer be approved."
+
+
+class QuoteUnavailable(Conflict):
+    code = "quote_unavailable"
+    message = "The quote is not active (consumed, expired or for another wallet or tool)."
+
+
+class NotAnApprover(ApplicationError):
+    code = "not_an_approver"
+    http_status = 403
+    message = "You are not an approver for this tenant."

@@ -1,0 +1,246 @@
+"""Scoped authority: permits, permit requests, quotes, policy bundles and approvers."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import models
+from django.db.models import F, Q
+
+from billing.models import Wallet
+
+ZERO = Decimal("0")
+
+
+class PermitStatus(models.TextChoices):
+    ACTIVE = "active"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+    EXHAUSTED = "exhausted"
+
+
+class Permit(models.Model):
+    """A signed grant: wallet ``wallet`` may call ``allowed_tools`` for up to ``max_credits``.
+
+    The signed statement (``signed_statement`` + ``signature``) freezes the grant;
+    ``spent_credits`` and ``calls_used`` move only through the conditional updates
+    of ``permit_reserve`` and ``permit_release``, and the database refuses a spend
+    above the allowance. ``status`` stores ``active`` or ``revoked``; ``expired``
+    and ``exhausted`` are derived from the clock and the counters
+    (see :meth:`effective_status`) and also written back when first observed.
+    """
+
+    permit_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="permits")
+    issuer_wallet = models.ForeignKey(
+        Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="issued_permits"
+    )
+    issued_by_key_id = models.CharField(max_length=40, blank=True, default="")
+    issued_via_request_id = models.CharField(max_length=40, blank=True, default="")
+    subject_key_id = models.CharField(max_length=40, null=True, blank=True)
+    allowed_tools = models.JSONField(default=list)
+    max_credits = models.DecimalField(max_digits=20, decimal_places=8)
+    spent_credits = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
+    max_calls = models.PositiveIntegerField(null=True, blank=True)
+    calls_used = models.PositiveIntegerField(default=0)
+    status = models.CharField(max_length=16, choices=PermitStatus.choices, default=PermitStatus.ACTIVE)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    revoked_at = models.DateTimeField(null=True, blank=True)
+    revoke_reason = models.CharField(max_length=200, blank=True, default="")
+    idempotency_scope = models.CharField(max_length=64, blank=True, default="")
+    idempotency_key = models.CharField(max_length=255, blank=True, default="")
+    request_hash = models.CharField(max_length=64, blank=True, default="")
+    signed_statement = models.JSONField()
+    signature = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=40, help_text="Evidence signing key (kid) that signed this permit.")
+
+    class Meta:
+        db_table = "permits_permit"
+        constraints = [
+            models.CheckConstraint(condition=Q(spent_credits__gte=0), name="permit_spent_non_negative"),
+            models.CheckConstraint(
+                condition=Q(spent_credits__lte=F("max_credits")), name="permit_spent_within_allowance"
+            ),
+            models.CheckConstraint(condition=Q(max_credits__gt=0), name="permit_allowance_positive"),
+            models.CheckConstraint(
+                condition=Q(max_calls__isnull=True) | Q(calls_used__lte=F("max_calls")),
+                name="permit_calls_within_max",
+            ),
+            models.UniqueConstraint(
+                fields=["idempotency_scope", "idempotency_key"],
+                condition=~Q(idempotency_key=""),
+                name="permit_idempotency_unique",
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["wallet", "status", "expires_at"], name="permit_wallet_status"),
+            models.Index(fields=["tenant_id", "created_at"], name="permit_tenant_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.permit_id} for {self.wallet_id}"
+
+    def effective_status(self, now: object) -> str:
+        if self.status == PermitStatus.REVOKED:
+            return PermitStatus.REVOKED
+        if self.expires_at <= now:  # type: ignore[operator]
+            return PermitStatus.EXPIRED
+        if self.spent_credits >= self.max_credits or (self.max_calls is not None and self.calls_used >= self.max_calls):
+            return PermitStatus.EXHAUSTED
+        return PermitStatus.ACTIVE
+
+
+class PermitRequestStatus(models.TextChoices):
+    PENDING = "pending"
+    APPROVED = "approved"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+
+
+class PermitRequest(models.Model):
+    """An agent's request for a permit it cannot mint itself; a human approves or rejects it."""
+
+    request_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="permit_requests")
+    requested_by_key_id = models.CharField(max_length=40)
+    allowed_tools = models.JSONField(default=list)
+    max_credits = models.DecimalField(max_digits=20, decimal_places=8)
+    max_calls = models.PositiveIntegerField(null=True, blank=True)
+    permit_ttl_seconds = models.PositiveIntegerField()
+    subject_key_id = models.CharField(max_length=40, null=True, blank=True)
+    justification = models.TextField(blank=True, default="")
+    status = models.CharField(max_length=16, choices=PermitRequestStatus.choices, default=PermitRequestStatus.PENDING)
+    expires_at = models.DateTimeField()
+    created_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    decision_note = models.CharField(max_length=500, blank=True, default="")
+    permit = models.OneToOneField(
+        Permit, null=True, blank=True, on_delete=models.PROTECT, related_name="minted_from_request"
+    )
+    idempotency_scope = models.CharField(max_length=64)
+    idempotency_key = models.CharField(max_length=255)
+    request_hash = models.CharField(max_length=64)
+
+    class Meta:
+        db_table = "permits_permit_request"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["idempotency_scope", "idempotency_key"], name="permit_request_idempotency_unique"
+            ),
+            models.CheckConstraint(
+                condition=Q(status="approved", permit__isnull=False) | (~Q(status="approved") & Q(permit__isnull=True)),
+                name="permit_request_approved_has_permit",
+            ),
+        ]
+        indexes = [models.Index(fields=["tenant_id", "status", "created_at"], name="preq_tenant_status")]
+
+    def __str__(self) -> str:
+        return f"{self.request_id} ({self.status})"
+
+    def effective_status(self, now: object) -> str:
+        if self.status == PermitRequestStatus.PENDING and self.expires_at <= now:  # type: ignore[operator]
+            return PermitRequestStatus.EXPIRED
+        return self.status
+
+
+class TenantApprover(models.Model):
+    """Membership: this Django user may approve permit requests of this tenant (root sponsor)."""
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approver_of")
+    tenant = models.ForeignKey(
+        Wallet,
+        on_delete=models.CASCADE,
+        related_name="approvers",
+        limit_choices_to={"wallet_type": "sponsor"},
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "permits_tenant_approver"
+        constraints = [models.UniqueConstraint(fields=["user", "tenant"], name="approver_unique")]
+
+    def __str__(self) -> str:
+        return f"{self.user} approves {self.tenant_id}"
+
+
+class QuoteStatus(models.TextChoices):
+    ACTIVE = "active"
+    CONSUMED = "consumed"
+    EXPIRED = "expired"
+
+
+class Quote(models.Model):
+    """A signed, frozen price for one call of ``tool`` by ``wallet``; spendable once while active."""
+
+    quote_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="quotes")
+    tool = models.CharField(max_length=200)
+    quoted_credits = models.DecimalField(max_digits=20, decimal_places=8)
+    status = models.CharField(max_length=16, choices=QuoteStatus.choices, default=QuoteStatus.ACTIVE)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    consumed_at = models.DateTimeField(null=True, blank=True)
+    consumed_by = models.CharField(max_length=40, blank=True, default="", help_text="Action id that spent it.")
+    requested_by_key_id = models.CharField(max_length=40, blank=True, default="")
+    signed_statement = models.JSONField()
+    signature = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=40)
+
+    class Meta:
+        db_table = "permits_quote"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status="consumed", consumed_at__isnull=False) | ~Q(status="consumed"),
+                name="quote_consumed_has_time",
+            ),
+        ]
+        indexes = [models.Index(fields=["wallet", "status", "expires_at"], name="quote_wallet_status")]
+
+    def __str__(self) -> str:
+        return f"{self.quote_id} {self.tool} {self.quoted_credits}"
+
+    def effective_status(self, now: object) -> str:
+        if self.status == QuoteStatus.ACTIVE and self.expires_at <= now:  # type: ignore[operator]
+            return QuoteStatus.EXPIRED
+        return self.status
+
+
+class PolicyBundle(models.Model):
+    """Rules that apply to calls made by ``wallet`` and every wallet below it.
+
+    Rules: ``allowed_tools`` (null: any), ``denied_tools``, ``max_credits_per_call``,
+    ``max_daily_credits``, ``allowed_categories`` (null: any) and
+    ``human_approval_required`` (permits for the covered wallets come only from
+    human-approved permit requests or the operator).
+    """
+
+    policy_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="policies")
+    name = models.CharField(max_length=200, blank=True, default="")
+    enabled = models.BooleanField(default=True)
+    allowed_tools = models.JSONField(null=True, blank=True)
+    denied_tools = models.JSONField(default=list, blank=True)
+    max_credits_per_call = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    max_daily_credits = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    allowed_categories = models.JSONField(null=True, blank=True)
+    human_approval_required = models.BooleanField(default=False)
+    version = models.PositiveIntegerField(default=1)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    created_by_key_id = models.CharField(max_length=40, blank=True, default="")
+
+    class Meta:
+        db_table = "permits_policy_bundle"
+        indexes = [models.Index(fields=["tenant_id", "wallet"], name="policy_tenant_wallet")]
+
+    def __str__(self) -> str:
+        return f"{self.policy_id} {self.name}"

@@ -1,0 +1,148 @@
+"""Authority reads, each scoped to what the caller may see (DESIGN.md section 4)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F, Q, QuerySet
+from django.utils import timezone
+
+from billing.models import Wallet
+from config.authentication import Principal
+from config.errors import NotFound
+from permits.models import (
+    Permit,
+    PermitRequest,
+    PermitRequestStatus,
+    PermitStatus,
+    PolicyBundle,
+    Quote,
+    QuoteStatus,
+    TenantApprover,
+)
+
+
+def _scope(qs: QuerySet[Any], principal: Principal, wallet_field: str = "wallet") -> QuerySet[Any]:
+    """Operators see everything; wallet keys see their wallet and its descendants."""
+    if principal.is_operator:
+        return qs
+    own = principal.key.wallet
+    assert own is not None
+    return qs.filter(tenant_id=principal.tenant_id, **{f"{wallet_field}__path__startswith": own.path})
+
+
+def permit_status_filter(qs: QuerySet[Permit], status: str, now: datetime) -> QuerySet[Permit]:
+    """Filter by effective status (``expired`` and ``exhausted`` are derived)."""
+    exhausted = Q(spent_credits__gte=F("max_credits")) | Q(max_calls__isnull=False, calls_used__gte=F("max_calls"))
+    live = Q(status=PermitStatus.ACTIVE)
+    if status == PermitStatus.REVOKED:
+        return qs.filter(status=PermitStatus.REVOKED)
+    if status == PermitStatus.EXPIRED:
+        return qs.filter(live, expires_at__lte=now)
+    if status == PermitStatus.EXHAUSTED:
+        return qs.filter(live, expires_at__gt=now).filter(exhausted)
+    return qs.filter(live, expires_at__gt=now).exclude(exhausted)
+
+
+def permits_visible(principal: Principal) -> QuerySet[Permit]:
+    return _scope(Permit.objects.select_related("wallet"), principal)
+
+
+def permit_list(principal: Principal, filters: dict[str, Any], *, wallet: Wallet | None = None) -> QuerySet[Permit]:
+    qs = permits_visible(principal)
+    if wallet is not None:
+        qs = qs.filter(wallet=wallet)
+    if filters.get("wallet_id"):
+        qs = qs.filter(wallet_id=filters["wallet_id"])
+    if filters.get("subject_key_id"):
+        qs = qs.filter(subject_key_id=filters["subject_key_id"])
+    if filters.get("status"):
+        qs = permit_status_filter(qs, filters["status"], timezone.now())
+    for name, lookup in (
+        ("created_after", "created_at__gte"),
+        ("created_before", "created_at__lt"),
+        ("expires_after", "expires_at__gte"),
+        ("expires_before", "expires_at__lt"),
+    ):
+        if filters.get(name) is not None:
+            qs = qs.filter(**{lookup: filters[name]})
+    return qs.order_by("-created_at", "permit_id")
+
+
+def permit_for_caller(principal: Principal, permit_id: str) -> Permit:
+    permit = permits_visible(principal).filter(permit_id=permit_id).first()
+    if permit is None:
+        raise NotFound("No such permit.", permit_id=permit_id)
+    return permit
+
+
+def permit_requests_visible(principal: Principal) -> QuerySet[PermitRequest]:
+    return _scope(PermitRequest.objects.select_related("wallet", "permit"), principal)
+
+
+def permit_request_for_caller(principal: Principal, request_id: str) -> PermitRequest:
+    preq = permit_requests_visible(principal).filter(request_id=request_id).first()
+    if preq is None:
+        raise NotFound("No such permit request.", request_id=request_id)
+    return preq
+
+
+def permit_request_status_filter(qs: QuerySet[PermitRequest], status: str, now: datetime) -> QuerySet[PermitRequest]:
+    if status == PermitRequestStatus.PENDING:
+        return qs.filter(status=PermitRequestStatus.PENDING, expires_at__gt=now)
+    if status == PermitRequestStatus.EXPIRED:
+        return qs.filter(
+            Q(status=PermitRequestStatus.EXPIRED) | Q(status=PermitRequestStatus.PENDING, expires_at__lte=now)
+        )
+    return qs.filter(status=status)
+
+
+def quotes_visible(principal: Principal) -> QuerySet[Quote]:
+    return _scope(Quote.objects.all(), principal)
+
+
+def quote_for_caller(principal: Principal, quote_id: str) -> Quote:
+    quote = quotes_visible(principal).filter(quote_id=quote_id).first()
+    if quote is None:
+        raise NotFound("No such quote.", quote_id=quote_id)
+    return quote
+
+
+def quote_status_filter(qs: QuerySet[Quote], status: str, now: datetime) -> QuerySet[Quote]:
+    if status == QuoteStatus.ACTIVE:
+        return qs.filter(status=QuoteStatus.ACTIVE, expires_at__gt=now)
+    if status == QuoteStatus.EXPIRED:
+        return qs.filter(Q(status=QuoteStatus.EXPIRED) | Q(status=QuoteStatus.ACTIVE, expires_at__lte=now))
+    return qs.filter(status=status)
+
+
+def policies_visible(principal: Principal) -> QuerySet[PolicyBundle]:
+    return _scope(PolicyBundle.objects.all(), principal)
+
+
+def policy_for_caller(principal: Principal, policy_id: str) -> PolicyBundle:
+    policy = policies_visible(principal).filter(policy_id=policy_id).first()
+    if policy is None:
+        raise NotFound("No such policy bundle.", policy_id=policy_id)
+    return policy
+
+
+def policies_applying_to(wallet: Wallet) -> QuerySet[PolicyBundle]:
+    """Policies attached to the wallet or any ancestor: the ones its calls are checked against."""
+    return PolicyBundle.objects.filter(wallet_id__in=wallet.ancestry).order_by("created_at")
+
+
+def approver_tenants(user: Any) -> list[str]:
+    if not user.is_authenticated:
+        return []
+    return list(TenantApprover.objects.filter(user_id=user.pk).values_list("tenant_id", flat=True))
+
+
+def approval_queue(user: Any) -> QuerySet[PermitRequest]:
+    """Requests of the tenants this user approves, pending first, newest first."""
+    return (
+        PermitRequest.objects.filter(tenant_id__in=approver_tenants(user))
+        .select_related("wallet", "permit")
+        .order_by("-created_at")
+    )

@@ -1,0 +1,329 @@
+"""Request and response records for permits, permit requests, quotes and policies."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from config.pagination import PageQuery, list_envelope
+from permits.models import Permit, PermitRequest, PolicyBundle, Quote
+
+MAX_PERMIT_TTL = 30 * 24 * 3600
+
+
+def money_field(**kwargs: Any) -> serializers.DecimalField:
+    """A credit amount rendered as a string with 8 decimal places."""
+    return serializers.DecimalField(max_digits=20, decimal_places=8, coerce_to_string=True, **kwargs)
+
+
+class ToolNameField(serializers.CharField):
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=200, allow_blank=False, **kwargs)
+
+
+class PermitCreateRequest(serializers.Serializer):
+    """Issue a permit for ``wallet_id`` (the issuer is the caller's wallet)."""
+
+    wallet_id = serializers.CharField(max_length=40)
+    allowed_tools = serializers.ListField(child=ToolNameField(), min_length=1, max_length=100)
+    max_credits = serializers.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal("0.00000001"))
+    max_calls = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    expires_in_seconds = serializers.IntegerField(min_value=60, max_value=MAX_PERMIT_TTL, default=3600)
+    subject_key_id = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+
+
+class SignedDocumentField(serializers.JSONField):
+    pass
+
+
+class PermitResponse(serializers.ModelSerializer):
+    """A permit with its signed statement and live allowance figures."""
+
+    wallet_id = serializers.CharField()
+    issuer_wallet_id = serializers.CharField(allow_null=True)
+    status = serializers.SerializerMethodField()
+    max_credits = money_field()
+    spent_credits = money_field()
+    remaining_credits = serializers.SerializerMethodField()
+    allowed_tools = serializers.ListField(child=serializers.CharField())
+    signed_statement = serializers.DictField(help_text="The exact statement that was signed (RFC 8785 canonical form).")
+
+    class Meta:
+        model = Permit
+        fields = [
+            "permit_id",
+            "wallet_id",
+            "issuer_wallet_id",
+            "subject_key_id",
+            "allowed_tools",
+            "max_credits",
+            "spent_credits",
+            "remaining_credits",
+            "max_calls",
+            "calls_used",
+            "status",
+            "created_at",
+            "expires_at",
+            "revoked_at",
+            "revoke_reason",
+            "issued_via_request_id",
+            "key_id",
+            "signature",
+            "signed_statement",
+        ]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["active", "revoked", "expired", "exhausted"]))
+    def get_status(self, obj: Permit) -> str:
+        return obj.effective_status(timezone.now())
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_remaining_credits(self, obj: Permit) -> str:
+        return f"{(obj.max_credits - obj.spent_credits).quantize(Decimal('0.00000001')):f}"
+
+
+PermitListResponse = list_envelope("PermitListResponse", PermitResponse)
+
+
+class PermitListQuery(PageQuery):
+    wallet_id = serializers.CharField(required=False)
+    status = serializers.ChoiceField(choices=["active", "revoked", "expired", "exhausted"], required=False)
+    subject_key_id = serializers.CharField(required=False)
+    created_after = serializers.DateTimeField(required=False)
+    created_before = serializers.DateTimeField(required=False)
+    expires_after = serializers.DateTimeField(required=False)
+    expires_before = serializers.DateTimeField(required=False)
+
+
+class MePermitListQuery(PermitListQuery):
+    wallet_id = None  # type: ignore[assignment]
+    subject_key_id = None  # type: ignore[assignment]
+
+
+class PermitVerifyRequest(serializers.Serializer):
+    """Verify a permit by id, or a full signed document (``permit`` statement + ``signature``)."""
+
+    permit_id = serializers.CharField(required=False, max_length=40)
+    permit = serializers.DictField(required=False, help_text="The signed statement, as in signed_statement.")
+    signature = serializers.CharField(required=False, max_length=200)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("permit_id") and not attrs.get("permit"):
+            raise serializers.ValidationError("Give permit_id, or permit with signature.")
+        if attrs.get("permit") is not None and not attrs.get("signature"):
+            raise serializers.ValidationError({"signature": "Required with permit."})
+        return attrs
+
+
+class PermitVerifyResponse(serializers.Serializer):
+    """Whether the permit is valid now, and every reason it is not."""
+
+    valid = serializers.BooleanField()
+    permit_id = serializers.CharField(allow_null=True)
+    status = serializers.CharField(allow_null=True)
+    signature_valid = serializers.BooleanField()
+    key_id = serializers.CharField(allow_null=True)
+    reasons = serializers.ListField(
+        child=serializers.ChoiceField(
+            choices=["bad_signature", "unknown_key", "expired", "revoked", "exhausted", "unknown_permit"]
+        )
+    )
+
+
+class ReceiptQuery(PageQuery):
+    tool = serializers.CharField(required=False)
+    outcome = serializers.CharField(required=False)
+
+
+class PermitRequestCreate(serializers.Serializer):
+    """Ask a human for a permit the agent cannot mint itself."""
+
+    wallet_id = serializers.CharField(max_length=40)
+    allowed_tools = serializers.ListField(child=ToolNameField(), min_length=1, max_length=100)
+    max_credits = serializers.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal("0.00000001"))
+    max_calls = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
+    expires_in_seconds = serializers.IntegerField(
+        min_value=60, max_value=MAX_PERMIT_TTL, default=3600, help_text="Lifetime of the permit once approved."
+    )
+    subject_key_id = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    justification = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+
+
+class PermitRequestResponse(serializers.ModelSerializer):
+    """A permit request; ``permit`` holds the minted permit once a human has approved it."""
+
+    wallet_id = serializers.CharField()
+    status = serializers.SerializerMethodField()
+    max_credits = money_field()
+    allowed_tools = serializers.ListField(child=serializers.CharField())
+    permit = PermitResponse(allow_null=True)
+    poll_url = serializers.SerializerMethodField()
+    card_url = serializers.SerializerMethodField()
+    permit_ttl_seconds = serializers.IntegerField()
+
+    class Meta:
+        model = PermitRequest
+        fields = [
+            "request_id",
+            "wallet_id",
+            "status",
+            "allowed_tools",
+            "max_credits",
+            "max_calls",
+            "permit_ttl_seconds",
+            "subject_key_id",
+            "justification",
+            "created_at",
+            "expires_at",
+            "decided_at",
+            "decision_note",
+            "permit",
+            "poll_url",
+            "card_url",
+        ]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["pending", "approved", "rejected", "expired"]))
+    def get_status(self, obj: PermitRequest) -> str:
+        return obj.effective_status(timezone.now())
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_poll_url(self, obj: PermitRequest) -> str:
+        return f"/v1/permit-requests/{obj.request_id}"
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_card_url(self, obj: PermitRequest) -> str:
+        return f"/v1/permit-requests/{obj.request_id}/card"
+
+
+PermitRequestListResponse = list_envelope("PermitRequestListResponse", PermitRequestResponse)
+
+
+class PermitRequestListQuery(PageQuery):
+    status = serializers.ChoiceField(choices=["pending", "approved", "rejected", "expired"], required=False)
+
+
+class QuoteCreateRequest(serializers.Serializer):
+    """Quote one call of ``tool`` for ``wallet_id``."""
+
+    wallet_id = serializers.CharField(max_length=40)
+    tool = ToolNameField()
+
+
+class QuoteResponse(serializers.ModelSerializer):
+    """A signed price for one call; ``active`` means spendable."""
+
+    wallet_id = serializers.CharField()
+    status = serializers.SerializerMethodField()
+    quoted_credits = money_field()
+    signed_statement = serializers.DictField()
+
+    class Meta:
+        model = Quote
+        fields = [
+            "quote_id",
+            "wallet_id",
+            "tool",
+            "quoted_credits",
+            "status",
+            "created_at",
+            "expires_at",
+            "consumed_at",
+            "key_id",
+            "signature",
+            "signed_statement",
+        ]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["active", "consumed", "expired"]))
+    def get_status(self, obj: Quote) -> str:
+        return obj.effective_status(timezone.now())
+
+
+QuoteListResponse = list_envelope("QuoteListResponse", QuoteResponse)
+
+
+class QuoteListQuery(PageQuery):
+    status = serializers.ChoiceField(choices=["active", "consumed", "expired"], required=False)
+    tool = serializers.CharField(required=False)
+
+
+class PolicyRules(serializers.Serializer):
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    enabled = serializers.BooleanField(required=False)
+    allowed_tools = serializers.ListField(
+        child=ToolNameField(), required=False, allow_null=True, help_text="null: any tool"
+    )
+    denied_tools = serializers.ListField(child=ToolNameField(), required=False)
+    max_credits_per_call = serializers.DecimalField(
+        max_digits=20, decimal_places=8, min_value=Decimal("0"), required=False, allow_null=True
+    )
+    max_daily_credits = serializers.DecimalField(
+        max_digits=20, decimal_places=8, min_value=Decimal("0"), required=False, allow_null=True
+    )
+    allowed_categories = serializers.ListField(
+        child=serializers.CharField(max_length=64), required=False, allow_null=True, help_text="null: any category"
+    )
+    human_approval_required = serializers.BooleanField(required=False)
+
+
+class PolicyBundleCreate(PolicyRules):
+    """A policy bundle for ``wallet_id`` and every wallet below it."""
+
+    wallet_id = serializers.CharField(max_length=40)
+
+
+class PolicyBundlePatch(PolicyRules):
+    """Change some rules; omitted fields keep their value."""
+
+
+class PolicyBundleResponse(serializers.ModelSerializer):
+    """A policy bundle."""
+
+    wallet_id = serializers.CharField()
+    max_credits_per_call = money_field(allow_null=True)
+    max_daily_credits = money_field(allow_null=True)
+    allowed_tools = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    denied_tools = serializers.ListField(child=serializers.CharField())
+    allowed_categories = serializers.ListField(child=serializers.CharField(), allow_null=True)
+
+    class Meta:
+        model = PolicyBundle
+        fields = [
+            "policy_id",
+            "wallet_id",
+            "name",
+            "enabled",
+            "allowed_tools",
+            "denied_tools",
+            "max_credits_per_call",
+            "max_daily_credits",
+            "allowed_categories",
+            "human_approval_required",
+            "version",
+            "created_at",
+            "updated_at",
+        ]
+
+
+PolicyBundleListResponse = list_envelope("PolicyBundleListResponse", PolicyBundleResponse)
+
+
+class PolicyListQuery(PageQuery):
+    wallet_id = serializers.CharField(required=False)
+
+
+class AuthoritySummaryResponse(serializers.Serializer):
+    """What the caller's own wallet may do right now."""
+
+    wallet_id = serializers.CharField()
+    wallet_type = serializers.CharField()
+    wallet_status = serializers.CharField()
+    balance = money_field()
+    daily_spend = money_field()
+    human_approval_required = serializers.BooleanField()
+    policies = PolicyBundleResponse(many=True)
+    active_permits = PermitResponse(many=True)
+    pending_permit_requests = PermitRequestResponse(many=True)

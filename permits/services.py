@@ -1,0 +1,694 @@
+"""Authority writes: permits, allowance reservations, permit requests, quotes, policies.
+
+Every service that changes state owns its transaction and writes its audit
+event inside it as the last statement. The building blocks the gateway runs in
+its own phase-1 transaction (``permit_reserve``, ``permit_release``,
+``quote_consume``, ``authorize``) say so and take no transaction of their own.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.db.models import F, Q
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from audit.services import audit_record
+from audit.signing import sign_statement, verify_statement
+from billing.models import Wallet
+from billing.selectors import tool_price, wallet_spend
+from config.errors import IdempotencyKeyReused, RequestValidationError
+from config.ids import new_id
+from permits import exceptions as exc
+from permits.models import (
+    Permit,
+    PermitRequest,
+    PermitRequestStatus,
+    PermitStatus,
+    PolicyBundle,
+    Quote,
+    QuoteStatus,
+    TenantApprover,
+)
+
+logger = logging.getLogger("tollgate.permits")
+
+QUOTE_LIFETIME = timedelta(seconds=600)
+PERMIT_REQUEST_LIFETIME = timedelta(hours=24)
+WILDCARD = "*"
+
+
+def iso(dt: datetime) -> str:
+    """UTC timestamp as used inside signed statements: ``2026-01-02T03:04:05.123456Z``."""
+    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def money(value: Decimal) -> str:
+    return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
+
+
+# --- Permits -------------------------------------------------------------------------
+
+
+def _permit_statement(permit: Permit) -> dict[str, Any]:
+    return {
+        "type": "permit",
+        "permit_id": permit.permit_id,
+        "tenant_id": permit.tenant_id,
+        "wallet_id": permit.wallet_id,
+        "issuer_wallet_id": permit.issuer_wallet_id,
+        "subject_key_id": permit.subject_key_id,
+        "allowed_tools": list(permit.allowed_tools),
+        "max_credits": money(permit.max_credits),
+        "max_calls": permit.max_calls,
+        "created_at": iso(permit.created_at),
+        "expires_at": iso(permit.expires_at),
+    }
+
+
+@dataclass(frozen=True)
+class PermitIssue:
+    """The outcome of ``permit_issue``: the permit and whether this was a replay."""
+
+    permit: Permit
+    replayed: bool
+
+
+def _mint_permit(
+    *,
+    wallet: Wallet,
+    issuer_wallet: Wallet | None,
+    issued_by_key_id: str,
+    allowed_tools: list[str],
+    max_credits: Decimal,
+    max_calls: int | None,
+    expires_at: datetime,
+    subject_key_id: str | None,
+    idempotency_scope: str = "",
+    idempotency_key: str = "",
+    request_hash: str = "",
+    via_request_id: str = "",
+) -> Permit:
+    """Create and sign a permit. Caller holds the transaction."""
+    now = timezone.now()
+    permit = Permit(
+        permit_id=new_id("pmt"),
+        tenant_id=wallet.tenant_id,
+        wallet=wallet,
+        issuer_wallet=issuer_wallet,
+        issued_by_key_id=issued_by_key_id,
+        issued_via_request_id=via_request_id,
+        subject_key_id=subject_key_id,
+        allowed_tools=sorted(set(allowed_tools)),
+        max_credits=max_credits,
+        max_calls=max_calls,
+        expires_at=expires_at,
+        created_at=now,
+        idempotency_scope=idempotency_scope,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
+    signed = sign_statement(_permit_statement(permit))
+    permit.signed_statement = signed.statement
+    permit.signature = signed.signature
+    permit.key_id = signed.kid
+    permit.save(force_insert=True)
+    return permit
+
+
+def human_approval_required(wallet: Wallet) -> bool:
+    """True when an enabled policy on the wallet or an ancestor requires human approval."""
+    return PolicyBundle.objects.filter(
+        wallet_id__in=wallet.ancestry, enabled=True, human_approval_required=True
+    ).exists()
+
+
+def permit_issue(
+    *,
+    wallet: Wallet,
+    issuer_wallet: Wallet | None,
+    issued_by_key_id: str,
+    allowed_tools: list[str],
+    max_credits: Decimal,
+    max_calls: int | None,
+    expires_at: datetime,
+    subject_key_id: str | None,
+    idempotency_scope: str,
+    idempotency_key: str,
+    request_hash: str,
+) -> PermitIssue:
+    """Issue a signed permit once per (scope, idempotency key).
+
+    The same key with the same request returns the permit issued first
+    (``replayed``); with a different request it is the idempotency conflict.
+    The issuer must be the subject wallet or above it (the caller checks reach;
+    this re-checks the hierarchy). Operator keys issue with no issuer wallet.
+    """
+    existing = Permit.objects.filter(idempotency_scope=idempotency_scope, idempotency_key=idempotency_key).first()
+    if existing is not None:
+        return _permit_replay(existing, request_hash)
+    if issuer_wallet is not None and issuer_wallet.wallet_id not in wallet.ancestry:
+        raise exc.IssuerNotAllowed()
+    if issuer_wallet is not None and human_approval_required(wallet):
+        raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
+    if subject_key_id is not None:
+        from billing.models import APIKey
+
+        if not APIKey.objects.filter(key_id=subject_key_id, wallet=wallet, status="active").exists():
+            raise RequestValidationError.single(
+                ["body", "subject_key_id"], "Not an active API key of the subject wallet.", "value_error"
+            )
+    try:
+        with transaction.atomic(durable=True):
+            permit = _mint_permit(
+                wallet=wallet,
+                issuer_wallet=issuer_wallet,
+                issued_by_key_id=issued_by_key_id,
+                allowed_tools=allowed_tools,
+                max_credits=max_credits,
+                max_calls=max_calls,
+                expires_at=expires_at,
+                subject_key_id=subject_key_id,
+                idempotency_scope=idempotency_scope,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+            )
+            audit_record(
+                event="permit.issued",
+                ok=True,
+                tenant_id=wallet.tenant_id,
+                wallet_id=wallet.wallet_id,
+                key_id=issued_by_key_id or None,
+                endpoint="/v1/permits",
+                detail={
+                    "permit_id": permit.permit_id,
+                    "allowed_tools": permit.allowed_tools,
+                    "max_credits": money(permit.max_credits),
+                },
+            )
+    except IntegrityError:
+        # A concurrent request with the same key won the insert; answer as a replay.
+        existing = Permit.objects.filter(idempotency_scope=idempotency_scope, idempotency_key=idempotency_key).first()
+        if existing is None:
+            raise
+        return _permit_replay(existing, request_hash)
+    return PermitIssue(permit=permit, replayed=False)
+
+
+def _permit_replay(existing: Permit, request_hash: str) -> PermitIssue:
+    if existing.request_hash != request_hash:
+        raise IdempotencyKeyReused()
+    return PermitIssue(permit=existing, replayed=True)
+
+
+@transaction.atomic(durable=True)
+def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str = "") -> Permit:
+    """Revoke a permit for good. Revoking a revoked permit changes nothing."""
+    permit = Permit.objects.select_for_update().get(permit_id=permit_id)
+    if permit.status == PermitStatus.REVOKED:
+        return permit
+    permit.status = PermitStatus.REVOKED
+    permit.revoked_at = timezone.now()
+    permit.revoke_reason = reason
+    permit.save(update_fields=["status", "revoked_at", "revoke_reason"])
+    audit_record(
+        event="permit.revoked",
+        ok=True,
+        tenant_id=permit.tenant_id,
+        wallet_id=permit.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/permits/{permit_id}/revoke",
+        detail={"permit_id": permit.permit_id, "reason": reason},
+    )
+    return permit
+
+
+def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = None) -> None:
+    """Reserve ``amount`` and one call against the permit's allowance. Caller holds the transaction.
+
+    One conditional UPDATE: it succeeds only while the permit is active,
+    unexpired, and the allowance (credits and calls) covers the reservation, so
+    concurrent reservations can never spend past ``max_credits``. Raises the
+    reason when it fails.
+    """
+    now = now or timezone.now()
+    updated = (
+        Permit.objects.filter(
+            permit_id=permit.permit_id,
+            status=PermitStatus.ACTIVE,
+            expires_at__gt=now,
+            spent_credits__lte=F("max_credits") - amount,
+        )
+        .filter(Q(max_calls__isnull=True) | Q(calls_used__lt=F("max_calls")))
+        .update(spent_credits=F("spent_credits") + amount, calls_used=F("calls_used") + 1)
+    )
+    if updated == 1:
+        return
+    current = Permit.objects.get(permit_id=permit.permit_id)
+    status = current.effective_status(now)
+    if status == PermitStatus.REVOKED:
+        raise exc.PermitRevoked(permit_id=permit.permit_id)
+    if status == PermitStatus.EXPIRED:
+        raise exc.PermitExpired(permit_id=permit.permit_id)
+    raise exc.PermitExhausted(
+        permit_id=permit.permit_id,
+        max_credits=money(current.max_credits),
+        spent_credits=money(current.spent_credits),
+        required=money(amount),
+    )
+
+
+def permit_release(*, permit_id: str, amount: Decimal) -> None:
+    """Give back a reservation (the call was refunded). Caller holds the transaction."""
+    Permit.objects.filter(permit_id=permit_id, spent_credits__gte=amount, calls_used__gte=1).update(
+        spent_credits=F("spent_credits") - amount, calls_used=F("calls_used") - 1
+    )
+
+
+# --- Authorization -------------------------------------------------------------------
+
+
+@dataclass
+class Decision:
+    """The result of ``authorize``: allowed, or the refusal to raise; always a decision id."""
+
+    policy_decision_id: str
+    allowed: bool
+    refusal: exc.PermitDenied | None = None
+    policies: list[str] = field(default_factory=list)
+
+
+def tool_allowed(patterns: list[str], tool: str) -> bool:
+    """Exact names, ``*`` for any tool, or a ``prefix.*`` namespace pattern."""
+    for pattern in patterns:
+        if pattern in (WILDCARD, tool):
+            return True
+        if pattern.endswith(".*") and tool.startswith(pattern[:-1]):
+            return True
+    return False
+
+
+def authorize(
+    *,
+    permit: Permit,
+    wallet: Wallet,
+    key_id: str,
+    tool: str,
+    price: Decimal,
+    category: str | None = None,
+    now: datetime | None = None,
+    verify_signature: bool = True,
+) -> Decision:
+    """Evaluate the permit and every enabled policy on the wallet and its ancestors.
+
+    Pure read; the caller records the decision (its ``policy_decision_id``) on
+    the audit event and raises ``decision.refusal`` when not allowed.
+    """
+    now = now or timezone.now()
+    decision_id = new_id("pdec")
+
+    def deny(err: exc.PermitDenied, policies: list[str] | None = None) -> Decision:
+        err.extra.setdefault("policy_decision_id", decision_id)
+        return Decision(decision_id, False, err, policies or [])
+
+    if permit.wallet_id != wallet.wallet_id:
+        return deny(exc.PermitWalletMismatch(permit_id=permit.permit_id))
+    if permit.subject_key_id and permit.subject_key_id != key_id:
+        return deny(exc.PermitKeyMismatch(permit_id=permit.permit_id))
+    status = permit.effective_status(now)
+    if status == PermitStatus.REVOKED:
+        return deny(exc.PermitRevoked(permit_id=permit.permit_id))
+    if status == PermitStatus.EXPIRED:
+        return deny(exc.PermitExpired(permit_id=permit.permit_id))
+    if status == PermitStatus.EXHAUSTED or permit.spent_credits + price > permit.max_credits:
+        return deny(exc.PermitExhausted(permit_id=permit.permit_id, required=money(price)))
+    if not tool_allowed(list(permit.allowed_tools), tool):
+        return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
+    if verify_signature:
+        result = verify_statement(permit.signed_statement, permit.signature, expected_type="permit")
+        if not result.valid or permit.signed_statement.get("permit_id") != permit.permit_id:
+            return deny(exc.PermitSignatureInvalid(permit_id=permit.permit_id, reason=result.reason))
+
+    policies = [
+        p for p in PolicyBundle.objects.filter(wallet_id__in=wallet.ancestry, enabled=True).order_by("created_at")
+    ]
+    applied = [p.policy_id for p in policies]
+    daily_spent: Decimal | None = None
+    for policy in policies:
+        if tool in (policy.denied_tools or []) or tool_allowed(
+            [t for t in (policy.denied_tools or []) if t.endswith("*")], tool
+        ):
+            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="denied_tools", tool=tool), applied)
+        if policy.allowed_tools is not None and not tool_allowed(list(policy.allowed_tools), tool):
+            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="allowed_tools", tool=tool), applied)
+        if policy.max_credits_per_call is not None and price > policy.max_credits_per_call:
+            return deny(
+                exc.PolicyDenied(
+                    policy_id=policy.policy_id,
+                    rule="max_credits_per_call",
+                    limit=money(policy.max_credits_per_call),
+                    required=money(price),
+                ),
+                applied,
+            )
+        if policy.allowed_categories is not None and category not in policy.allowed_categories:
+            return deny(
+                exc.PolicyDenied(policy_id=policy.policy_id, rule="allowed_categories", category=category),
+                applied,
+            )
+        if policy.max_daily_credits is not None:
+            if daily_spent is None:
+                daily_spent = wallet_spend(wallet, now=now).today
+            if daily_spent + price > policy.max_daily_credits:
+                return deny(
+                    exc.PolicyDenied(
+                        policy_id=policy.policy_id,
+                        rule="max_daily_credits",
+                        limit=money(policy.max_daily_credits),
+                        spent=money(daily_spent),
+                        required=money(price),
+                    ),
+                    applied,
+                )
+    return Decision(decision_id, True, None, applied)
+
+
+# --- Permit requests and human approval ----------------------------------------------
+
+
+@dataclass(frozen=True)
+class RequestCreate:
+    permit_request: PermitRequest
+    replayed: bool
+
+
+def permit_request_create(
+    *,
+    wallet: Wallet,
+    requested_by_key_id: str,
+    allowed_tools: list[str],
+    max_credits: Decimal,
+    max_calls: int | None,
+    permit_ttl_seconds: int,
+    subject_key_id: str | None,
+    justification: str,
+    idempotency_scope: str,
+    idempotency_key: str,
+    request_hash: str,
+) -> RequestCreate:
+    """Record a pending request and notify the tenant's approvers after commit.
+
+    Idempotent per (scope, key) like ``permit_issue``. Creating or listing
+    requests never advances a decision.
+    """
+    existing = PermitRequest.objects.filter(
+        idempotency_scope=idempotency_scope, idempotency_key=idempotency_key
+    ).first()
+    if existing is not None:
+        return _request_replay(existing, request_hash)
+    now = timezone.now()
+    try:
+        with transaction.atomic(durable=True):
+            preq = PermitRequest.objects.create(
+                request_id=new_id("preq"),
+                tenant_id=wallet.tenant_id,
+                wallet=wallet,
+                requested_by_key_id=requested_by_key_id,
+                allowed_tools=sorted(set(allowed_tools)),
+                max_credits=max_credits,
+                max_calls=max_calls,
+                permit_ttl_seconds=permit_ttl_seconds,
+                subject_key_id=subject_key_id,
+                justification=justification,
+                expires_at=now + PERMIT_REQUEST_LIFETIME,
+                created_at=now,
+                idempotency_scope=idempotency_scope,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+            )
+            request_id = preq.request_id
+            transaction.on_commit(lambda: permit_request_notify(request_id=request_id))
+            audit_record(
+                event="permit_request.created",
+                ok=True,
+                tenant_id=wallet.tenant_id,
+                wallet_id=wallet.wallet_id,
+                key_id=requested_by_key_id,
+                endpoint="/v1/permit-requests",
+                detail={"request_id": preq.request_id, "allowed_tools": preq.allowed_tools},
+            )
+    except IntegrityError:
+        existing = PermitRequest.objects.filter(
+            idempotency_scope=idempotency_scope, idempotency_key=idempotency_key
+        ).first()
+        if existing is None:
+            raise
+        return _request_replay(existing, request_hash)
+    return RequestCreate(permit_request=preq, replayed=False)
+
+
+def _request_replay(existing: PermitRequest, request_hash: str) -> RequestCreate:
+    if existing.request_hash != request_hash:
+        raise IdempotencyKeyReused()
+    return RequestCreate(permit_request=existing, replayed=True)
+
+
+def approval_url(request_id: str) -> str:
+    return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/approvals/{request_id}"
+
+
+def permit_request_notify(*, request_id: str) -> int:
+    """Email the tenant's approvers the request card and a link to the approval page.
+
+    Runs after the creating transaction commits. A delivery failure is logged and
+    does not affect the request (approvers also see the queue page).
+    """
+    preq = PermitRequest.objects.select_related("wallet").get(request_id=request_id)
+    recipients = sorted(
+        {
+            email
+            for email in TenantApprover.objects.filter(tenant_id=preq.tenant_id).values_list("user__email", flat=True)
+            if email
+        }
+    )
+    if not recipients:
+        return 0
+    context = {"preq": preq, "approval_url": approval_url(preq.request_id), "now": timezone.now()}
+    html = render_to_string("permits/card.html", context)
+    text = (
+        f"Permit request {preq.request_id} from wallet {preq.wallet_id}\n"
+        f"Tools: {', '.join(preq.allowed_tools)}\nUp to {money(preq.max_credits)} credits\n"
+        f"Reason: {preq.justification or '-'}\n\nReview it: {context['approval_url']}\n"
+    )
+    try:
+        return send_mail(
+            subject=f"[Tollgate] Permit request {preq.request_id} needs a decision",
+            message=text,
+            from_email=None,
+            recipient_list=recipients,
+            html_message=html,
+        )
+    except Exception:
+        logger.exception("could not send the approval notification for %s", request_id)
+        return 0
+
+
+def user_is_approver(user: Any, tenant_id: str) -> bool:
+    return bool(user.is_authenticated and TenantApprover.objects.filter(user_id=user.pk, tenant_id=tenant_id).exists())
+
+
+@transaction.atomic(durable=True)
+def permit_request_decide(*, request_id: str, user: Any, approve: bool, note: str = "") -> PermitRequest:
+    """Approve (minting exactly one permit) or reject a pending request.
+
+    Locks the request row, then re-checks: a decided request cannot be decided
+    again (409), an expired one cannot be approved, and only approvers of the
+    request's tenant may decide. Two concurrent approvals mint one permit.
+    """
+    preq = PermitRequest.objects.select_for_update().select_related("wallet").get(request_id=request_id)
+    if not user_is_approver(user, preq.tenant_id):
+        raise exc.NotAnApprover()
+    now = timezone.now()
+    if preq.status != PermitRequestStatus.PENDING:
+        raise exc.RequestAlreadyDecided(request_id=request_id, status=preq.status)
+    if preq.expires_at <= now:
+        raise exc.RequestExpired(request_id=request_id)
+    preq.decided_at = now
+    preq.decided_by = user
+    preq.decision_note = note[:500]
+    if approve:
+        tenant_root = Wallet.objects.get(wallet_id=preq.tenant_id)
+        permit = _mint_permit(
+            wallet=preq.wallet,
+            issuer_wallet=tenant_root,
+            issued_by_key_id="",
+            allowed_tools=list(preq.allowed_tools),
+            max_credits=preq.max_credits,
+            max_calls=preq.max_calls,
+            expires_at=now + timedelta(seconds=preq.permit_ttl_seconds),
+            subject_key_id=preq.subject_key_id,
+            via_request_id=preq.request_id,
+        )
+        preq.permit = permit
+        preq.status = PermitRequestStatus.APPROVED
+    else:
+        preq.status = PermitRequestStatus.REJECTED
+    preq.save(update_fields=["status", "decided_at", "decided_by", "decision_note", "permit"])
+    audit_record(
+        event="permit_request.approved" if approve else "permit_request.rejected",
+        ok=True,
+        tenant_id=preq.tenant_id,
+        wallet_id=preq.wallet_id,
+        endpoint=f"/approvals/{request_id}",
+        detail={
+            "request_id": request_id,
+            "decided_by": user.get_username(),
+            "permit_id": preq.permit_id,
+        },
+    )
+    return preq
+
+
+# --- Quotes --------------------------------------------------------------------------
+
+
+@transaction.atomic(durable=True)
+def quote_create(*, wallet: Wallet, tool: str, requested_by_key_id: str = "") -> Quote:
+    """Freeze the tool's current price for one call by ``wallet`` in a signed quote.
+
+    Quoting is free: no ledger entry, no reservation, no change to the wallet.
+    A tool without a price cannot be quoted (422).
+    """
+    price = tool_price(tool)
+    if price is None:
+        raise RequestValidationError.single(
+            ["body", "tool"], "This tool has no price set and cannot be quoted or called.", "tool_price_not_set"
+        )
+    now = timezone.now()
+    quote = Quote(
+        quote_id=new_id("qt"),
+        tenant_id=wallet.tenant_id,
+        wallet=wallet,
+        tool=tool,
+        quoted_credits=price,
+        created_at=now,
+        expires_at=now + QUOTE_LIFETIME,
+        requested_by_key_id=requested_by_key_id,
+    )
+    signed = sign_statement(
+        {
+            "type": "quote",
+            "quote_id": quote.quote_id,
+            "tenant_id": quote.tenant_id,
+            "wallet_id": wallet.wallet_id,
+            "tool": tool,
+            "quoted_credits": money(price),
+            "created_at": iso(now),
+            "expires_at": iso(quote.expires_at),
+        }
+    )
+    quote.signed_statement = signed.statement
+    quote.signature = signed.signature
+    quote.key_id = signed.kid
+    quote.save(force_insert=True)
+    audit_record(
+        event="quote.created",
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=requested_by_key_id or None,
+        tool=tool,
+        endpoint="/v1/quotes",
+        detail={"quote_id": quote.quote_id, "quoted_credits": money(price)},
+    )
+    return quote
+
+
+def quote_consume(*, quote_id: str, wallet: Wallet, tool: str, action_id: str, now: datetime | None = None) -> Quote:
+    """Spend an active quote exactly once. Caller holds the transaction.
+
+    A conditional UPDATE from ``active`` to ``consumed``: of two concurrent
+    calls with one quote, one succeeds and the other gets ``quote_unavailable``.
+    """
+    now = now or timezone.now()
+    updated = Quote.objects.filter(
+        quote_id=quote_id, wallet=wallet, tool=tool, status=QuoteStatus.ACTIVE, expires_at__gt=now
+    ).update(status=QuoteStatus.CONSUMED, consumed_at=now, consumed_by=action_id)
+    if updated != 1:
+        raise exc.QuoteUnavailable(quote_id=quote_id)
+    return Quote.objects.get(quote_id=quote_id)
+
+
+# --- Policy bundles ------------------------------------------------------------------
+
+POLICY_FIELDS = (
+    "name",
+    "enabled",
+    "allowed_tools",
+    "denied_tools",
+    "max_credits_per_call",
+    "max_daily_credits",
+    "allowed_categories",
+    "human_approval_required",
+)
+
+
+def _policy_snapshot(policy: PolicyBundle) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for name in POLICY_FIELDS:
+        value = getattr(policy, name)
+        out[name] = money(value) if isinstance(value, Decimal) else value
+    return out
+
+
+@transaction.atomic(durable=True)
+def policy_create(*, wallet: Wallet, actor_key_id: str = "", **rules: Any) -> PolicyBundle:
+    """Attach a policy bundle to ``wallet``; it applies to the wallet and every wallet below it."""
+    policy = PolicyBundle(
+        policy_id=new_id("pol"),
+        tenant_id=wallet.tenant_id,
+        wallet=wallet,
+        created_by_key_id=actor_key_id,
+        **{k: v for k, v in rules.items() if k in POLICY_FIELDS},
+    )
+    policy.save(force_insert=True)
+    audit_record(
+        event="policy.created",
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/policies",
+        detail={"policy_id": policy.policy_id, "rules": _policy_snapshot(policy)},
+    )
+    return policy
+
+
+@transaction.atomic(durable=True)
+def policy_update(*, policy_id: str, actor_key_id: str = "", **changes: Any) -> PolicyBundle:
+    """Change some rules of a policy bundle; bumps its version. Locks the row first."""
+    policy = PolicyBundle.objects.select_for_update().get(policy_id=policy_id)
+    before = _policy_snapshot(policy)
+    fields = [k for k in changes if k in POLICY_FIELDS]
+    for name in fields:
+        setattr(policy, name, changes[name])
+    policy.version += 1
+    policy.save(update_fields=[*fields, "version", "updated_at"])
+    audit_record(
+        event="policy.updated",
+        ok=True,
+        tenant_id=policy.tenant_id,
+        wallet_id=policy.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/policies/{policy_id}",
+        detail={"policy_id": policy.policy_id, "before": before, "after": _policy_snapshot(policy)},
+    )
+    return policy

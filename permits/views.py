@@ -1,0 +1,484 @@
+"""Authority HTTP API: permits, permit requests, quotes, policy bundles and /v1/me views."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from django.http import HttpResponse
+from django.template.loader import render_to_string
+from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.renderers import BaseRenderer, JSONRenderer
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from audit.signing import verify_statement
+from billing.models import Wallet, WalletStatus
+from billing.selectors import wallet_for_caller, wallet_spend
+from config.authentication import Principal, principal
+from config.errors import NotFound, WalletKeyRequired
+from config.idempotency import idempotency_scope, request_hash, validate_idempotency_key
+from config.pagination import page, parse_body, parse_query
+from config.schema import error_responses
+from permits import selectors, services
+from permits.models import PermitStatus
+from permits.serializers import (
+    AuthoritySummaryResponse,
+    MePermitListQuery,
+    PermitCreateRequest,
+    PermitListQuery,
+    PermitListResponse,
+    PermitRequestCreate,
+    PermitRequestListQuery,
+    PermitRequestListResponse,
+    PermitRequestResponse,
+    PermitResponse,
+    PermitVerifyRequest,
+    PermitVerifyResponse,
+    PolicyBundleCreate,
+    PolicyBundleListResponse,
+    PolicyBundlePatch,
+    PolicyBundleResponse,
+    PolicyListQuery,
+    QuoteCreateRequest,
+    QuoteListQuery,
+    QuoteListResponse,
+    QuoteResponse,
+)
+
+IDEMPOTENCY_HEADER = OpenApiParameter(
+    "Idempotency-Key",
+    OpenApiTypes.STR,
+    OpenApiParameter.HEADER,
+    required=True,
+    description="1 to 255 printable characters; the same key and body replay the first response.",
+)
+
+
+def _money(value: Any) -> str:
+    return services.money(value)
+
+
+def _normalized(data: dict[str, Any]) -> dict[str, Any]:
+    """The validated request as canonical-JSON-safe values, for the idempotency hash."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if hasattr(value, "quantize"):
+            out[key] = _money(value)
+        elif isinstance(value, list):
+            out[key] = sorted(set(value))
+        else:
+            out[key] = value
+    return out
+
+
+def _wallet_key_principal(request: Request) -> Principal:
+    caller = principal(request)
+    if caller.is_operator:
+        raise WalletKeyRequired()
+    return caller
+
+
+class WalletNotFound(NotFound):
+    code = "wallet_not_found"
+    message = "The key's wallet no longer exists."
+
+
+# --- Permits -------------------------------------------------------------------------
+
+
+class PermitCollectionView(APIView):
+    @extend_schema(
+        operation_id="permits_list",
+        tags=["permits"],
+        parameters=[PermitListQuery],
+        responses={200: PermitListResponse, **error_responses(401, 422)},
+        summary="List permits visible to the caller",
+    )
+    def get(self, request: Request) -> Response:
+        caller = principal(request)
+        params = parse_query(request, PermitListQuery)
+        return Response(page(selectors.permit_list(caller, params), params, PermitResponse))
+
+    @extend_schema(
+        operation_id="permits_create",
+        tags=["permits"],
+        parameters=[IDEMPOTENCY_HEADER],
+        request=PermitCreateRequest,
+        responses={201: PermitResponse, **error_responses(401, 403, 404, 422)},
+        summary="Issue a signed permit (issuer: the caller's wallet, the subject or above it)",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
+        assert key is not None
+        data = parse_body(request, PermitCreateRequest)
+        subject = wallet_for_caller(caller, data["wallet_id"])
+        issuer = None if caller.is_operator else caller.key.wallet
+        result = services.permit_issue(
+            wallet=subject,
+            issuer_wallet=issuer,
+            issued_by_key_id=caller.key_id,
+            allowed_tools=data["allowed_tools"],
+            max_credits=data["max_credits"],
+            max_calls=data["max_calls"],
+            expires_at=timezone.now() + timedelta(seconds=data["expires_in_seconds"]),
+            subject_key_id=data["subject_key_id"],
+            idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
+            idempotency_key=key,
+            request_hash=request_hash(_normalized(data)),
+        )
+        response = Response(PermitResponse(result.permit).data, status=status.HTTP_201_CREATED)
+        if result.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class PermitDetailView(APIView):
+    @extend_schema(
+        operation_id="permits_retrieve",
+        tags=["permits"],
+        responses={200: PermitResponse, **error_responses(401, 404)},
+        summary="One permit",
+    )
+    def get(self, request: Request, permit_id: str) -> Response:
+        return Response(PermitResponse(selectors.permit_for_caller(principal(request), permit_id)).data)
+
+
+class PermitRevokeView(APIView):
+    @extend_schema(
+        operation_id="permits_revoke",
+        tags=["permits"],
+        request=None,
+        responses={200: PermitResponse, **error_responses(401, 404)},
+        summary="Revoke a permit (the response is the permit)",
+    )
+    def post(self, request: Request, permit_id: str) -> Response:
+        caller = principal(request)
+        permit = selectors.permit_for_caller(caller, permit_id)
+        permit = services.permit_revoke(permit_id=permit.permit_id, reason="revoked_by_api", actor_key_id=caller.key_id)
+        return Response(PermitResponse(permit).data)
+
+
+class PermitVerifyView(APIView):
+    @extend_schema(
+        operation_id="permits_verify",
+        tags=["permits"],
+        request=PermitVerifyRequest,
+        responses={200: PermitVerifyResponse, **error_responses(401, 422)},
+        summary="Verify a permit by id or by its full signed document",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        data = parse_body(request, PermitVerifyRequest)
+        now = timezone.now()
+        reasons: list[str] = []
+        if data.get("permit") is not None:
+            statement, signature = data["permit"], data["signature"]
+            permit_id = statement.get("permit_id") if isinstance(statement.get("permit_id"), str) else None
+        else:
+            permit_id = data["permit_id"]
+            found = selectors.permits_visible(caller).filter(permit_id=permit_id).first()
+            if found is None:
+                body = {
+                    "valid": False,
+                    "permit_id": permit_id,
+                    "status": None,
+                    "signature_valid": False,
+                    "key_id": None,
+                    "reasons": ["unknown_permit"],
+                }
+                return Response(body)
+            statement, signature = found.signed_statement, found.signature
+        result = verify_statement(statement, signature, expected_type="permit")
+        if not result.valid:
+            reasons.append("unknown_key" if result.reason in ("unknown_kid", "missing_kid") else "bad_signature")
+        permit = selectors.permits_visible(caller).filter(permit_id=permit_id).first() if permit_id else None
+        current_status = None
+        if permit is None:
+            reasons.append("unknown_permit")
+        else:
+            if permit.signed_statement != statement and "bad_signature" not in reasons and result.valid:
+                # A validly signed document that is not this permit's statement.
+                reasons.append("bad_signature")
+            current_status = permit.effective_status(now)
+            if current_status in (PermitStatus.EXPIRED, PermitStatus.REVOKED, PermitStatus.EXHAUSTED):
+                reasons.append(current_status)
+        body = {
+            "valid": not reasons,
+            "permit_id": permit_id,
+            "status": current_status,
+            "signature_valid": result.valid,
+            "key_id": statement.get("kid") if isinstance(statement, dict) else None,
+            "reasons": reasons,
+        }
+        return Response(body)
+
+
+# --- Permit requests -----------------------------------------------------------------
+
+
+class CardRenderer(BaseRenderer):
+    media_type = "text/html"
+    format = "html"
+    charset = "utf-8"
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> bytes:
+        return data.encode() if isinstance(data, str) else b""
+
+
+class PermitRequestCreateView(APIView):
+    @extend_schema(
+        operation_id="permit_requests_create",
+        tags=["permits"],
+        parameters=[IDEMPOTENCY_HEADER],
+        request=PermitRequestCreate,
+        responses={202: PermitRequestResponse, **error_responses(401, 403, 422)},
+        summary="Ask a human for a permit; poll the returned URL for the decision",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
+        assert key is not None
+        data = parse_body(request, PermitRequestCreate)
+        wallet = wallet_for_caller(caller, data["wallet_id"])
+        result = services.permit_request_create(
+            wallet=wallet,
+            requested_by_key_id=caller.key_id,
+            allowed_tools=data["allowed_tools"],
+            max_credits=data["max_credits"],
+            max_calls=data["max_calls"],
+            permit_ttl_seconds=data["expires_in_seconds"],
+            subject_key_id=data["subject_key_id"],
+            justification=data["justification"],
+            idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
+            idempotency_key=key,
+            request_hash=request_hash(_normalized(data)),
+        )
+        body = PermitRequestResponse(result.permit_request).data
+        response = Response(body, status=status.HTTP_202_ACCEPTED)
+        response["Location"] = body["poll_url"]
+        if result.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+
+class PermitRequestDetailView(APIView):
+    @extend_schema(
+        operation_id="permit_requests_retrieve",
+        tags=["permits"],
+        responses={200: PermitRequestResponse, **error_responses(401, 404)},
+        summary="Poll a permit request; includes the minted permit once approved",
+    )
+    def get(self, request: Request, request_id: str) -> Response:
+        preq = selectors.permit_request_for_caller(principal(request), request_id)
+        return Response(PermitRequestResponse(preq).data)
+
+
+class PermitRequestCardView(APIView):
+    renderer_classes = [CardRenderer, JSONRenderer]
+
+    @extend_schema(
+        operation_id="permit_requests_card",
+        tags=["permits"],
+        responses={
+            (200, "text/html"): OpenApiResponse(OpenApiTypes.STR, description="Read-only approver card."),
+            **error_responses(401, 404),
+        },
+        summary="The read-only HTML card of a permit request (same as the approver's notification)",
+    )
+    def get(self, request: Request, request_id: str) -> HttpResponse:
+        preq = selectors.permit_request_for_caller(principal(request), request_id)
+        html = render_to_string(
+            "permits/card_page.html",
+            {"preq": preq, "approval_url": services.approval_url(preq.request_id), "now": timezone.now()},
+        )
+        return HttpResponse(html, content_type="text/html; charset=utf-8")
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(response, Response) and response.status_code >= 400:
+            # Errors are JSON like everywhere else, whatever the Accept header asked for.
+            request.accepted_renderer = JSONRenderer()
+            request.accepted_media_type = "application/json"
+        return super().finalize_response(request, response, *args, **kwargs)
+
+
+# --- Quotes --------------------------------------------------------------------------
+
+
+class QuoteCreateView(APIView):
+    @extend_schema(
+        operation_id="quotes_create",
+        tags=["permits"],
+        request=QuoteCreateRequest,
+        responses={201: QuoteResponse, **error_responses(401, 403, 422)},
+        summary="Quote one call of a tool for a wallet (free; no side effect on the wallet)",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        data = parse_body(request, QuoteCreateRequest)
+        wallet = wallet_for_caller(caller, data["wallet_id"])
+        quote = services.quote_create(wallet=wallet, tool=data["tool"], requested_by_key_id=caller.key_id)
+        return Response(QuoteResponse(quote).data, status=status.HTTP_201_CREATED)
+
+
+class QuoteDetailView(APIView):
+    @extend_schema(
+        operation_id="quotes_retrieve",
+        tags=["permits"],
+        responses={200: QuoteResponse, **error_responses(401, 404)},
+        summary="One quote",
+    )
+    def get(self, request: Request, quote_id: str) -> Response:
+        return Response(QuoteResponse(selectors.quote_for_caller(principal(request), quote_id)).data)
+
+
+# --- Policy bundles ------------------------------------------------------------------
+
+
+class PolicyCollectionView(APIView):
+    @extend_schema(
+        operation_id="policies_create",
+        tags=["policies"],
+        request=PolicyBundleCreate,
+        responses={201: PolicyBundleResponse, **error_responses(401, 403, 404, 422)},
+        summary="Create a policy bundle for a wallet and the wallets below it",
+    )
+    def post(self, request: Request) -> Response:
+        caller = principal(request)
+        data = parse_body(request, PolicyBundleCreate)
+        wallet = wallet_for_caller(caller, data.pop("wallet_id"))
+        policy = services.policy_create(wallet=wallet, actor_key_id=caller.key_id, **data)
+        return Response(PolicyBundleResponse(policy).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        operation_id="policies_list",
+        tags=["policies"],
+        parameters=[PolicyListQuery],
+        responses={200: PolicyBundleListResponse, **error_responses(401, 422)},
+        summary="List policy bundles",
+    )
+    def get(self, request: Request) -> Response:
+        caller = principal(request)
+        params = parse_query(request, PolicyListQuery)
+        qs = selectors.policies_visible(caller)
+        if params.get("wallet_id"):
+            qs = qs.filter(wallet_id=params["wallet_id"])
+        return Response(page(qs.order_by("-created_at", "policy_id"), params, PolicyBundleResponse))
+
+
+class PolicyDetailView(APIView):
+    @extend_schema(
+        operation_id="policies_retrieve",
+        tags=["policies"],
+        responses={200: PolicyBundleResponse, **error_responses(401, 404)},
+        summary="One policy bundle",
+    )
+    def get(self, request: Request, policy_id: str) -> Response:
+        return Response(PolicyBundleResponse(selectors.policy_for_caller(principal(request), policy_id)).data)
+
+    @extend_schema(
+        operation_id="policies_partial_update",
+        tags=["policies"],
+        request=PolicyBundlePatch,
+        responses={200: PolicyBundleResponse, **error_responses(401, 404, 422)},
+        summary="Change some rules of a policy bundle",
+    )
+    def patch(self, request: Request, policy_id: str) -> Response:
+        caller = principal(request)
+        policy = selectors.policy_for_caller(caller, policy_id)
+        data = parse_body(request, PolicyBundlePatch)
+        policy = services.policy_update(policy_id=policy.policy_id, actor_key_id=caller.key_id, **data)
+        return Response(PolicyBundleResponse(policy).data)
+
+
+# --- /v1/me --------------------------------------------------------------------------
+
+
+class MeAuthorityView(APIView):
+    @extend_schema(
+        operation_id="me_authority",
+        tags=["me"],
+        responses={200: AuthoritySummaryResponse, **error_responses(401, 403, 404)},
+        summary="Policies, active permits, approval requirement, pending requests, balance and daily spend",
+    )
+    def get(self, request: Request) -> Response:
+        caller = _wallet_key_principal(request)
+        wallet = Wallet.objects.filter(wallet_id=caller.wallet_id).first()
+        if wallet is None or wallet.status == WalletStatus.CLOSED:
+            raise WalletNotFound(wallet_id=caller.wallet_id)
+        now = timezone.now()
+        permits = selectors.permit_status_filter(
+            selectors.permits_visible(caller).filter(wallet=wallet), PermitStatus.ACTIVE, now
+        ).order_by("-created_at")[:200]
+        pending = selectors.permit_request_status_filter(
+            selectors.permit_requests_visible(caller).filter(wallet=wallet), "pending", now
+        ).order_by("-created_at")[:200]
+        policies = list(selectors.policies_applying_to(wallet))
+        body = {
+            "wallet_id": wallet.wallet_id,
+            "wallet_type": wallet.wallet_type,
+            "wallet_status": wallet.status,
+            "balance": _money(wallet.balance),
+            "daily_spend": _money(wallet_spend(wallet, now=now).today),
+            "human_approval_required": any(p.enabled and p.human_approval_required for p in policies),
+            "policies": PolicyBundleResponse(policies, many=True).data,
+            "active_permits": PermitResponse(permits, many=True).data,
+            "pending_permit_requests": PermitRequestResponse(pending, many=True).data,
+        }
+        return Response(body)
+
+
+class MePermitsView(APIView):
+    @extend_schema(
+        operation_id="me_permits",
+        tags=["me"],
+        parameters=[MePermitListQuery],
+        responses={200: PermitListResponse, **error_responses(401, 403, 422)},
+        summary="Permits of the caller's own wallet",
+    )
+    def get(self, request: Request) -> Response:
+        caller = _wallet_key_principal(request)
+        params = parse_query(request, MePermitListQuery)
+        qs = selectors.permit_list(caller, params).filter(wallet_id=caller.wallet_id)
+        return Response(page(qs, params, PermitResponse))
+
+
+class MePermitRequestsView(APIView):
+    @extend_schema(
+        operation_id="me_permit_requests",
+        tags=["me"],
+        parameters=[PermitRequestListQuery],
+        responses={200: PermitRequestListResponse, **error_responses(401, 403, 422)},
+        summary="Permit requests of the caller's own wallet (listing never advances a decision)",
+    )
+    def get(self, request: Request) -> Response:
+        caller = _wallet_key_principal(request)
+        params = parse_query(request, PermitRequestListQuery)
+        qs = selectors.permit_requests_visible(caller).filter(wallet_id=caller.wallet_id)
+        if params.get("status"):
+            qs = selectors.permit_request_status_filter(qs, params["status"], timezone.now())
+        return Response(page(qs.order_by("-created_at", "request_id"), params, PermitRequestResponse))
+
+
+class MeQuotesView(APIView):
+    @extend_schema(
+        operation_id="me_quotes",
+        tags=["me"],
+        parameters=[QuoteListQuery],
+        responses={200: QuoteListResponse, **error_responses(401, 403, 422)},
+        summary="Quotes of the caller's own wallet (status=active for spendable ones)",
+    )
+    def get(self, request: Request) -> Response:
+        caller = _wallet_key_principal(request)
+        params = parse_query(request, QuoteListQuery)
+        qs = selectors.quotes_visible(caller).filter(wallet_id=caller.wallet_id)
+        if params.get("status"):
+            qs = selectors.quote_status_filter(qs, params["status"], timezone.now())
+        if params.get("tool"):
+            qs = qs.filter(tool=params["tool"])
+        return Response(page(qs.order_by("-created_at", "quote_id"), params, QuoteResponse))

@@ -1,0 +1,69 @@
+"""Headless Chromium for page tests (Playwright driving Debian's /usr/bin/chromium).
+
+Tests that need it skip with a clear message where Chromium is missing, except
+under ``CI=true``, where a missing browser is a failure.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-quic",
+]
+
+
+def require_chromium() -> str:
+    path = CHROMIUM if os.path.exists(CHROMIUM) else shutil.which("chromium")
+    if not path:
+        message = f"Chromium not found at {CHROMIUM} (install the Debian package 'chromium')"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+    try:
+        import playwright.sync_api  # noqa: F401
+    except ImportError:  # pragma: no cover - playwright is in requirements-dev.txt
+        pytest.fail("the playwright package is not installed")
+    return path
+
+
+@contextmanager
+def browser_page(**context_options: Any) -> Iterator[Any]:
+    """A fresh page in a fresh headless Chromium; records every request URL on ``page.requested``."""
+    from playwright.sync_api import sync_playwright
+
+    executable = require_chromium()
+    with sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=executable, args=FLAGS, headless=True)
+        try:
+            context = browser.new_context(**context_options)
+            page = context.new_page()
+            requested: list[str] = []
+            page.on("request", lambda req: requested.append(req.url))
+            page.requested = requested  # type: ignore[attr-defined]
+            yield page
+        finally:
+            browser.close()
+
+
+def screenshot(page: Any, name: str) -> Path:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    return path

@@ -1,0 +1,217 @@
+"""Permit requests and the human approval surface."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.core import mail
+from django.db import connection
+from django.test import Client
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from permits.models import Permit, PermitRequest, TenantApprover
+from tests.conftest import make_tenant
+
+pytestmark = pytest.mark.django_db
+
+IDEM = "HTTP_IDEMPOTENCY_KEY"
+
+
+def ask(client, wallet_id, key="r1", **extra):
+    body = {
+        "wallet_id": wallet_id,
+        "allowed_tools": ["demo.echo"],
+        "max_credits": "5",
+        "justification": "nightly report",
+        **extra,
+    }
+    return client.post("/v1/permit-requests", body, format="json", **{IDEM: key})
+
+
+def approver_for(tenant, username="alice"):
+    user = get_user_model().objects.create_user(
+        username=username, password="pw-correct-horse", email=f"{username}@example.test"
+    )
+    TenantApprover.objects.create(user=user, tenant=tenant.sponsor)
+    client = Client()
+    assert client.login(username=username, password="pw-correct-horse")
+    return user, client
+
+
+def test_request_is_accepted_pending_with_poll_url(tenant):
+    r = ask(tenant.agent_client, tenant.agent.wallet_id)
+    assert r.status_code == 202, r.content
+    body = r.json()
+    assert body["status"] == "pending"
+    assert body["request_id"].startswith("preq_")
+    assert body["poll_url"] == f"/v1/permit-requests/{body['request_id']}"
+    assert r["Location"] == body["poll_url"]
+    assert body["permit"] is None
+    polled = tenant.agent_client.get(body["poll_url"])
+    assert polled.status_code == 200
+    assert polled.json()["status"] == "pending"
+    assert AuditEvent.objects.filter(event="permit_request.created").count() == 1
+
+
+def test_request_idempotency(tenant):
+    first = ask(tenant.agent_client, tenant.agent.wallet_id, key="same").json()
+    again = ask(tenant.agent_client, tenant.agent.wallet_id, key="same")
+    assert again.status_code == 202
+    assert again["Idempotent-Replayed"] == "true"
+    assert again.json()["request_id"] == first["request_id"]
+    conflict = ask(tenant.agent_client, tenant.agent.wallet_id, key="same", max_credits="6")
+    assert conflict.status_code == 422
+    assert conflict.json()["detail"][0]["type"] == "idempotency_key_reused"
+    missing = tenant.agent_client.post("/v1/permit-requests", {"wallet_id": tenant.agent.wallet_id}, format="json")
+    assert missing.status_code == 422
+    assert PermitRequest.objects.count() == 1
+
+
+def test_caller_must_hold_the_subject_wallet(tenant, other_tenant):
+    assert ask(tenant.agent_client, tenant.sponsor.wallet_id).status_code == 403
+    assert ask(tenant.agent_client, other_tenant.agent.wallet_id, key="x").status_code == 403
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id, key="y").json()
+    assert other_tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}").status_code == 404
+    assert other_tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}/card").status_code == 404
+
+
+def test_notification_email_goes_to_the_tenants_approvers(tenant, other_tenant, django_capture_on_commit_callbacks):
+    approver_for(tenant, "alice")
+    approver_for(other_tenant, "mallory")
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        r = ask(tenant.agent_client, tenant.agent.wallet_id, key="mail")
+    preq_id = r.json()["request_id"]
+    assert len(mail.outbox) == 1
+    message = mail.outbox[0]
+    assert message.to == ["alice@example.test"]
+    assert preq_id in message.subject
+    assert f"/approvals/{preq_id}" in message.body
+    html = message.alternatives[0][0]  # type: ignore[attr-defined]
+    # The same card template as GET /v1/permit-requests/{id}/card.
+    card = tenant.agent_client.get(f"/v1/permit-requests/{preq_id}/card").content.decode()
+    assert html.strip() in card
+    assert "<form" not in html
+
+
+def test_card_is_read_only_html(tenant):
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
+    r = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}/card")
+    assert r.status_code == 200
+    assert r["Content-Type"].startswith("text/html")
+    html = r.content.decode()
+    assert preq["request_id"] in html
+    assert "demo.echo" in html
+    assert "<form" not in html
+    assert "<button" not in html
+    assert tenant.agent_client.get("/v1/permit-requests/preq_nope/card").json()["detail"]["error"] == "not_found"
+
+
+def test_human_approves_and_the_poll_returns_the_permit(tenant):
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
+    _user, browser = approver_for(tenant)
+    queue = browser.get("/approvals/")
+    assert queue.status_code == 200
+    assert preq["request_id"] in queue.content.decode()
+    page = browser.get(f"/approvals/{preq['request_id']}")
+    assert 'name="csrfmiddlewaretoken"' in page.content.decode()
+    r = browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"})
+    assert r.status_code == 302
+    polled = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}").json()
+    assert polled["status"] == "approved"
+    permit = polled["permit"]
+    assert permit["wallet_id"] == tenant.agent.wallet_id
+    assert permit["issuer_wallet_id"] == tenant.sponsor.wallet_id
+    assert permit["allowed_tools"] == ["demo.echo"]
+    assert permit["max_credits"] == "5.00000000"
+    assert permit["issued_via_request_id"] == preq["request_id"]
+    # Approving again (second click, second tab) mints nothing more.
+    browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"})
+    browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "reject"})
+    assert Permit.objects.count() == 1
+    assert PermitRequest.objects.get().status == "approved"
+    assert AuditEvent.objects.filter(event="permit_request.approved").count() == 1
+
+
+def test_reject(tenant):
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
+    _, browser = approver_for(tenant)
+    browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "reject", "note": "not now"})
+    polled = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}").json()
+    assert polled["status"] == "rejected"
+    assert polled["permit"] is None
+    assert polled["decision_note"] == "not now"
+
+
+def test_expired_request_cannot_be_approved(tenant):
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
+    PermitRequest.objects.filter(pk=preq["request_id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
+    _, browser = approver_for(tenant)
+    r = browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"}, follow=True)
+    assert "expired" in r.content.decode()
+    assert not Permit.objects.exists()
+    assert tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}").json()["status"] == "expired"
+    assert tenant.agent_client.get("/v1/me/permit-requests?status=expired").json()["total"] == 1
+
+
+def test_non_approvers_and_api_keys_cannot_reach_the_pages(tenant, other_tenant):
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
+    _, outsider = approver_for(other_tenant, "mallory")
+    assert outsider.get(f"/approvals/{preq['request_id']}").status_code == 404
+    assert outsider.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"}).status_code == 404
+    assert preq["request_id"] not in outsider.get("/approvals/").content.decode()
+    # An API key is not a login.
+    keyed = Client(HTTP_X_API_KEY=tenant.sponsor_secret)
+    r = keyed.get("/approvals/")
+    assert r.status_code == 302
+    assert r["Location"].startswith("/approvals/login")
+    r = keyed.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"})
+    assert r.status_code in (302, 403)
+    # CSRF is enforced on the decision form.
+    user, _ = approver_for(tenant, "bob")
+    strict = Client(enforce_csrf_checks=True)
+    strict.force_login(user)
+    assert strict.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"}).status_code == 403
+    assert not Permit.objects.exists()
+
+
+def test_listing_never_advances_a_decision(tenant):
+    ask(tenant.agent_client, tenant.agent.wallet_id)
+    _, browser = approver_for(tenant)
+    for _ in range(3):
+        tenant.agent_client.get("/v1/me/permit-requests")
+        browser.get("/approvals/")
+    assert PermitRequest.objects.get().status == "pending"
+    body = tenant.agent_client.get("/v1/me/permit-requests?status=pending").json()
+    assert body["total"] == 1
+    assert tenant.sponsor_client.get("/v1/me/permit-requests").json()["total"] == 0
+
+
+def test_two_concurrent_approvals_mint_one_permit(transactional_db):
+    t = make_tenant("dual")
+    preq = ask(t.agent_client, t.agent.wallet_id).json()
+    user, _ = approver_for(t)
+    barrier = threading.Barrier(2)
+    statuses: list[int] = []
+
+    def click():
+        c = Client()
+        c.force_login(user)
+        barrier.wait()
+        try:
+            statuses.append(c.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"}).status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=click) for _ in range(2)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert statuses == [302, 302]
+    assert Permit.objects.filter(wallet=t.agent).count() == 1
+    assert PermitRequest.objects.get(pk=preq["request_id"]).permit_id is not None
