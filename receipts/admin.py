@@ -1,0 +1,71 @@
+"""Operator console: receipts (read-only) and refund reconciliation (retry through the service)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from receipts import services
+from receipts.models import Outcome, Receipt, RefundReconciliation
+
+
+@admin.register(Receipt)
+class ReceiptAdmin(admin.ModelAdmin):
+    list_display = ["receipt_id", "created_at", "wallet", "tool", "outcome", "credits_charged"]
+    list_filter = ["outcome"]
+    search_fields = ["receipt_id", "action_id", "wallet__wallet_id", "tool"]
+    actions = ["mark_not_executed"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Receipt._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return bool(request.user.is_staff)  # read-only view; needed for the action below
+
+    @admin.action(description="External reconciliation: the call was NOT executed (refund owed)")
+    def mark_not_executed(self, request: HttpRequest, queryset: QuerySet[Receipt]) -> None:
+        done = 0
+        for receipt in queryset.filter(outcome=Outcome.DELIVERY_UNCERTAIN):
+            services.refund_reconciliation_mark_not_executed(
+                receipt_id=receipt.receipt_id, actor=f"console:{request.user}"
+            )
+            done += 1
+        self.message_user(
+            request, f"{done} receipt(s) marked not executed; retry their refunds under reconciliation.", messages.INFO
+        )
+
+
+@admin.register(RefundReconciliation)
+class RefundReconciliationAdmin(admin.ModelAdmin):
+    list_display = ["receipt", "amount", "status", "origin", "attempts", "last_error", "created_at", "resolved_at"]
+    list_filter = ["status", "origin"]
+    actions = ["retry_selected"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in RefundReconciliation._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.action(description="Retry: post the owed refund (at most once)")
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[RefundReconciliation]) -> None:
+        resolved = 0
+        for item in queryset:
+            if (
+                services.refund_reconciliation_retry(receipt_id=item.receipt_id, actor=f"console:{request.user}").status
+                == "resolved"
+            ):
+                resolved += 1
+        self.message_user(request, f"{resolved} of {queryset.count()} item(s) resolved.", messages.INFO)

@@ -1,0 +1,123 @@
+"""Receipts (signed, immutable evidence of each governed call) and refund reconciliation items."""
+
+from __future__ import annotations
+
+from django.db import models
+from django.db.models import Q
+
+from billing.models import LedgerEntry, Wallet
+from permits.models import Permit
+
+
+class Outcome(models.TextChoices):
+    """Receipt outcomes (DESIGN.md section 6, the outcome table)."""
+
+    SUCCESS = "success"
+    TOOL_ERROR = "tool_error"
+    RESPONSE_REJECTED = "response_rejected"
+    DELIVERY_UNCERTAIN = "delivery_uncertain"
+    FAILED_REFUNDED = "failed_refunded"
+    FAILED_UNREFUNDED = "failed_unrefunded"
+    DENIED = "denied"
+    INSUFFICIENT_FUNDS = "insufficient_funds"
+
+
+class Receipt(models.Model):
+    """The signed record of one governed action's outcome. Immutable once written.
+
+    ``signed_statement`` is exactly what was signed; the columns beside it are
+    copies for querying. ``request_document`` (tool name and arguments) is kept
+    so that the request hash can be recomputed when evidence is checked. The
+    action that produced the receipt holds the foreign key to it; the receipt
+    stores the action id as plain text (the gateway app sits above this one).
+    """
+
+    receipt_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    action_id = models.CharField(max_length=40, unique=True)
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="receipts")
+    permit = models.ForeignKey(Permit, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts")
+    api_key_id = models.CharField(max_length=40)
+    tool = models.CharField(max_length=200)
+    outcome = models.CharField(max_length=32, choices=Outcome.choices)
+    reason_code = models.CharField(max_length=64, blank=True, default="")
+    request_hash = models.CharField(max_length=64)
+    request_document = models.JSONField()
+    response_hash = models.CharField(max_length=64, blank=True, default="")
+    credits_authorized = models.DecimalField(max_digits=20, decimal_places=8)
+    credits_charged = models.DecimalField(max_digits=20, decimal_places=8)
+    ledger_entry = models.ForeignKey(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts"
+    )
+    refund_entry = models.ForeignKey(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="refund_receipts"
+    )
+    quote_id = models.CharField(max_length=40, blank=True, default="")
+    audit_event_id = models.CharField(max_length=40)
+    policy_decision_id = models.CharField(max_length=40, blank=True, default="")
+    created_at = models.DateTimeField()
+    signed_statement = models.JSONField()
+    signature = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=40)
+
+    class Meta:
+        db_table = "receipts_receipt"
+        indexes = [
+            models.Index(fields=["tenant_id", "created_at"], name="receipt_tenant_created"),
+            models.Index(fields=["wallet", "created_at"], name="receipt_wallet_created"),
+            models.Index(fields=["permit", "created_at"], name="receipt_permit_created"),
+            models.Index(fields=["outcome", "created_at"], name="receipt_outcome_created"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.receipt_id} {self.tool} {self.outcome}"
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        if not self._state.adding:
+            raise RuntimeError("receipts are immutable")
+        super().save(*args, **kwargs)  # type: ignore[arg-type]
+
+
+class ReconciliationStatus(models.TextChoices):
+    PENDING = "pending"
+    RESOLVED = "resolved"
+
+
+class RefundReconciliation(models.Model):
+    """A refund that is owed for a receipt and not yet posted (at most one per receipt).
+
+    Opened when a refund could not be posted (``failed_unrefunded``) or when an
+    operator records that a ``delivery_uncertain`` call was not executed.
+    ``refund_reconciliation_retry`` posts the refund at most once and resolves it.
+    """
+
+    receipt = models.OneToOneField(Receipt, on_delete=models.PROTECT, related_name="reconciliation")
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    amount = models.DecimalField(max_digits=20, decimal_places=8)
+    status = models.CharField(max_length=16, choices=ReconciliationStatus.choices, default=ReconciliationStatus.PENDING)
+    origin = models.CharField(max_length=32, help_text="failed_unrefunded or operator_not_executed")
+    reason = models.CharField(max_length=500, blank=True, default="")
+    attempts = models.PositiveIntegerField(default=0)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    refund_entry = models.OneToOneField(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="reconciliation"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolved_by = models.CharField(max_length=100, blank=True, default="")
+
+    class Meta:
+        db_table = "receipts_refund_reconciliation"
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status="resolved", refund_entry__isnull=False, resolved_at__isnull=False)
+                | Q(status="pending", refund_entry__isnull=True),
+                name="reconciliation_resolved_has_refund",
+            ),
+            models.CheckConstraint(condition=Q(amount__gt=0), name="reconciliation_amount_positive"),
+        ]
+        indexes = [models.Index(fields=["status", "created_at"], name="reconciliation_status")]
+
+    def __str__(self) -> str:
+        return f"refund {self.amount} for {self.receipt_id} ({self.status})"

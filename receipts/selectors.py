@@ -1,0 +1,193 @@
+"""Receipt reads: scoped listings, evidence bundles (checks computed now) and portable exports."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+
+from audit.canonical import b64url_encode, canonical_bytes, sha256_hex
+from audit.models import AuditEvent, SigningKey
+from audit.services import audit_chain_verify
+from audit.signing import verify_statement
+from config.authentication import Principal
+from config.errors import NotFound
+from receipts.models import Receipt, RefundReconciliation
+from receipts.services import SIGNATURE_STATEMENT
+from receipts.verify import FORMAT
+
+
+def receipts_visible(principal: Principal) -> QuerySet[Receipt]:
+    """Operators see every receipt; wallet keys their wallet's and its descendants'."""
+    qs = Receipt.objects.all()
+    if principal.is_operator:
+        return qs
+    own = principal.key.wallet
+    assert own is not None
+    return qs.filter(tenant_id=principal.tenant_id, wallet__path__startswith=own.path)
+
+
+def receipt_list(principal: Principal, filters: dict[str, Any]) -> QuerySet[Receipt]:
+    qs = receipts_visible(principal)
+    for name in ("permit_id", "wallet_id", "tool", "outcome"):
+        if filters.get(name):
+            qs = qs.filter(**{name: filters[name]})
+    return qs.order_by("-created_at", "receipt_id")
+
+
+def receipt_for_caller(principal: Principal, receipt_id: str) -> Receipt:
+    receipt = receipts_visible(principal).select_related("permit", "ledger_entry").filter(receipt_id=receipt_id).first()
+    if receipt is None:
+        raise NotFound("No such receipt.", receipt_id=receipt_id)
+    return receipt
+
+
+def reconciliation_visible(principal: Principal) -> QuerySet[RefundReconciliation]:
+    qs = RefundReconciliation.objects.select_related("receipt")
+    if principal.is_operator:
+        return qs
+    own = principal.key.wallet
+    assert own is not None
+    return qs.filter(tenant_id=principal.tenant_id, receipt__wallet__path__startswith=own.path)
+
+
+def request_document_hash(document: Any) -> str:
+    """The request hash: SHA-256 of the canonical JSON of ``{"tool", "arguments"}``."""
+    return sha256_hex(canonical_bytes(document))
+
+
+def _signature_check(statement: Any, signature: str, expected_type: str) -> str:
+    result = verify_statement(statement, signature, expected_type=expected_type)
+    return "ok" if result.valid else (result.reason or "invalid")
+
+
+def verification_map(receipt: Receipt, audit_event: AuditEvent | None) -> dict[str, str]:
+    """Each check recomputed now: ``ok``, ``skipped`` or the failure reason."""
+    checks: dict[str, str] = {}
+    receipt_check = _signature_check(receipt.signed_statement, receipt.signature, "receipt")
+    if receipt_check == "ok":
+        # The columns served beside the statement must say what was signed.
+        statement = receipt.signed_statement
+        if statement.get("receipt_id") != receipt.receipt_id or statement.get("outcome") != receipt.outcome:
+            receipt_check = "statement_mismatch"
+    checks["receipt_signature"] = receipt_check
+    if receipt.permit is None:
+        checks["permit_signature"] = "skipped"
+    else:
+        checks["permit_signature"] = _signature_check(
+            receipt.permit.signed_statement, receipt.permit.signature, "permit"
+        )
+    if audit_event is None:
+        checks["audit_chain"] = "missing_event"
+    else:
+        result = audit_chain_verify(chain=audit_event.chain, to_seq=audit_event.seq)
+        if not result.valid:
+            checks["audit_chain"] = f"broken_at_seq_{result.first_broken_seq}:{result.reason}"
+        elif audit_event.detail.get("receipt_id") != receipt.receipt_id:
+            checks["audit_chain"] = "event_not_linked"
+        else:
+            checks["audit_chain"] = "ok"
+    recomputed = request_document_hash(receipt.request_document)
+    checks["request_hash"] = (
+        "ok" if recomputed == receipt.request_hash == receipt.signed_statement.get("request_hash") else "mismatch"
+    )
+    return checks
+
+
+def receipt_audit_event(receipt: Receipt) -> AuditEvent | None:
+    return AuditEvent.objects.filter(event_id=receipt.audit_event_id).first()
+
+
+def portable_receipt(receipt: Receipt) -> dict[str, Any]:
+    """The receipt as exactly signed, its signature and kid, and a snapshot of the published keys."""
+    keys = [
+        {"kty": "OKP", "crv": "Ed25519", "x": public, "kid": kid, "use": "sig", "alg": "EdDSA", "status": state}
+        for kid, public, state in SigningKey.objects.order_by("created_at").values_list("key_id", "public_key", "state")
+    ]
+    signed = canonical_bytes(receipt.signed_statement)
+    return {
+        "format": FORMAT,
+        "receipt_id": receipt.receipt_id,
+        "kid": receipt.key_id,
+        "alg": "EdDSA",
+        "signed_bytes": b64url_encode(signed),
+        "signed_bytes_sha256": sha256_hex(signed),
+        "signature": receipt.signature,
+        "receipt": receipt.signed_statement,
+        "keys": {"keys": keys},
+        "what_a_valid_signature_proves": SIGNATURE_STATEMENT,
+        "verify_with": "python -m receipts.verify PORTABLE.json [--keys JWKS.json]",
+    }
+
+
+CLAIM_BOUNDARY = (
+    "The gateway is a durable state machine, not one distributed ACID transaction and not proof of the "
+    "downstream effect. A remote side effect happens exactly once only when the upstream honors the "
+    "forwarded idempotency key. Authoritative external reconciliation is required after the loop."
+)
+
+
+def _ledger_data(entry: Any) -> dict[str, Any] | None:
+    if entry is None:
+        return None
+    return {
+        "entry_id": entry.entry_id,
+        "transaction_id": entry.transaction_id,
+        "wallet_id": entry.wallet_id,
+        "kind": entry.kind,
+        "amount": entry.amount,
+        "balance_after": entry.balance_after,
+        "service_category": entry.service_category,
+        "description": entry.description,
+        "correlation_id": entry.correlation_id,
+        "created_at": entry.created_at,
+    }
+
+
+EVENT_FIELDS = (
+    "event_id",
+    "chain",
+    "seq",
+    "event",
+    "wallet_id",
+    "key_id",
+    "tool",
+    "endpoint",
+    "policy_decision_id",
+    "request_id",
+    "ok",
+    "detail",
+    "created_at",
+    "prev_hash",
+    "hash",
+)
+
+
+def _event_data(event: AuditEvent | None) -> dict[str, Any] | None:
+    if event is None:
+        return None
+    return {name: getattr(event, name) for name in EVENT_FIELDS}
+
+
+def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
+    """Receipt, permit, ledger entries, audit event and the verification map computed now."""
+    event = receipt_audit_event(receipt)
+    checks = verification_map(receipt, event)
+    permit = receipt.permit
+    return {
+        "receipt": receipt,
+        "permit": None
+        if permit is None
+        else {
+            "permit_id": permit.permit_id,
+            "signed_statement": permit.signed_statement,
+            "signature": permit.signature,
+            "key_id": permit.key_id,
+        },
+        "ledger_entry": _ledger_data(receipt.ledger_entry),
+        "refund_ledger_entry": _ledger_data(receipt.refund_entry),
+        "audit_event": _event_data(event),
+        "verification": checks,
+        "verified": all(v in ("ok", "skipped") for v in checks.values()),
+        "claim_boundary": CLAIM_BOUNDARY,
+    }

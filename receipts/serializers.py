@@ -1,0 +1,231 @@
+"""Request and response records for receipts, evidence and refund reconciliation."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework import serializers
+
+from config.pagination import PageQuery, list_envelope
+from receipts.models import Outcome, Receipt, RefundReconciliation
+
+
+def money_field(**kwargs: Any) -> serializers.DecimalField:
+    return serializers.DecimalField(max_digits=20, decimal_places=8, coerce_to_string=True, **kwargs)
+
+
+class ReceiptResponse(serializers.ModelSerializer):
+    """A signed receipt and the ids it links."""
+
+    wallet_id = serializers.CharField()
+    permit_id = serializers.CharField(allow_null=True)
+    ledger_entry_id = serializers.CharField(allow_null=True)
+    refund_entry_id = serializers.CharField(allow_null=True)
+    outcome = serializers.ChoiceField(choices=Outcome.choices)
+    credits_authorized = money_field()
+    credits_charged = money_field()
+    signed_statement = serializers.DictField()
+
+    class Meta:
+        model = Receipt
+        fields = [
+            "receipt_id",
+            "action_id",
+            "permit_id",
+            "wallet_id",
+            "api_key_id",
+            "tool",
+            "outcome",
+            "reason_code",
+            "request_hash",
+            "response_hash",
+            "credits_authorized",
+            "credits_charged",
+            "ledger_entry_id",
+            "refund_entry_id",
+            "audit_event_id",
+            "policy_decision_id",
+            "quote_id",
+            "created_at",
+            "key_id",
+            "signature",
+            "signed_statement",
+        ]
+
+
+ReceiptListResponse = list_envelope("ReceiptListResponse", ReceiptResponse)
+
+
+class ReceiptListQuery(PageQuery):
+    permit_id = serializers.CharField(required=False)
+    wallet_id = serializers.CharField(required=False)
+    tool = serializers.CharField(required=False)
+    outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
+
+
+class PermitReceiptQuery(PageQuery):
+    wallet_id = serializers.CharField(required=False)
+    tool = serializers.CharField(required=False)
+    outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
+
+
+class PermitReceiptsQuery(PageQuery):
+    tool = serializers.CharField(required=False)
+    outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
+
+
+class MeReceiptQuery(PageQuery):
+    permit_id = serializers.CharField(required=False)
+    tool = serializers.CharField(required=False)
+    outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
+
+
+class VerificationMap(serializers.Serializer):
+    """Each check computed at request time: ``ok``, ``skipped`` or a failure reason."""
+
+    receipt_signature = serializers.CharField()
+    permit_signature = serializers.CharField()
+    audit_chain = serializers.CharField()
+    request_hash = serializers.CharField()
+
+
+class EvidenceLedgerEntry(serializers.Serializer):
+    entry_id = serializers.CharField()
+    transaction_id = serializers.CharField()
+    wallet_id = serializers.CharField(allow_null=True)
+    kind = serializers.CharField()
+    amount = money_field()
+    balance_after = money_field(allow_null=True)
+    service_category = serializers.CharField()
+    description = serializers.CharField()
+    correlation_id = serializers.CharField()
+    created_at = serializers.DateTimeField()
+
+
+class EvidenceAuditEvent(serializers.Serializer):
+    event_id = serializers.CharField()
+    chain = serializers.CharField()
+    seq = serializers.IntegerField()
+    event = serializers.CharField()
+    wallet_id = serializers.CharField(allow_null=True)
+    key_id = serializers.CharField(allow_null=True)
+    tool = serializers.CharField(allow_null=True)
+    endpoint = serializers.CharField(allow_null=True)
+    policy_decision_id = serializers.CharField(allow_null=True)
+    request_id = serializers.CharField(allow_null=True)
+    ok = serializers.BooleanField()
+    detail = serializers.DictField()
+    created_at = serializers.DateTimeField()
+    prev_hash = serializers.CharField()
+    hash = serializers.CharField()
+
+
+class EvidencePermit(serializers.Serializer):
+    permit_id = serializers.CharField()
+    signed_statement = serializers.DictField()
+    signature = serializers.CharField()
+    key_id = serializers.CharField()
+
+
+class EvidenceBundleResponse(serializers.Serializer):
+    """The single buyer-facing artifact: receipt, permit, ledger entry, audit event and checks."""
+
+    receipt = ReceiptResponse()
+    permit = EvidencePermit(allow_null=True)
+    ledger_entry = EvidenceLedgerEntry(allow_null=True)
+    refund_ledger_entry = EvidenceLedgerEntry(allow_null=True)
+    audit_event = EvidenceAuditEvent(allow_null=True)
+    verification = VerificationMap()
+    verified = serializers.BooleanField(help_text="True when every check is ok or skipped.")
+    claim_boundary = serializers.CharField()
+
+
+class ReceiptEvidenceResponse(EvidenceBundleResponse):
+    """The evidence of one receipt (same content as the evidence bundle)."""
+
+
+class PublicKeySet(serializers.Serializer):
+    keys = serializers.ListField(child=serializers.DictField())
+
+
+class PortableReceiptResponse(serializers.Serializer):
+    """A receipt verifiable offline: the exact signed bytes, signature, kid and a key snapshot."""
+
+    format = serializers.CharField()
+    receipt_id = serializers.CharField()
+    kid = serializers.CharField()
+    alg = serializers.CharField()
+    signed_bytes = serializers.CharField(help_text="base64url of the RFC 8785 canonical bytes that were signed")
+    signed_bytes_sha256 = serializers.CharField()
+    signature = serializers.CharField()
+    receipt = serializers.DictField()
+    keys = PublicKeySet()
+    what_a_valid_signature_proves = serializers.CharField()
+    verify_with = serializers.CharField()
+
+
+class ReceiptVerifyRequest(serializers.Serializer):
+    """Verify by ``receipt_id``, or a receipt document (``receipt`` statement + ``signature``)."""
+
+    receipt_id = serializers.CharField(required=False, max_length=40)
+    receipt = serializers.DictField(required=False)
+    signature = serializers.CharField(required=False, max_length=200)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if not attrs.get("receipt_id") and attrs.get("receipt") is None:
+            raise serializers.ValidationError("Give receipt_id, or receipt with signature.")
+        if attrs.get("receipt") is not None and not attrs.get("signature"):
+            raise serializers.ValidationError({"signature": "Required with receipt."})
+        return attrs
+
+
+class ReceiptVerifyResponse(serializers.Serializer):
+    """Whether the receipt's signature verifies, and why not."""
+
+    valid = serializers.BooleanField()
+    reason = serializers.CharField(allow_null=True)
+    receipt_id = serializers.CharField(allow_null=True)
+    kid = serializers.CharField(allow_null=True)
+
+
+class RefundReconciliationItem(serializers.ModelSerializer):
+    """A refund owed for a receipt."""
+
+    receipt_id = serializers.CharField()
+    wallet_id = serializers.CharField(source="receipt.wallet_id")
+    tool = serializers.CharField(source="receipt.tool")
+    outcome = serializers.CharField(source="receipt.outcome")
+    amount = money_field()
+    refund_entry_id = serializers.CharField(allow_null=True)
+
+    class Meta:
+        model = RefundReconciliation
+        fields = [
+            "receipt_id",
+            "wallet_id",
+            "tool",
+            "outcome",
+            "amount",
+            "status",
+            "origin",
+            "reason",
+            "attempts",
+            "last_error",
+            "refund_entry_id",
+            "created_at",
+            "resolved_at",
+        ]
+
+
+RefundReconciliationListResponse = list_envelope("RefundReconciliationListResponse", RefundReconciliationItem)
+
+
+class RefundReconciliationQuery(PageQuery):
+    status = serializers.ChoiceField(choices=["pending", "resolved"], default="pending")
+
+
+class RefundReconciliationRetryResponse(serializers.Serializer):
+    """The item after the retry: ``resolved`` with the refund entry, or still ``pending`` with the reason."""
+
+    item = RefundReconciliationItem()
+    refunded = serializers.BooleanField()

@@ -1,0 +1,271 @@
+"""Receipt writes: issuing signed receipts and posting owed refunds through reconciliation items."""
+
+from __future__ import annotations
+
+import logging
+from decimal import Decimal
+from typing import Any
+
+from django.db import transaction
+from django.utils import timezone
+
+from audit.canonical import iso_utc
+from audit.services import audit_record
+from audit.signing import sign_statement
+from billing.models import LedgerEntry, Wallet
+from billing.services import ledger_refund
+from config.errors import ApplicationError, Conflict, NotFound
+from config.ids import new_id
+from permits.models import Permit
+from permits.services import permit_release
+from receipts.models import Outcome, Receipt, ReconciliationStatus, RefundReconciliation
+
+logger = logging.getLogger("tollgate.receipts")
+
+# What a valid receipt signature proves, carried in every portable export (spec point 14).
+SIGNATURE_STATEMENT = (
+    "A valid signature proves only that this receipt matches the supplied public key snapshot. "
+    "The snapshot must be authenticated through a trusted channel (for example the issuer's "
+    "/.well-known/jwks.json fetched over TLS, or a key pinned out of band) for issuer identity "
+    "to hold. A receipt is evidence of the gateway's record of the action, not proof of the "
+    "downstream effect: reconcile authoritatively with the upstream system."
+)
+
+
+def money(value: Decimal) -> str:
+    return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
+
+
+def receipt_statement(receipt: Receipt) -> dict[str, Any]:
+    """The statement a receipt signs (everything that identifies and links the action's outcome)."""
+    return {
+        "type": "receipt",
+        "receipt_id": receipt.receipt_id,
+        "tenant_id": receipt.tenant_id,
+        "action_id": receipt.action_id,
+        "wallet_id": receipt.wallet_id,
+        "permit_id": receipt.permit_id,
+        "api_key_id": receipt.api_key_id,
+        "tool": receipt.tool,
+        "outcome": receipt.outcome,
+        "reason_code": receipt.reason_code,
+        "request_hash": receipt.request_hash,
+        "response_hash": receipt.response_hash,
+        "credits_authorized": money(receipt.credits_authorized),
+        "credits_charged": money(receipt.credits_charged),
+        "ledger_entry_id": receipt.ledger_entry_id,
+        "refund_entry_id": receipt.refund_entry_id,
+        "quote_id": receipt.quote_id or None,
+        "audit_event_id": receipt.audit_event_id,
+        "policy_decision_id": receipt.policy_decision_id or None,
+        "created_at": iso_utc(receipt.created_at),
+    }
+
+
+def receipt_issue(
+    *,
+    action_id: str,
+    wallet: Wallet,
+    api_key_id: str,
+    tool: str,
+    outcome: str,
+    request_document: dict[str, Any],
+    request_hash: str,
+    credits_authorized: Decimal,
+    credits_charged: Decimal,
+    response_hash: str = "",
+    reason_code: str = "",
+    permit: Permit | None = None,
+    ledger_entry: LedgerEntry | None = None,
+    refund_entry: LedgerEntry | None = None,
+    quote_id: str = "",
+    policy_decision_id: str = "",
+    endpoint: str = "",
+    audit_detail: dict[str, Any] | None = None,
+) -> Receipt:
+    """Sign and store the receipt of one action and append its audit event. Caller holds the transaction.
+
+    The receipt's signed statement names the audit event's id and the audit
+    event names the receipt, so each links to the other. The audit append is
+    the last statement (it locks the tenant's chain head until commit).
+    """
+    if outcome not in Outcome.values:
+        raise ValueError(f"unknown receipt outcome {outcome!r}")
+    receipt = Receipt(
+        receipt_id=new_id("rcpt"),
+        tenant_id=wallet.tenant_id,
+        action_id=action_id,
+        wallet=wallet,
+        permit=permit,
+        api_key_id=api_key_id,
+        tool=tool,
+        outcome=outcome,
+        reason_code=reason_code,
+        request_hash=request_hash,
+        request_document=request_document,
+        response_hash=response_hash,
+        credits_authorized=credits_authorized,
+        credits_charged=credits_charged,
+        ledger_entry=ledger_entry,
+        refund_entry=refund_entry,
+        quote_id=quote_id,
+        audit_event_id=new_id("evt"),
+        policy_decision_id=policy_decision_id,
+        created_at=timezone.now(),
+    )
+    signed = sign_statement(receipt_statement(receipt))
+    receipt.signed_statement = signed.statement
+    receipt.signature = signed.signature
+    receipt.key_id = signed.kid
+    receipt.save(force_insert=True)
+    audit_record(
+        event_id=receipt.audit_event_id,
+        event=f"tool_call.{outcome}",
+        ok=outcome == Outcome.SUCCESS,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=api_key_id,
+        tool=tool,
+        endpoint=endpoint or None,
+        policy_decision_id=policy_decision_id or None,
+        detail={
+            "receipt_id": receipt.receipt_id,
+            "action_id": action_id,
+            "outcome": outcome,
+            "reason_code": reason_code,
+            "ledger_entry_id": receipt.ledger_entry_id,
+            "credits_charged": money(credits_charged),
+            **(audit_detail or {}),
+        },
+    )
+    return receipt
+
+
+# --- Refund reconciliation -----------------------------------------------------------
+
+
+def refund_reconciliation_open(
+    *, receipt: Receipt, amount: Decimal, origin: str, reason: str = ""
+) -> RefundReconciliation:
+    """Record that ``amount`` is owed back for ``receipt``. Caller holds the transaction.
+
+    At most one item per receipt: opening an existing one returns it unchanged.
+    """
+    item, _ = RefundReconciliation.objects.get_or_create(
+        receipt=receipt,
+        defaults={"tenant_id": receipt.tenant_id, "amount": amount, "origin": origin, "reason": reason[:500]},
+    )
+    return item
+
+
+class RefundNotOwed(Conflict):
+    code = "refund_not_owed"
+    message = "No refund is owed for this receipt."
+
+
+@transaction.atomic(durable=True)
+def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note: str = "") -> RefundReconciliation:
+    """Operator's external reconciliation result for a ``delivery_uncertain`` call: it did not run.
+
+    Opens a pending refund item for the kept charge (post it with a retry).
+    """
+    receipt = Receipt.objects.select_for_update().get(receipt_id=receipt_id)
+    if receipt.outcome != Outcome.DELIVERY_UNCERTAIN:
+        raise RefundNotOwed("Only a delivery_uncertain receipt can be marked not executed.", receipt_id=receipt_id)
+    if receipt.credits_charged <= 0:
+        raise RefundNotOwed(receipt_id=receipt_id)
+    item = refund_reconciliation_open(
+        receipt=receipt,
+        amount=receipt.credits_charged,
+        origin="operator_not_executed",
+        reason=f"marked not executed by {actor}: {note}".strip(": "),
+    )
+    audit_record(
+        event="reconciliation.marked_not_executed",
+        ok=True,
+        tenant_id=receipt.tenant_id,
+        wallet_id=receipt.wallet_id,
+        tool=receipt.tool,
+        detail={"receipt_id": receipt.receipt_id, "actor": actor, "amount": money(item.amount)},
+    )
+    return item
+
+
+def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundReconciliation:
+    """Post the owed refund at most once, however many times or concurrently this is called.
+
+    Locks the item row, then re-checks: a resolved item is returned unchanged.
+    The refund, the permit allowance release, the link and the audit event
+    commit together. When the refund cannot be posted yet (for example the
+    wallet is closed), the item stays pending with the reason and attempt count.
+    """
+    with transaction.atomic(durable=True):
+        item = (
+            RefundReconciliation.objects.select_for_update(of=("self",))
+            .select_related("receipt")
+            .filter(receipt_id=receipt_id)
+            .first()
+        )
+        if item is None:
+            raise NotFound("No refund reconciliation item for this receipt.", receipt_id=receipt_id)
+        if item.status == ReconciliationStatus.RESOLVED:
+            return item
+        receipt = item.receipt
+        charge = receipt.ledger_entry
+        try:
+            with transaction.atomic():  # savepoint: a failed refund leaves the attempt recorded
+                refund = ledger_refund(
+                    amount=item.amount,
+                    charge=charge,
+                    wallet=None if charge is not None else receipt.wallet_id,
+                    description=f"refund for {receipt.receipt_id}",
+                    correlation_id=receipt.action_id,
+                )
+                if receipt.permit_id:
+                    permit_release(permit_id=receipt.permit_id, amount=item.amount)
+        except ApplicationError as err:
+            item.attempts += 1
+            item.last_error = err.detail_message[:500]
+            item.save(update_fields=["attempts", "last_error", "updated_at"])
+            audit_record(
+                event="reconciliation.refund_failed",
+                ok=False,
+                tenant_id=receipt.tenant_id,
+                wallet_id=receipt.wallet_id,
+                tool=receipt.tool,
+                detail={"receipt_id": receipt.receipt_id, "error": err.code, "actor": actor},
+            )
+            return item
+        now = timezone.now()
+        item.status = ReconciliationStatus.RESOLVED
+        item.refund_entry = refund
+        item.resolved_at = now
+        item.resolved_by = actor[:100]
+        item.attempts += 1
+        item.last_error = ""
+        item.save(
+            update_fields=[
+                "status",
+                "refund_entry",
+                "resolved_at",
+                "resolved_by",
+                "attempts",
+                "last_error",
+                "updated_at",
+            ]
+        )
+        audit_record(
+            event="reconciliation.refund_posted",
+            ok=True,
+            tenant_id=receipt.tenant_id,
+            wallet_id=receipt.wallet_id,
+            tool=receipt.tool,
+            endpoint="/v1/receipts/reconciliation/refunds/{receipt_id}/retry",
+            detail={
+                "receipt_id": receipt.receipt_id,
+                "refund_entry_id": refund.entry_id,
+                "amount": money(item.amount),
+                "actor": actor,
+            },
+        )
+        return item

@@ -1,0 +1,307 @@
+"""Receipts, evidence bundles, portable export, offline verification and refund reconciliation."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from decimal import Decimal
+from pathlib import Path
+
+import pytest
+from django.db import connection, transaction
+
+from audit.models import AuditEvent
+from audit.services import signing_key_rotate
+from billing.models import LedgerEntry, Wallet
+from billing.services import ledger_debit
+from config.ids import new_id
+from permits import services as permit_services
+from permits.models import Permit
+from receipts.models import Receipt, RefundReconciliation
+from receipts.selectors import request_document_hash
+from receipts.services import receipt_issue, refund_reconciliation_mark_not_executed, refund_reconciliation_open
+from receipts.verify import verify_portable
+from tests import factories
+from tests.conftest import make_tenant
+
+pytestmark = pytest.mark.django_db
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def make_receipt(tenant, *, outcome="success", price="2", charged=True, tool="demo.echo", owed=False):
+    factories.top_up(tenant.agent, 10)
+    permit = Permit.objects.get(
+        permit_id=tenant.sponsor_client.post(
+            "/v1/permits",
+            {"wallet_id": tenant.agent.wallet_id, "allowed_tools": [tool], "max_credits": "50"},
+            format="json",
+            HTTP_IDEMPOTENCY_KEY=new_id("idem"),
+        ).json()["permit_id"]
+    )
+    document = {"tool": tool, "arguments": {"text": "hello"}}
+    with transaction.atomic():
+        permit_services.permit_reserve(permit=permit, amount=Decimal(price))
+        entry = ledger_debit(wallet=tenant.agent.wallet_id, amount=Decimal(price), service_category="tooling").entry
+        receipt = receipt_issue(
+            action_id=new_id("act"),
+            wallet=Wallet.objects.get(pk=tenant.agent.pk),
+            api_key_id=tenant.agent_key_id,
+            tool=tool,
+            outcome=outcome,
+            request_document=document,
+            request_hash=request_document_hash(document),
+            response_hash="ab" * 32,
+            credits_authorized=Decimal(price),
+            credits_charged=Decimal(price) if charged else Decimal(0),
+            permit=permit,
+            ledger_entry=entry,
+            policy_decision_id=new_id("pdec"),
+            endpoint="/mcp",
+        )
+        if owed:
+            refund_reconciliation_open(receipt=receipt, amount=Decimal(price), origin="failed_unrefunded")
+    return receipt
+
+
+def test_receipt_endpoints(tenant, other_tenant):
+    r = make_receipt(tenant)
+    c = tenant.agent_client
+    body = c.get(f"/v1/receipts/{r.receipt_id}").json()
+    assert body["outcome"] == "success"
+    assert body["credits_charged"] == "2.00000000"
+    assert body["signed_statement"]["type"] == "receipt"
+    assert body["signed_statement"]["audit_event_id"] == body["audit_event_id"]
+    assert c.get("/v1/receipts").json()["total"] == 1
+    assert c.get("/v1/receipts?outcome=tool_error").json()["total"] == 0
+    assert c.get("/v1/receipts?outcome=bogus").status_code == 422
+    assert c.get(f"/v1/receipts/permit/{r.permit_id}").json()["total"] == 1
+    assert c.get(f"/v1/permits/{r.permit_id}/receipts").json()["total"] == 1
+    assert c.get("/v1/me/receipts").json()["total"] == 1
+    assert tenant.sponsor_client.get("/v1/me/receipts").json()["total"] == 0
+    assert tenant.sponsor_client.get("/v1/receipts").json()["total"] == 1  # descendants are visible
+    # Another tenant sees nothing.
+    o = other_tenant.sponsor_client
+    assert o.get(f"/v1/receipts/{r.receipt_id}").status_code == 404
+    assert o.get(f"/v1/evidence/{r.receipt_id}").status_code == 404
+    assert o.get(f"/v1/receipts/{r.receipt_id}/portable").status_code == 404
+    assert o.get(f"/v1/receipts/permit/{r.permit_id}").status_code == 404
+    assert o.get("/v1/receipts").json()["total"] == 0
+    assert (
+        o.post("/v1/receipts/verify", {"receipt_id": r.receipt_id}, format="json").json()["reason"] == "unknown_receipt"
+    )
+    # The audit event names the receipt.
+    event = AuditEvent.objects.get(event_id=r.audit_event_id)
+    assert event.detail["receipt_id"] == r.receipt_id
+    assert event.event == "tool_call.success"
+
+
+def test_evidence_bundle_all_checks_pass(tenant):
+    r = make_receipt(tenant)
+    for path in (f"/v1/evidence/{r.receipt_id}", f"/v1/receipts/{r.receipt_id}/evidence"):
+        body = tenant.agent_client.get(path).json()
+        assert body["verification"] == {
+            "receipt_signature": "ok",
+            "permit_signature": "ok",
+            "audit_chain": "ok",
+            "request_hash": "ok",
+        }
+        assert body["verified"] is True
+        assert body["ledger_entry"]["entry_id"] == r.ledger_entry_id
+        assert body["ledger_entry"]["amount"] == "-2.00000000"
+        assert body["audit_event"]["event_id"] == r.audit_event_id
+        assert body["permit"]["permit_id"] == r.permit_id
+        assert "not proof of the downstream effect" in body["claim_boundary"]
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("outcome", "tool_error"),
+        ("credits_charged", "0.00000000"),
+        ("tool", "other.tool"),
+        ("ledger_entry_id", "led_forged"),
+        ("wallet_id", "agt_forged"),
+        ("request_hash", "00" * 32),
+    ],
+)
+def test_altered_receipt_fails_verify_and_evidence_names_the_check(tenant, field, value):
+    r = make_receipt(tenant)
+    forged = dict(r.signed_statement, **{field: value})
+    v = tenant.agent_client.post("/v1/receipts/verify", {"receipt": forged, "signature": r.signature}, format="json")
+    assert v.json()["valid"] is False
+    assert v.json()["reason"] == "bad_signature"
+    # Tamper with the stored receipt itself: the evidence map names the failing check.
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE receipts_receipt SET signed_statement = %s WHERE receipt_id = %s",
+            [json.dumps(forged), r.receipt_id],
+        )
+    checks = tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()["verification"]
+    assert checks["receipt_signature"] == "bad_signature"
+    assert checks["permit_signature"] == "ok"
+
+
+def test_evidence_detects_tampered_request_document_and_audit_chain(tenant):
+    r = make_receipt(tenant)
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE receipts_receipt SET request_document = %s WHERE receipt_id = %s",
+            [json.dumps({"tool": "demo.echo", "arguments": {"text": "bye"}}), r.receipt_id],
+        )
+        # Tampering needs the immutability trigger out of the way, as an attacker with DDL rights would.
+        cur.execute("ALTER TABLE audit_event DISABLE TRIGGER audit_event_immutable")
+        cur.execute("UPDATE audit_event SET ok = NOT ok WHERE event_id = %s", [r.audit_event_id])
+        cur.execute("ALTER TABLE audit_event ENABLE TRIGGER audit_event_immutable")
+    body = tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()
+    assert body["verification"]["request_hash"] == "mismatch"
+    assert body["verification"]["audit_chain"].startswith("broken_at_seq_")
+    assert body["verified"] is False
+
+
+def test_receipt_signed_before_rotation_still_verifies(tenant):
+    before = make_receipt(tenant)
+    signing_key_rotate()
+    after = make_receipt(tenant)
+    assert after.key_id != before.key_id
+    for r in (before, after):
+        v = tenant.agent_client.post("/v1/receipts/verify", {"receipt_id": r.receipt_id}, format="json").json()
+        assert v == {"valid": True, "reason": None, "receipt_id": r.receipt_id, "kid": r.key_id}
+        assert tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()["verified"] is True
+        portable = tenant.agent_client.get(f"/v1/receipts/{r.receipt_id}/portable").json()
+        assert verify_portable(portable).valid
+
+
+def test_portable_receipt_verifies_in_a_subprocess_without_database_or_network(tenant, tmp_path):
+    r = make_receipt(tenant)
+    portable = tenant.agent_client.get(f"/v1/receipts/{r.receipt_id}/portable").json()
+    assert "matches the supplied public key snapshot" in portable["what_a_valid_signature_proves"]
+    path = tmp_path / "portable.json"
+    path.write_text(json.dumps(portable))
+    jwks = tmp_path / "jwks.json"
+    jwks.write_text(json.dumps(tenant.agent_client.get("/.well-known/jwks.json").json()))
+    # A guard that makes any socket or Django import fail inside the child process.
+    guard = tmp_path / "sitecustomize.py"
+    guard.write_text(
+        "import socket, sys\n"
+        "class _NoNet(socket.socket):\n"
+        "    def __init__(self, *a, **k):\n"
+        "        raise RuntimeError('network access attempted')\n"
+        "socket.socket = _NoNet\n"
+        "class _NoDjango:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'django' or name.startswith('django.'):\n"
+        "            raise ImportError('django imported')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _NoDjango())\n"
+    )
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": f"{tmp_path}:{ROOT}"}
+    for extra in ([], ["--keys", str(jwks)]):
+        done = subprocess.run(
+            [sys.executable, "-m", "receipts.verify", str(path), *extra],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=tmp_path,
+        )
+        assert done.returncode == 0, done.stderr
+        assert "VALID" in done.stdout
+    portable["signature"] = portable["signature"][:-4] + (
+        "AAAA" if not portable["signature"].endswith("AAAA") else "BBBB"
+    )
+    path.write_text(json.dumps(portable))
+    done = subprocess.run(
+        [sys.executable, "-m", "receipts.verify", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path
+    )
+    assert done.returncode == 1
+    assert "INVALID" in done.stderr
+
+
+def test_reconciliation_list_and_retry(tenant, operator_client):
+    r = make_receipt(tenant, outcome="failed_unrefunded", charged=True, owed=True)
+    before = Wallet.objects.get(pk=tenant.agent.pk).balance
+    listing = operator_client.get("/v1/receipts/reconciliation/refunds").json()
+    assert [i["receipt_id"] for i in listing["items"]] == [r.receipt_id]
+    assert tenant.agent_client.get("/v1/receipts/reconciliation/refunds").json()["total"] == 1
+    assert operator_client.get("/v1/receipts/reconciliation/refunds?status=resolved").json()["total"] == 0
+    assert operator_client.get("/v1/receipts/reconciliation/refunds?status=other").status_code == 422
+    # Wallet keys cannot post refunds.
+    assert tenant.sponsor_client.post(f"/v1/receipts/reconciliation/refunds/{r.receipt_id}/retry").status_code == 403
+    res = operator_client.post(f"/v1/receipts/reconciliation/refunds/{r.receipt_id}/retry")
+    assert res.status_code == 200
+    assert res.json()["refunded"] is True
+    item = res.json()["item"]
+    assert item["status"] == "resolved"
+    refund = LedgerEntry.objects.get(entry_id=item["refund_entry_id"])
+    assert refund.amount == Decimal("2")
+    assert refund.refund_of_id == r.ledger_entry_id
+    assert Wallet.objects.get(pk=tenant.agent.pk).balance == before + 2
+    # The permit allowance is released with the refund.
+    assert Permit.objects.get(pk=r.permit_id).spent_credits == 0
+    # Retrying again posts nothing more.
+    again = operator_client.post(f"/v1/receipts/reconciliation/refunds/{r.receipt_id}/retry").json()
+    assert again["item"]["refund_entry_id"] == item["refund_entry_id"]
+    assert LedgerEntry.objects.filter(refund_of_id=r.ledger_entry_id, wallet__isnull=False).count() == 1
+    assert AuditEvent.objects.filter(event="reconciliation.refund_posted").count() == 1
+    assert operator_client.get("/v1/receipts/reconciliation/refunds?status=resolved").json()["total"] == 1
+    assert operator_client.post("/v1/receipts/reconciliation/refunds/rcpt_nope/retry").status_code == 404
+
+
+def test_retry_that_cannot_post_stays_pending_with_the_reason(tenant, operator_client):
+    r = make_receipt(tenant, outcome="failed_unrefunded", owed=True)
+    # A closed wallet accepts no refund (status set directly: closing needs a zero balance).
+    Wallet.objects.filter(pk=tenant.agent.pk).update(status="closed")
+    res = operator_client.post(f"/v1/receipts/reconciliation/refunds/{r.receipt_id}/retry").json()
+    assert res["refunded"] is False
+    assert res["item"]["status"] == "pending"
+    assert res["item"]["attempts"] == 1
+    assert res["item"]["last_error"]
+    assert RefundReconciliation.objects.get(receipt=r).status == "pending"
+
+
+def test_operator_marks_delivery_uncertain_not_executed(tenant, operator_client):
+    r = make_receipt(tenant, outcome="delivery_uncertain")
+    item = refund_reconciliation_mark_not_executed(receipt_id=r.receipt_id, actor="ops")
+    assert item.status == "pending"
+    assert item.amount == Decimal("2")
+    ok = make_receipt(tenant, outcome="success")
+    with pytest.raises(Exception, match="delivery_uncertain"):
+        refund_reconciliation_mark_not_executed(receipt_id=ok.receipt_id, actor="ops")
+    assert operator_client.post(f"/v1/receipts/reconciliation/refunds/{r.receipt_id}/retry").json()["refunded"]
+
+
+def test_concurrent_retries_post_exactly_one_refund(transactional_db):
+    t = make_tenant("retry")
+    from tests.conftest import client_for
+    from tests.factories import make_operator_key
+
+    r = make_receipt(t, outcome="failed_unrefunded", owed=True)
+    op = make_operator_key().secret
+    barrier = threading.Barrier(10)
+    codes: list[int] = []
+
+    def worker():
+        barrier.wait()
+        try:
+            codes.append(client_for(op).post(f"/v1/receipts/reconciliation/refunds/{r.receipt_id}/retry").status_code)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=worker) for _ in range(10)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join()
+    assert codes == [200] * 10
+    assert LedgerEntry.objects.filter(refund_of_id=r.ledger_entry_id, wallet__isnull=False).count() == 1
+    assert RefundReconciliation.objects.get(receipt=r).status == "resolved"
+
+
+def test_receipts_are_immutable(tenant):
+    r = make_receipt(tenant)
+    r.outcome = "tool_error"
+    with pytest.raises(RuntimeError):
+        r.save()
+    assert Receipt.objects.get(pk=r.pk).outcome == "success"
