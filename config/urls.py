@@ -20,6 +20,7 @@ urlpatterns = [
     path("", include("billing.urls")),
     path("", include("permits.urls")),
     path("", include("receipts.urls")),
+    path("", include("mcpgateway.urls")),
 ]
 
 handler400 = "config.errors.handler400"

@@ -1,13 +1,186 @@
-"""Gateway HTTP surface. For now: liveness."""
+"""Gateway HTTP surface: liveness, the tool catalog and the deprecated REST invoke."""
 
 from __future__ import annotations
+
+from typing import Any
 
 from django.conf import settings
 from django.http import HttpRequest, JsonResponse
 from django.views.decorators.http import require_GET
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from config.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
+from config.errors import NotFound, RequestValidationError, flatten_drf_errors
+from config.pagination import parse_query
+from config.schema import error_responses
+from mcpgateway import services
+from mcpgateway.serializers import (
+    ToolCallRequest,
+    ToolCallResponse,
+    ToolCategoryQuery,
+    ToolDefinition,
+    ToolManifestResponse,
+    ToolPageQuery,
+    ToolPageResponse,
+)
+from mcpgateway.transports import DEPRECATION, tool_definitions
 
 
 @require_GET
 def health(request: HttpRequest) -> JsonResponse:
     """Liveness only: the process answers. Dependency truth is ``/health/dependencies``."""
     return JsonResponse({"status": "ok", "service": "tollgate", "version": settings.SERVICE_VERSION})
+
+
+class CatalogView(APIView):
+    """Tool catalogs are public, except on production-like deployments (TOOL_CATALOG_REQUIRES_KEY)."""
+
+    permission_classes = [AllowAnyone]
+
+    def check_catalog_access(self, request: Request) -> None:
+        if getattr(settings, "TOOL_CATALOG_REQUIRES_KEY", False) and optional_principal(request) is None:
+            raise NotAuthenticated("The tool catalog needs an API key on this deployment.")
+
+
+def _manifest(category: str | None) -> dict[str, Any]:
+    return {
+        "name": "Tollgate",
+        "version": settings.SERVICE_VERSION,
+        "mcp_endpoint": "/mcp" if settings.ENABLE_MCP_STREAMABLE_HTTP else None,
+        "tools": tool_definitions(services.tools_catalog(category=category)),
+    }
+
+
+class ToolManifestView(CatalogView):
+    @extend_schema(
+        operation_id="mcp_tools_manifest",
+        tags=["mcp"],
+        parameters=[ToolCategoryQuery],
+        responses={200: ToolManifestResponse, **error_responses(401, 422)},
+        summary="The tool manifest (authoritative for callable tools; mirrors tools/list)",
+    )
+    def get(self, request: Request) -> Response:
+        self.check_catalog_access(request)
+        params = parse_query(request, ToolCategoryQuery)
+        return Response(_manifest(params.get("category")))
+
+
+class WellKnownToolManifestView(ToolManifestView):
+    @extend_schema(
+        operation_id="mcp_tools_manifest_well_known",
+        tags=["mcp"],
+        parameters=[ToolCategoryQuery],
+        responses={200: ToolManifestResponse, **error_responses(401, 422)},
+        summary="The tool manifest at its well-known address",
+    )
+    def get(self, request: Request) -> Response:
+        return super().get(request)
+
+
+class ToolListView(CatalogView):
+    @extend_schema(
+        operation_id="mcp_tools_list",
+        tags=["mcp"],
+        parameters=[ToolPageQuery],
+        responses={200: ToolPageResponse, **error_responses(401, 422)},
+        summary="Paginated tool list with schemas",
+    )
+    def get(self, request: Request) -> Response:
+        self.check_catalog_access(request)
+        params = parse_query(request, ToolPageQuery)
+        tools = services.tools_catalog(category=params.get("category"))
+        limit, offset = params["limit"], params["offset"]
+        return Response(
+            {
+                "items": tool_definitions(tools[offset : offset + limit]),
+                "total": len(tools),
+                "limit": limit,
+                "offset": offset,
+            }
+        )
+
+
+class ToolDetailView(CatalogView):
+    @extend_schema(
+        operation_id="mcp_tools_retrieve",
+        tags=["mcp"],
+        responses={200: ToolDefinition, **error_responses(401, 404)},
+        summary="One tool's full definition",
+    )
+    def get(self, request: Request, service_id: str) -> Response:
+        self.check_catalog_access(request)
+        tool = services.tool_get(service_id)
+        if tool is None:
+            raise NotFound("No such tool.", service_id=service_id)
+        return Response(tool_definitions([tool])[0])
+
+
+class ToolInvokeView(APIView):
+    @extend_schema(
+        operation_id="mcp_tools_invoke",
+        tags=["mcp"],
+        request=ToolCallRequest,
+        parameters=[OpenApiParameter("Deprecation", str, OpenApiParameter.HEADER, required=False, exclude=True)],
+        responses={
+            200: ToolCallResponse,
+            402: ToolCallResponse,
+            403: ToolCallResponse,
+            502: ToolCallResponse,
+            504: ToolCallResponse,
+            **error_responses(401, 409, 422),
+        },
+        deprecated=True,
+        summary="Deprecated: invoke a tool over REST (same governed path as MCP tools/call)",
+    )
+    def post(self, request: Request, service_id: str) -> Response:
+        caller = principal(request)
+        data = request.data if isinstance(request.data, dict) else None
+        serializer = ToolCallRequest(data=data)
+        if data is None or not serializer.is_valid():
+            errors = (
+                serializer.errors if data is not None else {"non_field_errors": ["The body must be a JSON object."]}
+            )
+            raise RequestValidationError(flatten_drf_errors(errors, ["body"]))
+        body = serializer.validated_data
+        from config.idempotency import validate_idempotency_key
+
+        try:
+            validate_idempotency_key(body["idempotency_key"], required=True)
+        except RequestValidationError as err:
+            raise RequestValidationError([{**e, "loc": ["body", "idempotency_key"]} for e in err.errors]) from err
+        answer = services.governed_call(
+            services.CallRequest(
+                principal=caller,
+                tool=service_id,
+                arguments=body["arguments"],
+                idempotency_key=body["idempotency_key"],
+                permit_id=body["permit_id"],
+                quote_id=body["quote_id"],
+                transport="rest_invoke",
+                endpoint=f"/mcp/tools/{service_id}/invoke",
+            )
+        )
+        stored = answer.response
+        payload = {
+            "action_id": stored["action_id"],
+            "receipt_id": stored["receipt_id"],
+            "outcome": stored["outcome"],
+            "reason_code": stored["reason_code"],
+            "credits_charged": stored["credits_charged"],
+            "replayed": answer.replayed,
+            "result": stored["result"],
+            "error": stored["error"],
+        }
+        response = Response(payload, status=answer.http_status)
+        if answer.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+    def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
+        response = super().finalize_response(request, response, *args, **kwargs)
+        response["Deprecation"] = DEPRECATION
+        response["Link"] = '</mcp>; rel="successor-version"'
+        return response

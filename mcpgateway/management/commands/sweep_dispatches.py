@@ -1,0 +1,45 @@
+"""Turn lost dispatch claims into delivery_uncertain (with receipt, audit event and alert). Never re-sends."""
+
+from __future__ import annotations
+
+import signal
+import time
+from datetime import timedelta
+from typing import Any
+
+from django.core.management.base import BaseCommand
+from django.db import close_old_connections
+
+from mcpgateway.services import action_sweep, sweep_threshold
+
+
+class Command(BaseCommand):
+    help = "Sweep dispatch claims older than the dispatch timeout plus a margin into delivery_uncertain."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--loop", action="store_true", help="keep sweeping until interrupted")
+        parser.add_argument("--interval", type=float, default=10.0, help="seconds between sweeps with --loop")
+        parser.add_argument("--older-than", type=float, default=None, help="override the age threshold (seconds)")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        older = timedelta(seconds=options["older_than"]) if options["older_than"] is not None else None
+        self.stdout.write(f"sweeping claims older than {(older or sweep_threshold()).total_seconds():.0f}s")
+        stop = False
+
+        def _stop(*_: Any) -> None:
+            nonlocal stop
+            stop = True
+
+        signal.signal(signal.SIGTERM, _stop)
+        while True:
+            close_old_connections()
+            swept = action_sweep(older_than=older)
+            if swept:
+                self.stdout.write(f"delivery_uncertain: {', '.join(swept)}")
+            if not options["loop"] or stop:
+                break
+            deadline = time.monotonic() + options["interval"]
+            while time.monotonic() < deadline and not stop:
+                time.sleep(0.2)
+            if stop:
+                break

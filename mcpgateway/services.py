@@ -1,0 +1,761 @@
+"""The governed action (DESIGN.md section 6): the core of the gateway.
+
+One logical action is one ``Action`` row, unique per (wallet, idempotency key)
+across every transport. It moves through three phases:
+
+Phase 1, one transaction: create the action (or find it: same request hash ->
+replay the stored answer, or 409 while it runs; other hash -> 422
+``idempotency_key_reused``, nothing written); authorize (permit + policies);
+consume the quote, if any; reserve the price against the permit allowance;
+debit the wallet; mark ``dispatch_claimed``; audit. A refusal (permit, policy,
+spend controls, funds, quote) is recorded in the same transaction as a
+``denied``/``insufficient_funds`` action with its receipt; nothing was charged.
+
+Phase 2, no transaction: send ``tools/call`` upstream once, forwarding the
+idempotency key (header and ``params._meta``). Never resent.
+
+Phase 3, one transaction: record the outcome; refund where the tool certainly
+did not run (or open a reconciliation item when the refund cannot be posted);
+sign the receipt; append the audit event; link everything; store the answer.
+
+A worker that dies after the claim leaves the action ``dispatch_claimed``;
+``action_sweep`` later turns it into ``delivery_uncertain`` with its receipt.
+The local dogfood tool runs inside phase 3's transaction, so it has no
+dispatch uncertainty.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils import timezone
+
+from audit.canonical import canonical_bytes, sha256_hex
+from audit.services import alert_raise, audit_record
+from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
+from billing.models import Wallet
+from billing.selectors import tool_price
+from billing.services import ledger_debit, ledger_refund, wallet_freeze_for_velocity
+from config.authentication import Principal
+from config.errors import ApplicationError, IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
+from config.ids import new_id
+from mcpgateway.models import Action, ActionState, Tool, ToolSource
+from mcpgateway.upstream import CallResult, UpstreamClient
+from permits import exceptions as permit_exc
+from permits.models import Permit
+from permits.services import authorize, permit_release, permit_reserve, quote_consume
+from receipts.models import Outcome
+from receipts.services import receipt_issue, refund_reconciliation_open
+
+logger = logging.getLogger("tollgate.gateway")
+
+DOGFOOD_TOOL = "partner.notes.write"
+RETRY_AFTER_SECONDS = 2
+
+# Outcome -> (HTTP status on the REST invoke, JSON-RPC error code on MCP; None: a result is returned).
+OUTCOME_STATUS: dict[str, tuple[int, int | None]] = {
+    Outcome.SUCCESS: (200, None),
+    Outcome.TOOL_ERROR: (200, None),
+    Outcome.DENIED: (403, -32001),
+    Outcome.INSUFFICIENT_FUNDS: (402, -32002),
+    Outcome.FAILED_REFUNDED: (502, -32003),
+    Outcome.FAILED_UNREFUNDED: (502, -32003),
+    Outcome.RESPONSE_REJECTED: (502, -32004),
+    Outcome.DELIVERY_UNCERTAIN: (504, -32005),
+}
+JSONRPC_IN_PROGRESS = -32009
+JSONRPC_INVALID_PARAMS = -32602
+
+
+# --- Tool registry ---------------------------------------------------------------------
+
+
+def tool_is_callable(tool: Tool) -> bool:
+    if not tool.enabled:
+        return False
+    if tool.source == ToolSource.LOCAL:
+        return bool(settings.ENABLE_DOGFOOD_TOOL) and tool.service_id == DOGFOOD_TOOL
+    return True
+
+
+def tools_catalog(*, category: str | None = None) -> list[Tool]:
+    """Callable tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
+    qs = Tool.objects.filter(enabled=True).order_by("service_id")
+    if category:
+        qs = qs.filter(category=category)
+    return [t for t in qs if tool_is_callable(t)]
+
+
+def tool_get(name: str) -> Tool | None:
+    tool = Tool.objects.filter(service_id=name).first()
+    return tool if tool is not None and tool_is_callable(tool) else None
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    created: list[str]
+    updated: list[str]
+    disabled: list[str]
+
+
+@transaction.atomic(durable=True)
+def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools") -> SyncReport:
+    """Register the upstream's tools (name, description, schemas, annotations); disable vanished ones.
+
+    Prices are untouched: a new tool has no price until an operator sets one.
+    """
+    now = timezone.now()
+    seen: set[str] = set()
+    created: list[str] = []
+    updated: list[str] = []
+    for spec in remote_tools:
+        name = spec.get("name")
+        if not isinstance(name, str) or not name or name == DOGFOOD_TOOL:
+            continue
+        seen.add(name)
+        annotations = spec.get("annotations") or {}
+        values = {
+            "title": str(spec.get("title") or annotations.get("title") or "")[:200],
+            "description": str(spec.get("description") or ""),
+            "input_schema": spec.get("inputSchema") or {"type": "object"},
+            "output_schema": spec.get("outputSchema"),
+            "annotations": annotations,
+            "source": ToolSource.UPSTREAM,
+            "enabled": True,
+            "synced_at": now,
+        }
+        category = (spec.get("_meta") or {}).get("io.tollgate/category")
+        if isinstance(category, str):
+            values["category"] = category
+        _, was_created = Tool.objects.update_or_create(service_id=name, defaults=values)
+        (created if was_created else updated).append(name)
+    disabled = list(
+        Tool.objects.filter(source=ToolSource.UPSTREAM, enabled=True)
+        .exclude(service_id__in=seen)
+        .values_list("service_id", flat=True)
+    )
+    Tool.objects.filter(service_id__in=disabled).update(enabled=False)
+    audit_record(
+        event="tools.synced",
+        ok=True,
+        detail={"created": created, "updated": updated, "disabled": disabled, "actor": actor},
+    )
+    return SyncReport(created, updated, disabled)
+
+
+def dogfood_tool_register() -> Tool:
+    """Register the local-only ``partner.notes.write`` tool (callable only while the flag is on)."""
+    tool, _ = Tool.objects.update_or_create(
+        service_id=DOGFOOD_TOOL,
+        defaults={
+            "title": "Partner notes (local dogfood tool)",
+            "description": "Write a note into the gateway's own partner notebook. Local-only; not covered by "
+            "dispatch-uncertainty semantics.",
+            "input_schema": {
+                "type": "object",
+                "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 2000}},
+                "required": ["text"],
+                "additionalProperties": False,
+            },
+            "output_schema": {
+                "type": "object",
+                "properties": {"note_id": {"type": "string"}, "text": {"type": "string"}},
+                "required": ["note_id", "text"],
+            },
+            "source": ToolSource.LOCAL,
+            "category": "tooling",
+            "enabled": True,
+        },
+    )
+    return tool
+
+
+# --- Upstream client (one per process) -------------------------------------------------
+
+_client_lock = threading.Lock()
+_client: UpstreamClient | None = None
+_client_url: str | None = None
+
+
+def upstream_client() -> UpstreamClient:
+    """The process-wide upstream client for ``settings.UPSTREAM_MCP_URL`` (thread-safe)."""
+    global _client, _client_url
+    url = settings.UPSTREAM_MCP_URL
+    if not url:
+        raise RuntimeError("UPSTREAM_MCP_URL is not configured")
+    with _client_lock:
+        if _client is None or _client_url != url:
+            if _client is not None:
+                _client.close()
+            _client = UpstreamClient(
+                url,
+                connect_timeout=settings.UPSTREAM_CONNECT_TIMEOUT,
+                read_timeout=settings.UPSTREAM_READ_TIMEOUT,
+                total_timeout=settings.UPSTREAM_READ_TIMEOUT * 2,
+            )
+            _client_url = url
+        return _client
+
+
+# --- The governed call -------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CallRequest:
+    """A validated tools/call from any transport."""
+
+    principal: Principal
+    tool: str
+    arguments: dict[str, Any]
+    idempotency_key: str
+    permit_id: str
+    quote_id: str
+    transport: str
+    endpoint: str
+
+
+@dataclass(frozen=True)
+class CallAnswer:
+    """What the transports render: the stored answer of the action and whether it is a replay."""
+
+    action_id: str
+    response: dict[str, Any]
+    replayed: bool
+
+    @property
+    def http_status(self) -> int:
+        return int(self.response["http_status"])
+
+
+def request_document(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    return {"tool": tool, "arguments": arguments}
+
+
+def request_hash_of(tool: str, arguments: dict[str, Any]) -> str:
+    return sha256_hex(canonical_bytes(request_document(tool, arguments)))
+
+
+_validators: dict[str, tuple[str, Any]] = {}
+
+
+def _validate_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
+    """422 before anything is accepted or charged when the arguments break the tool's inputSchema."""
+    schema = tool.input_schema or {"type": "object"}
+    fingerprint = sha256_hex(canonical_bytes(schema))
+    cached = _validators.get(tool.service_id)
+    if cached is None or cached[0] != fingerprint:
+        try:
+            validator_cls = jsonschema.validators.validator_for(schema)
+            cached = (fingerprint, validator_cls(schema))
+        except Exception:  # an unusable schema from the upstream: let the upstream judge
+            cached = (fingerprint, None)
+        _validators[tool.service_id] = cached
+    validator = cached[1]
+    if validator is None:
+        return
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is not None:
+        loc = ["body", "arguments", *[str(p) for p in error.absolute_path]]
+        raise RequestValidationError.single(loc, error.message[:300], "invalid_arguments")
+
+
+def governed_call(req: CallRequest) -> CallAnswer:
+    """Run one logical tools/call through permit -> meter -> dispatch -> receipt, at most once.
+
+    Raises before acceptance (nothing written): ``RequestValidationError``
+    (unknown or unpriced tool, arguments that break the inputSchema),
+    ``IdempotencyKeyReused`` (422) and ``IdempotencyKeyInProgress`` (409).
+    """
+    principal = req.principal
+    if principal.is_operator or principal.wallet_id is None:
+        from config.errors import WalletKeyRequired
+
+        raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
+    digest = request_hash_of(req.tool, req.arguments)
+    existing = Action.objects.filter(wallet_id=principal.wallet_id, idempotency_key=req.idempotency_key).first()
+    if existing is not None:
+        return _existing(existing, digest)
+    tool = tool_get(req.tool)
+    if tool is None:
+        raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
+    price = tool_price(tool.service_id)
+    if price is None:
+        raise RequestValidationError.single(
+            ["body", "name"], "This tool has no price set and cannot be called.", "tool_price_not_set"
+        )
+    _validate_arguments(tool, req.arguments)
+
+    velocity: VelocityLimitExceeded | None = None
+    try:
+        action, velocity = _phase1(req, tool, price, digest)
+    except IntegrityError:
+        # A concurrent request with the same key inserted first (the unique index made us wait for it).
+        existing = Action.objects.filter(wallet_id=principal.wallet_id, idempotency_key=req.idempotency_key).first()
+        if existing is None:
+            raise
+        return _existing(existing, digest)
+    if velocity is not None:
+        wallet_freeze_for_velocity(exc=velocity, actor_key_id=principal.key_id)
+    if action.state == ActionState.DENIED:
+        assert action.response is not None
+        return CallAnswer(action.action_id, action.response, replayed=False)
+
+    if tool.source == ToolSource.LOCAL:
+        action = _phase3_local(action, req)
+    else:
+        result = _dispatch(action, tool, req)
+        action = _phase3(action, result)
+    assert action.response is not None
+    return CallAnswer(action.action_id, action.response, replayed=False)
+
+
+def _existing(action: Action, digest: str) -> CallAnswer:
+    if action.request_hash != digest:
+        raise IdempotencyKeyReused()
+    if action.finished and action.response is not None:
+        return CallAnswer(action.action_id, action.response, replayed=True)
+    raise IdempotencyKeyInProgress(
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        action_id=action.action_id,
+        retry_after_seconds=RETRY_AFTER_SECONDS,
+    )
+
+
+_REFUSALS = (permit_exc.PermitDenied, permit_exc.QuoteUnavailable, SpendRefused, InsufficientFunds)
+
+
+def _phase1(
+    req: CallRequest, tool: Tool, list_price: Decimal, digest: str
+) -> tuple[Action, VelocityLimitExceeded | None]:
+    now = timezone.now()
+    key = req.principal.key
+    wallet = key.wallet
+    assert wallet is not None
+    velocity: VelocityLimitExceeded | None = None
+    with transaction.atomic(durable=True):
+        action = Action(
+            action_id=new_id("act"),
+            tenant_id=wallet.tenant_id,
+            wallet=wallet,
+            api_key_id=key.key_id,
+            idempotency_key=req.idempotency_key,
+            request_hash=digest,
+            tool=tool.service_id,
+            arguments=req.arguments,
+            transport=req.transport,
+            quote_id=req.quote_id,
+            created_at=now,
+        )
+        action.save(force_insert=True)
+        permit: Permit | None = None
+        price = list_price
+        try:
+            with transaction.atomic():
+                permit = Permit.objects.filter(permit_id=req.permit_id, wallet=wallet).first()
+                if permit is None:
+                    raise permit_exc.PermitNotFound(permit_id=req.permit_id)
+                if req.quote_id:
+                    quote = quote_consume(
+                        quote_id=req.quote_id, wallet=wallet, tool=tool.service_id, action_id=action.action_id, now=now
+                    )
+                    price = quote.quoted_credits
+                decision = authorize(
+                    permit=permit,
+                    wallet=wallet,
+                    key_id=key.key_id,
+                    tool=tool.service_id,
+                    price=price,
+                    category=tool.category,
+                    now=now,
+                )
+                action.policy_decision_id = decision.policy_decision_id
+                if decision.refusal is not None:
+                    raise decision.refusal
+                permit_reserve(permit=permit, amount=price, now=now)
+                entry = None
+                if price > 0:
+                    entry = ledger_debit(
+                        wallet=wallet.wallet_id,
+                        amount=price,
+                        service_category=tool.category,
+                        description=f"tool call {tool.service_id}",
+                        request_path=req.endpoint,
+                        correlation_id=action.action_id,
+                    ).entry
+                action.state = ActionState.DISPATCH_CLAIMED
+                action.permit = permit
+                action.price = price
+                action.ledger_entry = entry
+                action.claimed_at = timezone.now()
+                action.save(
+                    update_fields=["state", "permit", "price", "ledger_entry", "claimed_at", "policy_decision_id"]
+                )
+                audit_record(
+                    event="tool_call.dispatch_claimed",
+                    ok=True,
+                    tenant_id=wallet.tenant_id,
+                    wallet_id=wallet.wallet_id,
+                    key_id=key.key_id,
+                    tool=tool.service_id,
+                    endpoint=req.endpoint,
+                    policy_decision_id=action.policy_decision_id,
+                    detail={
+                        "action_id": action.action_id,
+                        "permit_id": permit.permit_id,
+                        "ledger_entry_id": entry.entry_id if entry else None,
+                        "amount": _money(price),
+                        "quote_id": req.quote_id or None,
+                    },
+                )
+        except _REFUSALS as refusal:
+            if isinstance(refusal, VelocityLimitExceeded):
+                velocity = refusal
+            outcome = Outcome.INSUFFICIENT_FUNDS if isinstance(refusal, InsufficientFunds) else Outcome.DENIED
+            wallet.refresh_from_db()
+            _finish(
+                action,
+                state=ActionState.DENIED,
+                outcome=outcome,
+                reason_code=refusal.code,
+                message=refusal.detail_message,
+                extra=refusal.extra,
+                permit=permit if permit is not None and permit.permit_id == req.permit_id else None,
+                credits_authorized=Decimal(0),
+                credits_charged=Decimal(0),
+                endpoint=req.endpoint,
+                http_status=refusal.http_status,
+            )
+    return action, velocity
+
+
+def _money(value: Decimal) -> str:
+    return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
+
+
+def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
+    """Phase 2: one upstream tools/call outside any transaction. Never raises, never resends."""
+    try:
+        client = upstream_client()
+    except RuntimeError as exc:
+        return CallResult(kind="not_sent", reason=str(exc), request_id=action.action_id)
+    return client.call_tool(
+        tool.service_id,
+        req.arguments,
+        idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
+        request_id=action.action_id,
+        extra_meta={"io.tollgate/action-id": action.action_id},
+        output_schema=tool.output_schema or None,
+    )
+
+
+def _response_hash(result: CallResult) -> str:
+    body = result.result if result.result is not None else result.error
+    return sha256_hex(canonical_bytes(body)) if body is not None else ""
+
+
+def _phase3(action: Action, result: CallResult) -> Action:
+    """Record the upstream outcome, refund where owed, receipt and audit, in one transaction."""
+    with transaction.atomic(durable=True):
+        locked = (
+            Action.objects.select_for_update(of=("self",)).select_related("permit", "ledger_entry").get(pk=action.pk)
+        )
+        if locked.state != ActionState.DISPATCH_CLAIMED:
+            # The sweeper declared it delivery_uncertain first; that receipt stands.
+            logger.warning("action %s finished after it was swept (%s)", locked.action_id, result.kind)
+            return locked
+        price = locked.price or Decimal(0)
+        kind = result.kind
+        detail = {"upstream_kind": kind, "upstream_reason": result.reason[:200], "status_code": result.status_code}
+        if kind == "success":
+            _finish(
+                locked,
+                state=ActionState.COMPLETED,
+                outcome=Outcome.SUCCESS,
+                result=result.result,
+                response_hash=_response_hash(result),
+                credits_authorized=price,
+                credits_charged=price,
+                audit_detail=detail,
+            )
+        elif kind == "tool_error":
+            _finish(
+                locked,
+                state=ActionState.COMPLETED,
+                outcome=Outcome.TOOL_ERROR,
+                reason_code="tool_error",
+                result=result.result,
+                response_hash=_response_hash(result),
+                credits_authorized=price,
+                credits_charged=price,
+                audit_detail=detail,
+            )
+        elif kind == "invalid_response":
+            _finish(
+                locked,
+                state=ActionState.COMPLETED,
+                outcome=Outcome.RESPONSE_REJECTED,
+                reason_code="response_rejected",
+                message=f"The upstream's answer was rejected: {result.reason[:200]}",
+                response_hash=_response_hash(result),
+                credits_authorized=price,
+                credits_charged=price,
+                audit_detail=detail,
+            )
+        elif kind == "uncertain":
+            _finish(
+                locked,
+                state=ActionState.DELIVERY_UNCERTAIN,
+                outcome=Outcome.DELIVERY_UNCERTAIN,
+                reason_code="delivery_uncertain",
+                message=(
+                    "The request may have reached the upstream but no complete answer came back. It will not "
+                    "be re-sent; the charge is kept pending external reconciliation."
+                ),
+                credits_authorized=price,
+                credits_charged=price,
+                audit_detail=detail,
+            )
+            _alert_uncertain(locked, result.reason)
+        else:  # not_sent, http_error, jsonrpc_error: the tool did not run, the charge is owed back
+            upstream_error = result.error or {}
+            _refund_and_finish(
+                locked,
+                price=price,
+                reason_code="upstream_error" if kind == "jsonrpc_error" else f"upstream_{kind}",
+                message=str(upstream_error.get("message") or result.reason)[:300],
+                extra={"upstream_error": upstream_error} if upstream_error else {},
+                response_hash=_response_hash(result),
+                audit_detail=detail,
+            )
+    return locked
+
+
+def _refund_and_finish(
+    action: Action,
+    *,
+    price: Decimal,
+    reason_code: str,
+    message: str,
+    extra: dict[str, Any],
+    response_hash: str,
+    audit_detail: dict[str, Any],
+) -> None:
+    """Refund the charge and release the allowance; if the refund cannot post, open a reconciliation item."""
+    refund = None
+    unrefunded_reason = ""
+    if price > 0 and action.ledger_entry is not None:
+        try:
+            with transaction.atomic():
+                refund = ledger_refund(
+                    amount=price,
+                    charge=action.ledger_entry,
+                    description=f"refund: {action.tool} did not run",
+                    correlation_id=action.action_id,
+                )
+                if action.permit_id:
+                    permit_release(permit_id=action.permit_id, amount=price)
+        except ApplicationError as err:
+            unrefunded_reason = f"{err.code}: {err.detail_message}"[:300]
+    elif action.permit_id:
+        permit_release(permit_id=action.permit_id, amount=price)
+    outcome = Outcome.FAILED_UNREFUNDED if unrefunded_reason else Outcome.FAILED_REFUNDED
+    receipt = _finish(
+        action,
+        state=ActionState.COMPLETED,
+        outcome=outcome,
+        reason_code=reason_code,
+        message=message,
+        extra=extra,
+        response_hash=response_hash,
+        credits_authorized=price,
+        credits_charged=price if unrefunded_reason else Decimal(0),
+        refund_entry=refund,
+        audit_detail={**audit_detail, **({"refund_error": unrefunded_reason} if unrefunded_reason else {})},
+    )
+    if unrefunded_reason:
+        refund_reconciliation_open(receipt=receipt, amount=price, origin="failed_unrefunded", reason=unrefunded_reason)
+
+
+def _alert_uncertain(action: Action, reason: str) -> None:
+    alert_raise(
+        tenant_id=action.tenant_id,
+        wallet_id=action.wallet_id,
+        kind="delivery_uncertain",
+        severity="critical",
+        message=(
+            f"Delivery of {action.tool} (action {action.action_id}) could not be confirmed ({reason[:120]}). "
+            "It was not re-sent; reconcile with the upstream."
+        ),
+        detail={"action_id": action.action_id, "tool": action.tool},
+    )
+
+
+def _finish(
+    action: Action,
+    *,
+    state: str,
+    outcome: str,
+    credits_authorized: Decimal,
+    credits_charged: Decimal,
+    reason_code: str = "",
+    message: str = "",
+    extra: dict[str, Any] | None = None,
+    result: dict[str, Any] | None = None,
+    response_hash: str = "",
+    permit: Permit | None = None,
+    refund_entry: Any = None,
+    endpoint: str = "",
+    http_status: int | None = None,
+    audit_detail: dict[str, Any] | None = None,
+) -> Any:
+    """Issue the receipt (with its audit event) and store the action's final answer. Caller holds the transaction."""
+    wallet = action.wallet if isinstance(action.wallet, Wallet) else Wallet.objects.get(pk=action.wallet_id)
+    receipt = receipt_issue(
+        action_id=action.action_id,
+        wallet=wallet,
+        api_key_id=action.api_key_id,
+        tool=action.tool,
+        outcome=outcome,
+        request_document=request_document(action.tool, action.arguments),
+        request_hash=action.request_hash,
+        credits_authorized=credits_authorized,
+        credits_charged=credits_charged,
+        response_hash=response_hash,
+        reason_code=reason_code,
+        permit=permit or action.permit,
+        ledger_entry=action.ledger_entry,
+        refund_entry=refund_entry,
+        quote_id=action.quote_id,
+        policy_decision_id=action.policy_decision_id,
+        endpoint=endpoint or f"transport:{action.transport}",
+        audit_detail=audit_detail,
+    )
+    status, rpc_code = OUTCOME_STATUS[outcome]
+    response: dict[str, Any] = {
+        "action_id": action.action_id,
+        "receipt_id": receipt.receipt_id,
+        "outcome": outcome,
+        "reason_code": reason_code,
+        "credits_charged": _money(credits_charged),
+        "http_status": http_status or status,
+        "result": result,
+        "error": None,
+    }
+    if rpc_code is not None:
+        response["error"] = {
+            "code": rpc_code,
+            "message": message or outcome,
+            "data": {
+                "error": reason_code or outcome,
+                "outcome": outcome,
+                "receipt_id": receipt.receipt_id,
+                "action_id": action.action_id,
+                **(extra or {}),
+            },
+        }
+    action.state = state
+    action.outcome = outcome
+    action.reason_code = reason_code
+    action.receipt = receipt
+    action.response = response
+    action.completed_at = timezone.now()
+    action.save(update_fields=["state", "outcome", "reason_code", "receipt", "response", "completed_at"])
+    return receipt
+
+
+# --- The local dogfood tool --------------------------------------------------------------
+
+
+def _phase3_local(action: Action, req: CallRequest) -> Action:
+    """Run ``partner.notes.write`` inside the final transaction: no dispatch uncertainty."""
+    from mcpgateway.models import PartnerNote
+
+    with transaction.atomic(durable=True):
+        locked = (
+            Action.objects.select_for_update(of=("self",)).select_related("permit", "ledger_entry").get(pk=action.pk)
+        )
+        note = PartnerNote.objects.create(
+            note_id=new_id("note"),
+            tenant_id=locked.tenant_id,
+            wallet_id=locked.wallet_id,
+            action_id=locked.action_id,
+            text=str(req.arguments.get("text", "")),
+        )
+        structured = {"note_id": note.note_id, "text": note.text}
+        result = {
+            "content": [{"type": "text", "text": f"Saved note {note.note_id}."}],
+            "structuredContent": structured,
+            "isError": False,
+        }
+        price = locked.price or Decimal(0)
+        _finish(
+            locked,
+            state=ActionState.COMPLETED,
+            outcome=Outcome.SUCCESS,
+            result=result,
+            response_hash=sha256_hex(canonical_bytes(result)),
+            credits_authorized=price,
+            credits_charged=price,
+            audit_detail={"local_tool": True},
+        )
+    return locked
+
+
+# --- The sweeper ----------------------------------------------------------------------------
+
+
+def sweep_threshold() -> timedelta:
+    """Claims older than this are lost: the dispatch timeout (connect + twice the read timeout) plus a margin."""
+    seconds = settings.UPSTREAM_CONNECT_TIMEOUT + 2 * settings.UPSTREAM_READ_TIMEOUT + settings.SWEEP_MARGIN_SECONDS
+    return timedelta(seconds=seconds)
+
+
+def action_sweep(*, older_than: timedelta | None = None, limit: int = 500) -> list[str]:
+    """Turn stale ``dispatch_claimed`` actions into ``delivery_uncertain`` with receipt, audit and alert.
+
+    Nothing is re-sent. Each action is settled in its own transaction under its
+    row lock (``SKIP LOCKED``: a worker finishing it right now wins).
+    """
+    cutoff = timezone.now() - (older_than if older_than is not None else sweep_threshold())
+    swept: list[str] = []
+    candidates = list(
+        Action.objects.filter(state=ActionState.DISPATCH_CLAIMED, claimed_at__lt=cutoff)
+        .order_by("claimed_at")
+        .values_list("action_id", flat=True)[:limit]
+    )
+    for action_id in candidates:
+        with transaction.atomic(durable=True):
+            locked = (
+                Action.objects.select_for_update(of=("self",), skip_locked=True)
+                .select_related("permit", "ledger_entry", "wallet")
+                .filter(action_id=action_id, state=ActionState.DISPATCH_CLAIMED)
+                .first()
+            )
+            if locked is None:
+                continue
+            price = locked.price or Decimal(0)
+            _finish(
+                locked,
+                state=ActionState.DELIVERY_UNCERTAIN,
+                outcome=Outcome.DELIVERY_UNCERTAIN,
+                reason_code="dispatch_lost",
+                message=(
+                    "The gateway lost track of this dispatch (the worker stopped after claiming it). It was "
+                    "not re-sent; the charge is kept pending external reconciliation."
+                ),
+                credits_authorized=price,
+                credits_charged=price,
+                endpoint="sweeper",
+                audit_detail={"swept": True},
+            )
+            _alert_uncertain(locked, "dispatch lost: the worker stopped after claiming it")
+            swept.append(action_id)
+    return swept

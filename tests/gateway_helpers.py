@@ -1,0 +1,84 @@
+"""Helpers for gateway tests: register an upstream's tools with prices, fund a tenant, issue a permit."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+
+from billing.services import tool_price_set
+from config.ids import new_id
+from mcpgateway import services
+from mcpgateway.upstream import UpstreamClient
+from tests import factories
+from tests.conftest import Tenant
+
+_ids = itertools.count(1)
+
+
+def register_upstream(url: str, *, price: str = "1") -> list[str]:
+    """Sync the upstream's tools and give each the same price."""
+    with UpstreamClient(url, connect_timeout=2, read_timeout=5) as client:
+        tools = client.list_tools()
+    services.tools_sync(remote_tools=tools)
+    for spec in tools:
+        tool_price_set(tool=spec["name"], credits=Decimal(price))
+    return [t["name"] for t in tools]
+
+
+def issue_permit(tenant: Tenant, *, tools: list[str] | None = None, max_credits: str = "100", **extra: Any) -> str:
+    r = tenant.sponsor_client.post(
+        "/v1/permits",
+        {"wallet_id": tenant.agent.wallet_id, "allowed_tools": tools or ["*"], "max_credits": max_credits, **extra},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=new_id("pk"),
+    )
+    assert r.status_code == 201, r.content
+    return str(r.json()["permit_id"])
+
+
+@dataclass
+class Caller:
+    tenant: Tenant
+    permit_id: str
+
+    def rpc(self, tool: str, arguments: dict[str, Any] | None = None, *, key: str | None = None, **meta: Any) -> Any:
+        """tools/call over the deprecated /mcp/messages endpoint (plain JSON-RPC, same governed path)."""
+        body = {
+            "jsonrpc": "2.0",
+            "id": next(_ids),
+            "method": "tools/call",
+            "params": {
+                "name": tool,
+                "arguments": arguments or {},
+                "_meta": {
+                    "permit_id": meta.pop("permit_id", self.permit_id),
+                    "idempotency_key": key or new_id("k"),
+                    **meta,
+                },
+            },
+        }
+        return self.tenant.agent_client.post("/mcp/messages", body, format="json")
+
+    def invoke(
+        self, tool: str, arguments: dict[str, Any] | None = None, *, key: str | None = None, **extra: Any
+    ) -> Any:
+        body = {
+            "arguments": arguments or {},
+            "permit_id": self.permit_id,
+            "idempotency_key": key or new_id("k"),
+            **extra,
+        }
+        return self.tenant.agent_client.post(f"/mcp/tools/{tool}/invoke", body, format="json")
+
+
+def setup_caller(tenant: Tenant, *, balance: int = 100, **permit: Any) -> Caller:
+    factories.top_up(tenant.agent, balance)
+    return Caller(tenant, issue_permit(tenant, **permit))
+
+
+def upstream_configured() -> str:
+    return str(settings.UPSTREAM_MCP_URL)
