@@ -225,7 +225,6 @@ def verify_chain_rows(
     start_seq: int = 1,
     start_prev_hash: str | None = GENESIS_HASH,
     checkpoint_seq: int | None = None,
-    detail_as_text: bool = False,
 ) -> ChainCheck:
     """Recompute the hash chain over ``rows`` (tuples in :data:`CHAIN_ROW_FIELDS` order, ``seq`` ascending).
 
@@ -233,8 +232,10 @@ def verify_chain_rows(
     the previous hash, and hash to ``SHA-256(prev hash bytes || canonical
     event)``. ``start_prev_hash=None`` trusts the first row's ``prev_hash``
     (verifying a range that does not start at 1). Stops at the first broken
-    event. ``created_at`` may be a ``datetime`` or its :func:`iso_utc` text;
-    with ``detail_as_text`` the ``detail`` column is JSON text to parse first.
+    event. ``created_at`` may be a ``datetime`` or its :func:`iso_utc` text.
+    (The service streams rows pre-rendered by PostgreSQL through a faster
+    variant, ``audit.services._verify_rendered``, which falls back to this
+    module's encoding for any event it cannot confirm.)
     """
     sha256 = hashlib.sha256
     make_bytes = event_bytes
@@ -266,13 +267,9 @@ def verify_chain_rows(
         if type(created_at) is datetime:
             created_at = iso_utc(created_at)
         try:
-            if detail_as_text:
-                detail, end = _scan_json(detail, 0)
-                if end != len(row[11]):
-                    raise ValueError("trailing data after JSON")
             payload = make_bytes(chain, seq, event_id, event, tenant_id, wallet_id, key_id, tool, endpoint,
                                  decision, request_id, ok, detail, created_at)  # fmt: skip
-        except (CanonicalizationError, TypeError, ValueError, StopIteration):
+        except (CanonicalizationError, TypeError, ValueError):
             return broken(seq, event_id, "not_canonicalizable")
         digest = sha256(prev_raw + payload).digest()
         hex_digest = digest.hex()

@@ -9,11 +9,13 @@ recomputes a chain and signs a checkpoint of it.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import itertools
 import logging
 import queue
+import re
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,8 +23,16 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit import keystore
-from audit.canonical import check_round_trip, event_bytes, iso_utc
-from audit.evidence_core import GENESIS_HASH, chain_hash, verify_chain_rows
+from audit.canonical import (
+    CanonicalizationError,
+    _encode,
+    _plain,
+    canonical_bytes,
+    check_round_trip,
+    event_bytes,
+    iso_utc,
+)
+from audit.evidence_core import CHAIN_ROW_FIELDS, GENESIS_HASH, ChainCheck, _scan_json, chain_hash
 from audit.exceptions import SigningKeyRetired, SigningKeyUnavailable
 from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead, SigningKey, SigningKeyState
 from config.errors import RequestValidationError
@@ -32,6 +42,7 @@ from config.middleware import get_request_id
 logger = logging.getLogger("tollgate.audit")
 
 CHECKPOINT_TYPE = "audit_checkpoint"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
 VERIFY_CHUNK_SIZE = 5000
 
 __all__ = [
@@ -80,10 +91,10 @@ def audit_record(
     chain = tenant_id or SYSTEM_CHAIN
     check_round_trip(detail or {})
     with transaction.atomic():
-        head = ChainHead.objects.select_for_update().filter(chain=chain).first()
+        head = ChainHead.objects.select_for_update(no_key=True).filter(chain=chain).first()
         if head is None:
             ChainHead.objects.bulk_create([ChainHead(chain=chain)], ignore_conflicts=True)
-            head = ChainHead.objects.select_for_update().get(chain=chain)
+            head = ChainHead.objects.select_for_update(no_key=True).get(chain=chain)
         seq = head.seq + 1
         record = AuditEvent(
             event_id=event_id or new_id("evt"),
@@ -221,7 +232,7 @@ def signing_key_rotate(*, actor: str = "") -> SigningKey:
     """
     new = keystore.generate_and_store()
     now = timezone.now()
-    retired = list(SigningKey.objects.select_for_update().filter(state=SigningKeyState.ACTIVE))
+    retired = list(SigningKey.objects.select_for_update(no_key=True).filter(state=SigningKeyState.ACTIVE))
     for old in retired:
         old.state = SigningKeyState.RETIRED
         old.retired_at = now
@@ -303,25 +314,108 @@ def _check_checkpoint(chain: str, checkpoint: Mapping[str, Any], from_seq: int, 
     return size
 
 
-# The rows verify_chain_rows reads, in CHAIN_ROW_FIELDS order. PostgreSQL renders
-# created_at exactly as iso_utc() does (microseconds only when non-zero) and
-# hands detail over as JSON text, which the loop parses with the bare C scanner.
+# Chain verification reads each event as three pieces: PostgreSQL renders the
+# canonical JSON before and after ``detail`` (to_json() escapes strings exactly
+# as RFC 8785 does: \b \f \n \r \t \" \\ short, other controls as \u00xx,
+# everything else verbatim; created_at as iso_utc() writes it), Python
+# canonicalizes ``detail`` and hashes. The link to the previous event is
+# compared in SQL too. Work done by the database server runs in parallel with
+# the hashing. Any mismatch is re-checked against the reference encoding of the
+# row before it is reported, so this rendering is only ever a fast path.
 _CHAIN_ROWS_SQL = """
-SELECT seq, event_id, event, tenant_id, wallet_id, key_id, tool, endpoint, policy_decision_id, request_id, ok,
+SELECT seq, event_id,
+       '{"chain":' || to_json(chain)::text
+         || ',"created_at":"'
+         || replace(to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US'), '.000000', '') || 'Z"'
+         || ',"detail":',
        detail::text,
-       to_char(created_at AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS')
-         || CASE WHEN to_char(created_at AT TIME ZONE 'UTC', 'US') = '000000' THEN ''
-                 ELSE to_char(created_at AT TIME ZONE 'UTC', '.US') END
-         || 'Z',
-       prev_hash, hash
+       ',"endpoint":' || coalesce(to_json(endpoint)::text, 'null')
+         || ',"event":' || to_json(event)::text
+         || ',"event_id":' || to_json(event_id)::text
+         || ',"key_id":' || coalesce(to_json(key_id)::text, 'null')
+         || ',"ok":' || CASE WHEN ok THEN 'true' ELSE 'false' END
+         || ',"policy_decision_id":' || coalesce(to_json(policy_decision_id)::text, 'null')
+         || ',"request_id":' || coalesce(to_json(request_id)::text, 'null')
+         || ',"seq":' || seq::text
+         || ',"tenant_id":' || coalesce(to_json(tenant_id)::text, 'null')
+         || ',"tool":' || coalesce(to_json(tool)::text, 'null')
+         || ',"type":"audit_event","wallet_id":' || coalesce(to_json(wallet_id)::text, 'null')
+         || '}',
+       prev_hash IS NOT DISTINCT FROM coalesce(lag(hash) OVER (ORDER BY seq), %s),
+       hash
 FROM audit_event
 WHERE chain = %s AND seq >= %s AND seq <= %s
 ORDER BY seq
 """
 
 
+def _reference_bytes(event_id: str) -> bytes | None:
+    """The reference canonical bytes of a stored event (None if it cannot be canonicalized)."""
+    row = AuditEvent.objects.filter(event_id=event_id).values_list(*CHAIN_ROW_FIELDS).first()
+    if row is None:
+        return None
+    seq, event_id, event, tenant_id, wallet_id, key_id, tool, endpoint, decision, request_id, ok, detail = row[:12]
+    chain = AuditEvent.objects.filter(event_id=event_id).values_list("chain", flat=True).get()
+    try:
+        return event_bytes(chain, seq, event_id, event, tenant_id, wallet_id, key_id, tool, endpoint, decision,
+                           request_id, ok, detail, iso_utc(row[12]))  # fmt: skip
+    except (CanonicalizationError, TypeError, ValueError):
+        return None
+
+
+def _verify_rendered(
+    rows: Iterable[tuple[Any, ...]],
+    *,
+    start_seq: int,
+    start_prev_hash: str,
+    checkpoint_seq: int | None,
+) -> ChainCheck:
+    """``verify_chain_rows`` over rows pre-rendered by ``_CHAIN_ROWS_SQL`` (same rules, same answers)."""
+    sha256, scan, plain, encode = hashlib.sha256, _scan_json, _plain, _encode
+    expected = start_seq
+    prev_raw = bytes.fromhex(start_prev_hash)
+    last_seq, last_hash = start_seq - 1, start_prev_hash
+    checkpoint_hash = start_prev_hash if checkpoint_seq == start_seq - 1 else None
+    checked = 0
+
+    def broken(seq: int, event_id: str, reason: str) -> ChainCheck:
+        return ChainCheck(False, checked, last_seq, last_hash, seq, event_id, reason, checkpoint_hash)
+
+    for seq, event_id, head, detail_text, tail, link_ok, row_hash in rows:
+        checked += 1
+        if seq != expected:
+            return broken(seq, event_id, "sequence_gap")
+        if not link_ok:
+            return broken(seq, event_id, "prev_hash_mismatch")
+        hex_digest = None
+        try:
+            detail, end = scan(detail_text, 0)
+            if end == len(detail_text):
+                body = encode(detail) if plain(detail) else canonical_bytes(detail).decode()
+                digest = sha256(prev_raw + (head + body + tail).encode()).digest()
+                hex_digest = digest.hex()
+        except (CanonicalizationError, TypeError, ValueError, StopIteration):
+            pass
+        if hex_digest != row_hash:
+            payload = _reference_bytes(event_id)
+            if payload is None:
+                return broken(seq, event_id, "not_canonicalizable")
+            digest = sha256(prev_raw + payload).digest()
+            hex_digest = digest.hex()
+            if hex_digest != row_hash:
+                return broken(seq, event_id, "hash_mismatch")
+            logger.warning("audit event %s: SQL rendering differs from the reference encoding", event_id)
+        # Here the recomputed hash equals the stored one.
+        prev_raw = digest
+        last_seq, last_hash = seq, row_hash
+        if seq == checkpoint_seq:
+            checkpoint_hash = row_hash
+        expected += 1
+    return ChainCheck(True, checked, last_seq, last_hash, None, None, None, checkpoint_hash)
+
+
 @contextlib.contextmanager
-def _chain_rows(chain: str, from_seq: int, to_seq: int) -> Iterator[Iterator[tuple[Any, ...]]]:
+def _chain_rows(chain: str, from_seq: int, to_seq: int, start_prev_hash: str) -> Iterator[Iterator[tuple[Any, ...]]]:
     """Stream a chain's rows from a server-side cursor, fetching the next chunk while the current one hashes.
 
     Verification is the hot loop (100,000+ events/s): the ORM's per-row
@@ -336,7 +430,7 @@ def _chain_rows(chain: str, from_seq: int, to_seq: int) -> Iterator[Iterator[tup
     chunks: queue.Queue[list[tuple[Any, ...]] | BaseException] = queue.Queue(maxsize=2)
     stop = threading.Event()
     with raw.cursor(name=f"audit_verify_{threading.get_ident()}", binary=True) as cursor:
-        cursor.execute(_CHAIN_ROWS_SQL, [chain, from_seq, to_seq])
+        cursor.execute(_CHAIN_ROWS_SQL, [start_prev_hash, chain, from_seq, to_seq])
 
         def produce() -> None:
             try:
@@ -374,15 +468,19 @@ def _walk(chain: str, from_seq: int, to_seq: int | None, checkpoint: Mapping[str
     head_seq, head_hash = head if head is not None else (0, GENESIS_HASH)
     end = head_seq if to_seq is None else min(to_seq, head_seq)
     checkpoint_size = None if checkpoint is None else int(checkpoint["size"])
-    with _chain_rows(chain, from_seq, end) as rows:
-        check = verify_chain_rows(
-            chain,
-            rows,
-            start_seq=from_seq,
-            start_prev_hash=GENESIS_HASH if from_seq == 1 else None,
-            checkpoint_seq=checkpoint_size,
-            detail_as_text=True,
-        )
+    start_prev, first_id = GENESIS_HASH, None
+    if from_seq > 1:  # a range that starts later trusts its first event's prev_hash
+        first = AuditEvent.objects.filter(chain=chain, seq=from_seq).values_list("event_id", "prev_hash").first()
+        if first is not None:
+            first_id, start_prev = first
+    check: ChainCheck
+    if not _HEX64.fullmatch(start_prev):
+        check = ChainCheck(False, 1, from_seq - 1, "", from_seq, first_id, "prev_hash_mismatch")
+    else:
+        with _chain_rows(chain, from_seq, end, start_prev) as rows:
+            check = _verify_rendered(
+                rows, start_seq=from_seq, start_prev_hash=start_prev, checkpoint_seq=checkpoint_size
+            )
     valid, reason = check.valid, check.reason
     broken_seq, broken_event_id = check.first_broken_seq, check.first_broken_event_id
     if valid and check.last_seq < end:

@@ -11,7 +11,8 @@ migrations, writes one chain of ``--events`` events hashed exactly as
 canonical bytes rebuilt, SHA-256 recomputed, links and head checked, and a
 checkpoint signed. The same run measures hashlib SHA-256 over inputs of the
 same sizes (previous hash + canonical event) and the verification loop alone
-over rows already in memory, so the figures can be compared across machines.
+over rows already in memory (the pure-Python reference loop an offline
+verifier uses), so the figures can be compared across machines.
 The database is dropped at the end; signing keys go to a temporary key file.
 
 Prints a markdown table row; ``--json PATH`` also writes the figures as JSON.
@@ -172,7 +173,7 @@ def main(argv: list[str] | None = None) -> int:
         "cpu_count": os.cpu_count(),
     }
     print(
-        "| benchmark | events | verify (median) | verify (best) | loop only, in memory | "
+        "| benchmark | events | verify (median) | verify (best) | reference loop, in memory | "
         "SHA-256 same-size inputs | verify / SHA-256 |"
     )
     print("|---|---|---|---|---|---|---|")

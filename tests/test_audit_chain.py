@@ -396,3 +396,40 @@ def test_immutability_in_code_and_database(chain):
     for sql in ["UPDATE audit_event SET ok = true WHERE seq = 5", "DELETE FROM audit_event WHERE seq = 5"]:
         with pytest.raises(IntegrityError), transaction.atomic(), connection.cursor() as cursor:
             cursor.execute(sql)
+
+
+TRICKY = ['a"b', "back\\slash", "ctl\x01\x1f\x7f", "nl\n\r\t\b\f", "caf\u00e9 \u2028 \u20ac", "\U0001f600", "\ufb33"]
+
+
+def test_database_rendering_matches_the_reference_encoding(db, signing, monkeypatch):
+    """The fast path (canonical JSON rendered by PostgreSQL) never needs the reference fallback."""
+    from datetime import UTC, datetime
+
+    from audit import services
+
+    for i, text in enumerate(TRICKY):
+        fields = dict(wallet_id=text, key_id=text, tool=text, endpoint=text, policy_decision_id=text, request_id=text)
+        audit_record(event=f"e.{text}", ok=bool(i % 2), tenant_id=CHAIN, detail={text: [text, i, None]}, **fields)
+    build_chain(CHAIN, 2, tenant_id=CHAIN, start=len(TRICKY) + 1, times=[datetime(2026, 1, 1, tzinfo=UTC)] * 2)
+    calls: list[str] = []
+    reference = services._reference_bytes
+
+    def spy(event_id: str) -> bytes | None:
+        calls.append(event_id)
+        return reference(event_id)
+
+    monkeypatch.setattr(services, "_reference_bytes", spy)
+    result = verify()
+    assert result.valid, result
+    assert result.checked_events == len(TRICKY) + 2
+    assert calls == []
+
+
+def test_reference_fallback_when_the_fast_path_disagrees(chain, monkeypatch):
+    from audit import services
+
+    monkeypatch.setattr(services, "_encode", lambda value: "{}")  # a broken fast path
+    assert verify(to_seq=50).valid  # every event re-checked against the reference encoding
+    with tampering() as cursor:
+        cursor.execute("UPDATE audit_event SET ok = NOT ok WHERE chain = %s AND seq = 20", [CHAIN])
+    assert (verify(to_seq=50).first_broken_seq, verify(to_seq=50).reason) == (20, "hash_mismatch")
