@@ -67,7 +67,7 @@ def wallet_for_caller(principal: Principal, wallet_id: str, *, for_update: bool 
     """
     qs = Wallet.objects.all()
     if for_update:
-        qs = qs.select_for_update(of=("self",))
+        qs = qs.select_for_update(no_key=True, of=("self",))
     wallet = qs.filter(wallet_id=wallet_id).first()
     if wallet is None:
         if principal.is_operator:

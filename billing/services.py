@@ -157,11 +157,11 @@ def operator_key_create(*, name: str = "operator") -> IssuedKey:
 
 
 def _lock_wallet(wallet: Wallet) -> None:
-    Wallet.objects.select_for_update(of=("self",)).filter(wallet_id=wallet.wallet_id).first()
+    Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=wallet.wallet_id).first()
 
 
 def _lock_key(wallet: Wallet, key_id: str) -> APIKey:
-    key = APIKey.objects.select_for_update().filter(key_id=key_id, wallet=wallet).first()
+    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet=wallet).first()
     if key is None:
         raise NotFound("No such API key in this wallet.", key_id=key_id)
     return key
@@ -260,7 +260,11 @@ def api_key_emergency_revoke(*, wallet: Wallet, reason: str = "emergency", actor
     concurrently can survive the revocation.
     """
     _lock_wallet(wallet)
-    keys = list(APIKey.objects.select_for_update().filter(wallet=wallet, status=APIKeyStatus.ACTIVE).order_by("key_id"))
+    keys = list(
+        APIKey.objects.select_for_update(no_key=True)
+        .filter(wallet=wallet, status=APIKeyStatus.ACTIVE)
+        .order_by("key_id")
+    )
     revoked = [k.key_id for k in keys if _revoke(k, reason)]
     for key_id in revoked:
         KeyRotationLog.objects.create(
@@ -310,7 +314,7 @@ def _require_atomic(name: str) -> None:
 
 def _lock(wallet_id: str) -> Wallet:
     """Lock one wallet row and return its current state."""
-    wallet = Wallet.objects.select_for_update(of=("self",)).filter(wallet_id=wallet_id).first()
+    wallet = Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=wallet_id).first()
     if wallet is None:
         raise NotFound("No such wallet.", wallet_id=wallet_id)
     return wallet

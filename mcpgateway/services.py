@@ -465,7 +465,9 @@ def _phase3(action: Action, result: CallResult) -> Action:
     """Record the upstream outcome, refund where owed, receipt and audit, in one transaction."""
     with transaction.atomic(durable=True):
         locked = (
-            Action.objects.select_for_update(of=("self",)).select_related("permit", "ledger_entry").get(pk=action.pk)
+            Action.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("permit", "ledger_entry")
+            .get(pk=action.pk)
         )
         if locked.state != ActionState.DISPATCH_CLAIMED:
             # The sweeper declared it delivery_uncertain first; that receipt stands.
@@ -680,7 +682,9 @@ def _phase3_local(action: Action, req: CallRequest) -> Action:
 
     with transaction.atomic(durable=True):
         locked = (
-            Action.objects.select_for_update(of=("self",)).select_related("permit", "ledger_entry").get(pk=action.pk)
+            Action.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("permit", "ledger_entry")
+            .get(pk=action.pk)
         )
         note = PartnerNote.objects.create(
             note_id=new_id("note"),
@@ -734,7 +738,7 @@ def action_sweep(*, older_than: timedelta | None = None, limit: int = 500) -> li
     for action_id in candidates:
         with transaction.atomic(durable=True):
             locked = (
-                Action.objects.select_for_update(of=("self",), skip_locked=True)
+                Action.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
                 .select_related("permit", "ledger_entry", "wallet")
                 .filter(action_id=action_id, state=ActionState.DISPATCH_CLAIMED)
                 .first()

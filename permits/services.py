@@ -212,7 +212,7 @@ def _permit_replay(existing: Permit, request_hash: str) -> PermitIssue:
 @transaction.atomic(durable=True)
 def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str = "") -> Permit:
     """Revoke a permit for good. Revoking a revoked permit changes nothing."""
-    permit = Permit.objects.select_for_update().get(permit_id=permit_id)
+    permit = Permit.objects.select_for_update(no_key=True).get(permit_id=permit_id)
     if permit.status == PermitStatus.REVOKED:
         return permit
     permit.status = PermitStatus.REVOKED
@@ -513,7 +513,7 @@ def permit_request_decide(*, request_id: str, user: Any, approve: bool, note: st
     again (409), an expired one cannot be approved, and only approvers of the
     request's tenant may decide. Two concurrent approvals mint one permit.
     """
-    preq = PermitRequest.objects.select_for_update().select_related("wallet").get(request_id=request_id)
+    preq = PermitRequest.objects.select_for_update(no_key=True).select_related("wallet").get(request_id=request_id)
     if not user_is_approver(user, preq.tenant_id):
         raise exc.NotAnApprover()
     now = timezone.now()
@@ -675,7 +675,7 @@ def policy_create(*, wallet: Wallet, actor_key_id: str = "", **rules: Any) -> Po
 @transaction.atomic(durable=True)
 def policy_update(*, policy_id: str, actor_key_id: str = "", **changes: Any) -> PolicyBundle:
     """Change some rules of a policy bundle; bumps its version. Locks the row first."""
-    policy = PolicyBundle.objects.select_for_update().get(policy_id=policy_id)
+    policy = PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
     before = _policy_snapshot(policy)
     fields = [k for k in changes if k in POLICY_FIELDS]
     for name in fields:

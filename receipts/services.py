@@ -169,7 +169,7 @@ def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note
 
     Opens a pending refund item for the kept charge (post it with a retry).
     """
-    receipt = Receipt.objects.select_for_update().get(receipt_id=receipt_id)
+    receipt = Receipt.objects.select_for_update(no_key=True).get(receipt_id=receipt_id)
     if receipt.outcome != Outcome.DELIVERY_UNCERTAIN:
         raise RefundNotOwed("Only a delivery_uncertain receipt can be marked not executed.", receipt_id=receipt_id)
     if receipt.credits_charged <= 0:
@@ -201,7 +201,7 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
     """
     with transaction.atomic(durable=True):
         item = (
-            RefundReconciliation.objects.select_for_update(of=("self",))
+            RefundReconciliation.objects.select_for_update(no_key=True, of=("self",))
             .select_related("receipt")
             .filter(receipt_id=receipt_id)
             .first()
