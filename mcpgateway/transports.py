@@ -191,7 +191,10 @@ def _http_error(request: HttpRequest, err: ApplicationError, headers: dict[str, 
 def _tools_list(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     if ex.principal is None and getattr(settings, "TOOL_CATALOG_REQUIRES_KEY", False):
         raise RpcError(FORBIDDEN, "The tool catalog needs an API key on this deployment.", {"error": "key_required"})
-    return {"tools": tool_definitions(services.tools_catalog())}
+    result: dict[str, Any] = {"tools": tool_definitions(services.tools_catalog())}
+    if ex.stateless:  # 2026-07-28 list results are cacheable results
+        result.update(ttlMs=0, cacheScope="private" if ex.principal is not None else "public")
+    return result
 
 
 def _call_meta(ex: Exchange, params: dict[str, Any]) -> tuple[str, str, str]:
