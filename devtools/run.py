@@ -1,14 +1,17 @@
 """`make run`: start everything the gateway needs on this machine, stop it all on Ctrl-C.
 
 1. PostgreSQL: ``DATABASE_URL`` if set, else the embedded server (started here, stopped on exit).
-2. Migrations, then the first-run operator bootstrap (credentials file path printed).
-3. gunicorn on 127.0.0.1:$PORT (default 8000).
+2. Migrations, the first-run operator bootstrap (credentials file path printed), the signing key.
+3. The upstream: ``UPSTREAM_MCP_URL`` if set, else the bundled demo upstream on 127.0.0.1
+   (``DEMO_UPSTREAM_PORT``, default 8765), priced and with a demo tenant on first run.
+4. ``sync_tools``, then gunicorn on 127.0.0.1:$PORT (default 8000) and the dispatch sweeper.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +27,25 @@ def _manage(*args: str, env: dict[str, str]) -> None:
     subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env, check=True)
 
 
+def _wait_for_port(port: int, process: subprocess.Popen[bytes], seconds: float = 20) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SystemExit(f"the demo upstream exited (is port {port} taken? set DEMO_UPSTREAM_PORT)")
+        with socket.socket() as sock:
+            if sock.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.1)
+    raise SystemExit(f"the demo upstream did not start on port {port}")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
+
+
 def main() -> int:
+    # SIGTERM (from a supervisor or `timeout`) stops everything just like Ctrl-C.
+    signal.signal(signal.SIGTERM, _interrupt)
     env = dict(os.environ)
     started_db = False
     if not env.get("DATABASE_URL"):
@@ -41,6 +62,20 @@ def main() -> int:
         _manage("migrate", "--no-input", "-v", "0", env=env)
         _manage("bootstrap_operator", env=env)
         _manage("ensure_signing_key", env=env)
+        demo = not env.get("UPSTREAM_MCP_URL")
+        if demo:
+            demo_port = env.get("DEMO_UPSTREAM_PORT", "8765")
+            env["UPSTREAM_MCP_URL"] = f"http://127.0.0.1:{demo_port}/mcp"
+            print(f"Starting the bundled demo upstream MCP server on 127.0.0.1:{demo_port} ...", flush=True)
+            children.append(
+                subprocess.Popen([PY, "-m", "mcpgateway.demo_upstream", "--port", demo_port], cwd=ROOT, env=env)
+            )
+            _wait_for_port(int(demo_port), children[-1])
+        print(f"Syncing tools from {env['UPSTREAM_MCP_URL']} ...", flush=True)
+        _manage("sync_tools", env=env)
+        if demo:
+            _manage("demo_bootstrap", env=env)
+        children.append(subprocess.Popen([PY, "manage.py", "sweep_dispatches", "--loop"], cwd=ROOT, env=env))
         workers = env.get("WEB_CONCURRENCY", "2")
         threads = env.get("GUNICORN_THREADS", "4")
         children.append(
@@ -68,7 +103,9 @@ def main() -> int:
             )
         )
         print(
-            f"\nTollgate is serving on http://127.0.0.1:{port}  (docs: /docs, admin: /admin/). Ctrl-C stops.\n",
+            f"\nTollgate is serving on http://127.0.0.1:{port}  (docs: /docs, admin: /admin/, approvals: /approvals/)."
+            + ("\nDemo agent key and permit: .data/demo-credentials.json (see README)." if demo else "")
+            + "\nCtrl-C stops everything.\n",
             flush=True,
         )
         while all(child.poll() is None for child in children):

@@ -1,0 +1,79 @@
+"""First-run demo set-up for the bundled demo upstream: prices, a demo tenant, an agent key and a permit.
+
+Written once to an owner-only file; a later run finds the file and changes
+nothing. Used by ``make run`` only when it started the bundled demo upstream.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management.base import BaseCommand
+from django.utils import timezone
+
+from billing.selectors import tool_price
+from billing.services import api_key_create, tool_price_set, wallet_create_agent, wallet_create_sponsor
+from config.ids import new_id
+from mcpgateway.models import Tool
+from permits.services import permit_issue
+
+DEMO_PRICES = {
+    "notes.append": Decimal("0.5"),
+    "notes.list": Decimal("0.1"),
+    "math.add": Decimal("0.1"),
+    "clock.now": Decimal("0.05"),
+    "demo.stats": Decimal("0.01"),
+}
+
+
+class Command(BaseCommand):
+    help = "Price the demo upstream's tools and create a demo tenant with an agent key and a permit (once)."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument(
+            "--credentials-file", default=str(Path(settings.BASE_DIR) / ".data" / "demo-credentials.json")
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        for name, credits in DEMO_PRICES.items():
+            if Tool.objects.filter(service_id=name).exists() and tool_price(name) is None:
+                tool_price_set(tool=name, credits=credits, actor="demo_bootstrap")
+        path = Path(options["credentials_file"]).resolve()
+        if path.exists():
+            self.stdout.write(f"Demo credentials already exist: {path}")
+            return
+        sponsor = wallet_create_sponsor(name="demo sponsor", initial_credits=Decimal("1000"), actor="demo_bootstrap")
+        agent = wallet_create_agent(parent=sponsor, name="demo agent", initial_balance=Decimal("100"))
+        issued = api_key_create(wallet=agent, name="demo agent key")
+        permit = permit_issue(
+            wallet=agent,
+            issuer_wallet=sponsor,
+            issued_by_key_id="",
+            allowed_tools=sorted(DEMO_PRICES),
+            max_credits=Decimal("50"),
+            max_calls=None,
+            expires_at=timezone.now() + timedelta(days=30),
+            subject_key_id=None,
+            idempotency_scope=sponsor.wallet_id,
+            idempotency_key=new_id("demo"),
+            request_hash="demo",
+        ).permit
+        payload = {
+            "gateway": settings.PUBLIC_BASE_URL,
+            "sponsor_wallet_id": sponsor.wallet_id,
+            "agent_wallet_id": agent.wallet_id,
+            "agent_api_key": issued.secret,
+            "permit_id": permit.permit_id,
+        }
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            json.dump(payload, fh, indent=2)
+            fh.write("\n")
+        self.stdout.write(self.style.SUCCESS(f"Demo tenant, agent key and permit written to {path} (mode 0600)."))
