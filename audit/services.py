@@ -90,7 +90,8 @@ def audit_record(
     """
     chain = tenant_id or SYSTEM_CHAIN
     check_round_trip(detail or {})
-    with transaction.atomic():
+    # No savepoint: inside a caller's transaction the append is part of it; outside, it is its own.
+    with transaction.atomic(savepoint=False):
         head = ChainHead.objects.select_for_update(no_key=True).filter(chain=chain).first()
         if head is None:
             ChainHead.objects.bulk_create([ChainHead(chain=chain)], ignore_conflicts=True)
@@ -249,6 +250,10 @@ def signing_key_rotate(*, actor: str = "") -> SigningKey:
         ok=True,
         detail={"new_key_id": key.key_id, "retired_key_ids": [old.key_id for old in retired], "actor": actor},
     )
+    from audit.signing import forget_active_kid
+
+    forget_active_kid()  # this thread signs with the new key at once; others within ACTIVE_KID_TTL
+    transaction.on_commit(forget_active_kid)
     return key
 
 

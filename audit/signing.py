@@ -13,6 +13,8 @@ encoding and one Ed25519 signature; the private key is cached in memory.
 from __future__ import annotations
 
 import json
+import threading
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -68,7 +70,7 @@ def sign_statement(statement: Mapping[str, Any]) -> SignedStatement:
     statement_type = statement.get("type")
     if not isinstance(statement_type, str) or not statement_type:
         raise ValueError("a signed statement needs a non-empty string 'type'")
-    kid = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).values_list("key_id", flat=True).first()
+    kid = active_kid()
     if kid is None:
         from audit.services import signing_key_ensure
 
@@ -81,11 +83,46 @@ def sign_statement(statement: Mapping[str, Any]) -> SignedStatement:
     return SignedStatement(statement=body, canonical=canonical, signature=sign_canonical(private_key, canonical))
 
 
+# A kid names one public key forever (it is derived from it), so a found key can be cached for
+# good. The active kid is cached for a moment only: after a rotation a process may sign with the
+# just-retired key for up to ACTIVE_KID_TTL seconds, and that signature still verifies.
+ACTIVE_KID_TTL = 2.0
+_public_keys: dict[str, str] = {}
+_active: tuple[float, str | None] = (0.0, None)
+_cache_lock = threading.Lock()
+
+
+def active_kid() -> str | None:
+    """The active key's id (cached for ``ACTIVE_KID_TTL`` seconds per process)."""
+    global _active
+    now = time.monotonic()
+    fetched_at, kid = _active
+    if kid is not None and now - fetched_at < ACTIVE_KID_TTL:
+        return kid
+    kid = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).values_list("key_id", flat=True).first()
+    with _cache_lock:
+        _active = (now, kid)
+    return kid
+
+
+def forget_active_kid() -> None:
+    """Drop the cached active kid (called after a rotation in this process)."""
+    global _active
+    with _cache_lock:
+        _active = (0.0, None)
+
+
 def _keys_for(kid: Any) -> dict[str, str]:
     if not isinstance(kid, str):
         return {}
-    public = SigningKey.objects.filter(key_id=kid).values_list("public_key", flat=True).first()
-    return {} if public is None else {kid: public}
+    public = _public_keys.get(kid)
+    if public is None:
+        public = SigningKey.objects.filter(key_id=kid).values_list("public_key", flat=True).first()
+        if public is None:
+            return {}
+        with _cache_lock:
+            _public_keys[kid] = public
+    return {kid: public}
 
 
 def verify_statement(

@@ -36,13 +36,13 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import alert_raise, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
-from billing.models import Wallet
-from billing.selectors import tool_price
+from billing.models import ToolPrice, Wallet
 from billing.services import ledger_debit, ledger_refund, wallet_freeze_for_velocity
 from config.authentication import Principal
 from config.errors import ApplicationError, IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
@@ -97,6 +97,15 @@ def tools_catalog(*, category: str | None = None) -> list[Tool]:
 def tool_get(name: str) -> Tool | None:
     tool = Tool.objects.filter(service_id=name).first()
     return tool if tool is not None and tool_is_callable(tool) else None
+
+
+def tool_with_price(name: str) -> tuple[Tool, Decimal | None] | None:
+    """A callable tool and its current price (None: not set), read in one query."""
+    price = ToolPrice.objects.filter(tool=OuterRef("service_id")).values("credits")[:1]
+    tool = Tool.objects.filter(service_id=name).annotate(current_price=Subquery(price)).first()
+    if tool is None or not tool_is_callable(tool):
+        return None
+    return tool, tool.current_price
 
 
 @dataclass(frozen=True)
@@ -283,10 +292,10 @@ def governed_call(req: CallRequest) -> CallAnswer:
     existing = Action.objects.filter(wallet_id=principal.wallet_id, idempotency_key=req.idempotency_key).first()
     if existing is not None:
         return _existing(existing, digest)
-    tool = tool_get(req.tool)
-    if tool is None:
+    found = tool_with_price(req.tool)
+    if found is None:
         raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
-    price = tool_price(tool.service_id)
+    tool, price = found
     if price is None:
         raise RequestValidationError.single(
             ["body", "name"], "This tool has no price set and cannot be called.", "tool_price_not_set"
@@ -335,91 +344,101 @@ _REFUSALS = (permit_exc.PermitDenied, permit_exc.QuoteUnavailable, SpendRefused,
 def _phase1(
     req: CallRequest, tool: Tool, list_price: Decimal, digest: str
 ) -> tuple[Action, VelocityLimitExceeded | None]:
+    """Accept, authorize, reserve, debit and claim in one transaction; or record the refusal.
+
+    The success path uses no savepoint: a refusal rolls the whole transaction
+    back and the denial (action, receipt, audit event) is written in a second
+    one. Raises ``IntegrityError`` when a concurrent request holds the same key.
+    """
     now = timezone.now()
     key = req.principal.key
     wallet = key.wallet
     assert wallet is not None
-    velocity: VelocityLimitExceeded | None = None
-    with transaction.atomic(durable=True):
-        action = Action(
-            action_id=new_id("act"),
-            tenant_id=wallet.tenant_id,
-            wallet=wallet,
-            api_key_id=key.key_id,
-            idempotency_key=req.idempotency_key,
-            request_hash=digest,
-            tool=tool.service_id,
-            arguments=req.arguments,
-            transport=req.transport,
-            quote_id=req.quote_id,
-            created_at=now,
-        )
-        action.save(force_insert=True)
-        permit: Permit | None = None
-        price = list_price
-        try:
-            with transaction.atomic():
-                permit = Permit.objects.filter(permit_id=req.permit_id, wallet=wallet).first()
-                if permit is None:
-                    raise permit_exc.PermitNotFound(permit_id=req.permit_id)
-                if req.quote_id:
-                    quote = quote_consume(
-                        quote_id=req.quote_id, wallet=wallet, tool=tool.service_id, action_id=action.action_id, now=now
-                    )
-                    price = quote.quoted_credits
-                decision = authorize(
-                    permit=permit,
+    action = Action(
+        action_id=new_id("act"),
+        tenant_id=wallet.tenant_id,
+        wallet=wallet,
+        api_key_id=key.key_id,
+        idempotency_key=req.idempotency_key,
+        request_hash=digest,
+        tool=tool.service_id,
+        arguments=req.arguments,
+        transport=req.transport,
+        quote_id=req.quote_id,
+        created_at=now,
+    )
+    found: dict[str, Permit | None] = {"permit": None}
+    try:
+        with transaction.atomic(durable=True):
+            action.save(force_insert=True)
+            permit = Permit.objects.filter(permit_id=req.permit_id, wallet=wallet).first()
+            found["permit"] = permit
+            if permit is None:
+                raise permit_exc.PermitNotFound(permit_id=req.permit_id)
+            price = list_price
+            if req.quote_id:
+                quote = quote_consume(
+                    quote_id=req.quote_id, wallet=wallet, tool=tool.service_id, action_id=action.action_id, now=now
+                )
+                price = quote.quoted_credits
+            decision = authorize(
+                permit=permit,
+                wallet=wallet,
+                key_id=key.key_id,
+                tool=tool.service_id,
+                price=price,
+                category=tool.category,
+                now=now,
+            )
+            action.policy_decision_id = decision.policy_decision_id
+            if decision.refusal is not None:
+                raise decision.refusal
+            permit_reserve(permit=permit, amount=price, now=now)
+            entry = None
+            if price > 0:
+                entry = ledger_debit(
                     wallet=wallet,
-                    key_id=key.key_id,
-                    tool=tool.service_id,
-                    price=price,
-                    category=tool.category,
-                    now=now,
-                )
-                action.policy_decision_id = decision.policy_decision_id
-                if decision.refusal is not None:
-                    raise decision.refusal
-                permit_reserve(permit=permit, amount=price, now=now)
-                entry = None
-                if price > 0:
-                    entry = ledger_debit(
-                        wallet=wallet.wallet_id,
-                        amount=price,
-                        service_category=tool.category,
-                        description=f"tool call {tool.service_id}",
-                        request_path=req.endpoint,
-                        correlation_id=action.action_id,
-                    ).entry
-                action.state = ActionState.DISPATCH_CLAIMED
-                action.permit = permit
-                action.price = price
-                action.ledger_entry = entry
-                action.claimed_at = timezone.now()
-                action.save(
-                    update_fields=["state", "permit", "price", "ledger_entry", "claimed_at", "policy_decision_id"]
-                )
-                audit_record(
-                    event="tool_call.dispatch_claimed",
-                    ok=True,
-                    tenant_id=wallet.tenant_id,
-                    wallet_id=wallet.wallet_id,
-                    key_id=key.key_id,
-                    tool=tool.service_id,
-                    endpoint=req.endpoint,
-                    policy_decision_id=action.policy_decision_id,
-                    detail={
-                        "action_id": action.action_id,
-                        "permit_id": permit.permit_id,
-                        "ledger_entry_id": entry.entry_id if entry else None,
-                        "amount": _money(price),
-                        "quote_id": req.quote_id or None,
-                    },
-                )
-        except _REFUSALS as refusal:
-            if isinstance(refusal, VelocityLimitExceeded):
-                velocity = refusal
-            outcome = Outcome.INSUFFICIENT_FUNDS if isinstance(refusal, InsufficientFunds) else Outcome.DENIED
-            wallet.refresh_from_db()
+                    amount=price,
+                    service_category=tool.category,
+                    description=f"tool call {tool.service_id}",
+                    request_path=req.endpoint,
+                    correlation_id=action.action_id,
+                ).entry
+            action.state = ActionState.DISPATCH_CLAIMED
+            action.permit = permit
+            action.price = price
+            action.ledger_entry = entry
+            action.claimed_at = timezone.now()
+            action.save(update_fields=["state", "permit", "price", "ledger_entry", "claimed_at", "policy_decision_id"])
+            audit_record(
+                event="tool_call.dispatch_claimed",
+                ok=True,
+                tenant_id=wallet.tenant_id,
+                wallet_id=wallet.wallet_id,
+                key_id=key.key_id,
+                tool=tool.service_id,
+                endpoint=req.endpoint,
+                policy_decision_id=action.policy_decision_id,
+                detail={
+                    "action_id": action.action_id,
+                    "permit_id": permit.permit_id,
+                    "ledger_entry_id": entry.entry_id if entry else None,
+                    "amount": _money(price),
+                    "quote_id": req.quote_id or None,
+                },
+            )
+        return action, None
+    except _REFUSALS as refusal:
+        velocity = refusal if isinstance(refusal, VelocityLimitExceeded) else None
+        outcome = Outcome.INSUFFICIENT_FUNDS if isinstance(refusal, InsufficientFunds) else Outcome.DENIED
+        with transaction.atomic(durable=True):
+            action.state = ActionState.ACCEPTED
+            action.permit = None
+            action.price = None
+            action.ledger_entry = None
+            action.claimed_at = None
+            action._state.adding = True
+            action.save(force_insert=True)
             _finish(
                 action,
                 state=ActionState.DENIED,
@@ -427,13 +446,13 @@ def _phase1(
                 reason_code=refusal.code,
                 message=refusal.detail_message,
                 extra=refusal.extra,
-                permit=permit if permit is not None and permit.permit_id == req.permit_id else None,
+                permit=found["permit"],
                 credits_authorized=Decimal(0),
                 credits_charged=Decimal(0),
                 endpoint=req.endpoint,
                 http_status=refusal.http_status,
             )
-    return action, velocity
+        return action, velocity
 
 
 def _money(value: Decimal) -> str:
@@ -466,7 +485,7 @@ def _phase3(action: Action, result: CallResult) -> Action:
     with transaction.atomic(durable=True):
         locked = (
             Action.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("permit", "ledger_entry")
+            .select_related("permit", "ledger_entry", "wallet")
             .get(pk=action.pk)
         )
         if locked.state != ActionState.DISPATCH_CLAIMED:
@@ -683,7 +702,7 @@ def _phase3_local(action: Action, req: CallRequest) -> Action:
     with transaction.atomic(durable=True):
         locked = (
             Action.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("permit", "ledger_entry")
+            .select_related("permit", "ledger_entry", "wallet")
             .get(pk=action.pk)
         )
         note = PartnerNote.objects.create(
@@ -763,3 +782,20 @@ def action_sweep(*, older_than: timedelta | None = None, limit: int = 500) -> li
             _alert_uncertain(locked, "dispatch lost: the worker stopped after claiming it")
             swept.append(action_id)
     return swept
+
+
+@transaction.atomic(durable=True)
+def tool_update(*, service_id: str, category: str, enabled: bool, actor: str = "") -> Tool:
+    """Change a tool's category or availability (prices are set in billing); audited."""
+    tool = Tool.objects.select_for_update(no_key=True).get(service_id=service_id)
+    before = {"category": tool.category, "enabled": tool.enabled}
+    tool.category = category
+    tool.enabled = enabled
+    tool.save(update_fields=["category", "enabled", "updated_at"])
+    audit_record(
+        event="tool.updated",
+        ok=True,
+        tool=service_id,
+        detail={"before": before, "after": {"category": category, "enabled": enabled}, "actor": actor},
+    )
+    return tool

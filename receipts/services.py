@@ -269,3 +269,20 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
             },
         )
         return item
+
+
+@transaction.atomic(durable=True)
+def reconciliation_record_executed(*, receipt_id: str, actor: str, note: str = "") -> Receipt:
+    """Operator's external reconciliation result for a ``delivery_uncertain`` call: it ran; the charge stands."""
+    receipt = Receipt.objects.select_for_update(no_key=True).get(receipt_id=receipt_id)
+    if receipt.outcome != Outcome.DELIVERY_UNCERTAIN:
+        raise RefundNotOwed("Only a delivery_uncertain receipt can be reconciled.", receipt_id=receipt_id)
+    audit_record(
+        event="reconciliation.marked_executed",
+        ok=True,
+        tenant_id=receipt.tenant_id,
+        wallet_id=receipt.wallet_id,
+        tool=receipt.tool,
+        detail={"receipt_id": receipt.receipt_id, "actor": actor, "note": note[:200]},
+    )
+    return receipt

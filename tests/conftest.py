@@ -20,6 +20,18 @@ def _clear_rate_limits() -> Iterator[None]:
     cache.clear()
 
 
+@pytest.fixture(autouse=True)
+def _forget_signing_caches() -> Iterator[None]:
+    """Tests flush and recreate signing keys; the per-process key caches must not outlive them."""
+    from audit import signing
+
+    signing.forget_active_kid()
+    signing._public_keys.clear()
+    yield
+    signing.forget_active_kid()
+    signing._public_keys.clear()
+
+
 def client_for(secret: str | None) -> APIClient:
     client = APIClient()
     if secret is not None:

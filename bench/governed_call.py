@@ -1,0 +1,281 @@
+"""Governed tools/call throughput and latency through /mcp, beside a direct call to the same upstream.
+
+    .venv/bin/python bench/governed_call.py [--seconds 10] [--workers 2] [--threads 8] [--json PATH]
+
+Starts, on this machine: a throwaway database on the embedded PostgreSQL server
+(or the server of DATABASE_URL), the bundled demo upstream (official MCP SDK),
+and gunicorn serving the gateway on 127.0.0.1. Provisions a funded agent, a
+key and a permit, then measures at concurrency 1 and 8:
+
+* governed ``tools/call`` of ``math.add`` through ``POST /mcp`` (2026-07-28
+  stateless requests, a fresh idempotency key per call: the full loop of
+  authorize, reserve, debit, dispatch, receipt, audit);
+* the same ``tools/call`` sent directly to the upstream (the in-run reference).
+
+Everything (gateway, PostgreSQL, upstream, load generator) shares the machine,
+as the targets assume. Stops everything and drops the database at the end.
+The rate limit is raised for the run (RATE_LIMIT_REQUESTS) and the tool is
+priced at 0.0001 credits so the velocity freeze does not trigger.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_http(url: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    raise SystemExit(f"{url} did not come up")
+
+
+def database_url(name: str) -> tuple[str, str]:
+    """(admin URL, URL of the throwaway database ``name``) on DATABASE_URL's server or the embedded one."""
+    base = os.environ.get("DATABASE_URL")
+    if not base:
+        from devtools import pg
+
+        base = pg.start()
+    import psycopg
+    from psycopg import conninfo
+
+    info = conninfo.conninfo_to_dict(base)
+    admin = conninfo.make_conninfo(base, dbname="postgres")
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        conn.execute(f'CREATE DATABASE "{name}"')
+    del info
+    return admin, conninfo.make_conninfo(base, dbname=name)
+
+
+def to_url(dsn: str) -> str:
+    from psycopg import conninfo
+
+    d = conninfo.conninfo_to_dict(dsn)
+    host = d.get("host", "")
+    user, password, dbname = d.get("user", "postgres"), d.get("password", ""), d["dbname"]
+    if host.startswith("/"):
+        return f"postgresql://{user}:{password}@/{dbname}?host={host}"
+    return f"postgresql://{user}:{password}@{host}:{d.get('port', 5432)}/{dbname}"
+
+
+def call_body(tool: str, args: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": args,
+            "_meta": {
+                "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                "io.modelcontextprotocol/clientCapabilities": {},
+                "io.modelcontextprotocol/clientInfo": {"name": "bench", "version": "1"},
+                **meta,
+            },
+        },
+    }
+
+
+def run_load(url: str, headers: dict[str, str], make_meta: Any, concurrency: int, seconds: float) -> dict[str, Any]:
+    latencies: list[float] = []
+    errors = [0]
+    lock = threading.Lock()
+    stop_at = time.monotonic() + seconds
+
+    def worker() -> None:
+        local: list[float] = []
+        bad = 0
+        with httpx.Client(headers=headers, timeout=30) as client:
+            while time.monotonic() < stop_at:
+                body = call_body("math.add", {"a": 1, "b": 2}, make_meta())
+                started = time.perf_counter()
+                r = client.post(url, json=body)
+                local.append(time.perf_counter() - started)
+                if r.status_code != 200 or "result" not in r.json():
+                    bad += 1
+        with lock:
+            latencies.extend(local)
+            errors[0] += bad
+
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    started = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    elapsed = time.monotonic() - started
+    latencies.sort()
+    n = len(latencies)
+    return {
+        "concurrency": concurrency,
+        "calls": n,
+        "errors": errors[0],
+        "calls_per_s": round(n / elapsed, 1),
+        "p50_ms": round(statistics.median(latencies) * 1000, 2) if n else None,
+        "p99_ms": round(latencies[min(n - 1, int(n * 0.99))] * 1000, 2) if n else None,
+    }
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args()
+
+    admin_dsn, dsn = database_url("bench_governed_call")
+    db_url = to_url(dsn)
+    upstream_port, gateway_port = free_port(), free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": db_url,
+        "RATE_LIMIT_REQUESTS": "100000000",
+        "UPSTREAM_MCP_URL": f"http://127.0.0.1:{upstream_port}/mcp",
+        "LOG_LEVEL": "WARNING",
+        "PUBLIC_BASE_URL": f"http://127.0.0.1:{gateway_port}",
+        "SIGNING_KEY_FILE": str(ROOT / ".data" / "bench-keys" / "signing-keys.json"),
+    }
+    env.pop("TOLLGATE_TESTING", None)
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        subprocess.run([*manage, "ensure_signing_key"], cwd=ROOT, env=env, check=True, capture_output=True)
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "mcpgateway.demo_upstream", "--port", str(upstream_port), "--stateless"],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+        wait_http(f"http://127.0.0.1:{upstream_port}/stats")
+        subprocess.run([*manage, "sync_tools"], cwd=ROOT, env=env, check=True, capture_output=True)
+        subprocess.run([*manage, "set_tool_price", "math.add", "0.0001"], cwd=ROOT, env=env, check=True)
+        setup = subprocess.run(
+            [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
+        )
+        creds = json.loads(setup.stdout.strip().splitlines()[-1])
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable, "-m", "gunicorn", "config.wsgi:application",
+                    "--bind", f"127.0.0.1:{gateway_port}", "--worker-class", "gthread",
+                    "--workers", str(args.workers), "--threads", str(args.threads), "--log-level", "warning",
+                ],
+                cwd=ROOT,
+                env=env,
+            )
+        )  # fmt: skip
+        wait_http(f"http://127.0.0.1:{gateway_port}/health")
+
+        gateway_headers = {
+            "X-API-Key": creds["secret"],
+            "MCP-Protocol-Version": "2026-07-28",
+            "Mcp-Method": "tools/call",
+            "Mcp-Name": "math.add",
+            "Accept": "application/json, text/event-stream",
+        }
+        upstream_headers = {k: v for k, v in gateway_headers.items() if k != "X-API-Key"}
+
+        def governed_meta() -> dict[str, Any]:
+            return {"permit_id": creds["permit_id"], "idempotency_key": uuid.uuid4().hex}
+
+        def direct_meta() -> dict[str, Any]:
+            return {"io.tollgate/idempotency-key": uuid.uuid4().hex}
+
+        gw_url, up_url = f"http://127.0.0.1:{gateway_port}/mcp", f"http://127.0.0.1:{upstream_port}/mcp"
+        # Warm up both paths (connections, caches, the workers' first requests).
+        run_load(gw_url, gateway_headers, governed_meta, 4, 2)
+        run_load(up_url, upstream_headers, direct_meta, 4, 1)
+        results = {}
+        for c in (1, 8):
+            results[f"direct_c{c}"] = run_load(up_url, upstream_headers, direct_meta, c, args.seconds)
+            results[f"governed_c{c}"] = run_load(gw_url, gateway_headers, governed_meta, c, args.seconds)
+        report = {
+            "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
+            "date": time.strftime("%Y-%m-%d"),
+            "gunicorn": f"{args.workers} workers x {args.threads} threads",
+            "results": results,
+            "overhead_ratio_p50_c1": round(results["governed_c1"]["p50_ms"] / results["direct_c1"]["p50_ms"], 2),
+            "throughput_ratio_c8": round(
+                results["governed_c8"]["calls_per_s"] / results["direct_c8"]["calls_per_s"], 2
+            ),
+            "targets": {"governed_c8_calls_per_s": 400, "governed_c1_p50_ms": 6},
+        }
+        print("| path | concurrency | calls/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
+        for name, r in results.items():
+            print(
+                f"| {name.rsplit('_', 1)[0]} | {r['concurrency']} | {r['calls_per_s']} | {r['p50_ms']} | {r['p99_ms']} | {r['errors']} |"
+            )
+        print(f"\np50 overhead ratio at c=1 (governed / direct): {report['overhead_ratio_p50_c1']}")
+        print(f"throughput ratio at c=8 (governed / direct): {report['throughput_ratio_c8']}")
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
+        return 0
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+        import psycopg
+
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute('DROP DATABASE IF EXISTS "bench_governed_call" WITH (FORCE)')
+
+
+SETUP = """
+import json
+from datetime import timedelta
+from decimal import Decimal
+from django.utils import timezone
+from billing.services import api_key_create, wallet_create_agent, wallet_create_sponsor
+from permits.services import permit_issue
+sponsor = wallet_create_sponsor(name="bench", initial_credits=Decimal("100000"))
+agent = wallet_create_agent(parent=sponsor, name="bench agent", initial_balance=Decimal("50000"))
+key = api_key_create(wallet=agent, name="bench")
+permit = permit_issue(wallet=agent, issuer_wallet=sponsor, issued_by_key_id="", allowed_tools=["*"],
+    max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
+    subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key="bench", request_hash="bench").permit
+print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id}))
+"""
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

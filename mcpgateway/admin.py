@@ -1,0 +1,111 @@
+"""Operator console: the tool registry and governed actions (with external reconciliation results)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from billing.admin import ServiceSavedAdmin
+from billing.selectors import tool_price
+from config.errors import ApplicationError
+from mcpgateway import services
+from mcpgateway.models import Action, ActionState, Tool
+from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed
+
+
+@admin.register(Tool)
+class ToolAdmin(ServiceSavedAdmin):
+    list_display = ["service_id", "category", "source", "enabled", "price", "synced_at"]
+    list_filter = ["source", "enabled", "category"]
+    search_fields = ["service_id", "description"]
+    fields = [
+        "service_id",
+        "title",
+        "description",
+        "category",
+        "enabled",
+        "source",
+        "input_schema",
+        "output_schema",
+        "annotations",
+        "synced_at",
+    ]
+    readonly_fields = [
+        "service_id",
+        "title",
+        "description",
+        "source",
+        "input_schema",
+        "output_schema",
+        "annotations",
+        "synced_at",
+    ]
+
+    @admin.display(description="credits per call")
+    def price(self, obj: Tool) -> str:
+        value = tool_price(obj.service_id)
+        return "not set (not callable)" if value is None else f"{value:f}"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # tools come from sync_tools
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: Tool, form: Any, change: bool) -> None:
+        services.tool_update(
+            service_id=obj.service_id,
+            category=form.cleaned_data["category"],
+            enabled=form.cleaned_data["enabled"],
+            actor=f"admin:{request.user.get_username()}",
+        )
+
+
+@admin.register(Action)
+class ActionAdmin(admin.ModelAdmin):
+    list_display = ["action_id", "created_at", "wallet", "tool", "state", "outcome", "price", "receipt"]
+    list_filter = ["state", "outcome", "transport"]
+    search_fields = ["action_id", "idempotency_key", "wallet__wallet_id", "tool"]
+    actions = ["reconciled_executed", "reconciled_not_executed"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in Action._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def _uncertain(self, queryset: QuerySet[Action]) -> QuerySet[Action]:
+        return queryset.filter(state=ActionState.DELIVERY_UNCERTAIN, receipt__isnull=False)
+
+    @admin.action(description="External reconciliation: the call WAS executed (keep the charge)")
+    def reconciled_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> None:
+        done = 0
+        for action in self._uncertain(queryset):
+            assert action.receipt_id is not None
+            reconciliation_record_executed(receipt_id=action.receipt_id, actor=f"admin:{request.user.get_username()}")
+            done += 1
+        self.message_user(request, f"{done} delivery_uncertain action(s) recorded as executed.", messages.SUCCESS)
+
+    @admin.action(description="External reconciliation: the call was NOT executed (refund owed)")
+    def reconciled_not_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> None:
+        done = 0
+        for action in self._uncertain(queryset):
+            assert action.receipt_id is not None
+            try:
+                refund_reconciliation_mark_not_executed(
+                    receipt_id=action.receipt_id, actor=f"admin:{request.user.get_username()}"
+                )
+                done += 1
+            except ApplicationError as err:
+                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
+        self.message_user(
+            request,
+            f"{done} action(s) marked not executed: retry their refunds under Refund reconciliations.",
+            messages.SUCCESS,
+        )

@@ -1,0 +1,60 @@
+"""Operator console for the gateway: tool edits go through the service; reconciliation actions work."""
+
+from __future__ import annotations
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
+
+from audit.models import AuditEvent
+from mcpgateway.models import Action, Tool
+from receipts.models import RefundReconciliation
+from tests.gateway_helpers import register_upstream, setup_caller
+from tests.upstream_server import FaultUpstream
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def staff() -> Client:
+    user = get_user_model().objects.create_superuser(username="ops", password="pw-ops-123456")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_tool_admin_edits_through_the_service(staff):
+    with FaultUpstream() as upstream:
+        register_upstream(upstream.url)
+    page = staff.get("/admin/mcpgateway/tool/")
+    assert page.status_code == 200
+    assert "echo" in page.content.decode()
+    r = staff.post("/admin/mcpgateway/tool/echo/change/", {"category": "search", "enabled": ""})
+    assert r.status_code == 302, r.content.decode()[:2000]
+    tool = Tool.objects.get(pk="echo")
+    assert tool.category == "search"
+    assert tool.enabled is False
+    assert AuditEvent.objects.filter(event="tool.updated", tool="echo").exists()
+
+
+def test_reconciliation_actions_on_uncertain_actions(staff, settings, tenant):
+    settings.UPSTREAM_READ_TIMEOUT = 0.3
+    with FaultUpstream(hang_seconds=2) as upstream:
+        settings.UPSTREAM_MCP_URL = upstream.url
+        register_upstream(upstream.url, price="2")
+        caller = setup_caller(tenant)
+        caller.rpc("hang", {}, key="u1")
+        caller.rpc("hang", {}, key="u2")
+    first, second = Action.objects.filter(state="delivery_uncertain").order_by("created_at")
+    page = staff.get("/admin/mcpgateway/action/")
+    assert page.status_code == 200
+    r = staff.post(
+        "/admin/mcpgateway/action/",
+        {"action": "reconciled_not_executed", "_selected_action": [first.pk]},
+    )
+    assert r.status_code == 302
+    item = RefundReconciliation.objects.get(receipt_id=first.receipt_id)
+    assert item.status == "pending"
+    staff.post("/admin/mcpgateway/action/", {"action": "reconciled_executed", "_selected_action": [second.pk]})
+    assert AuditEvent.objects.filter(event="reconciliation.marked_executed").count() == 1
+    assert not RefundReconciliation.objects.filter(receipt_id=second.receipt_id).exists()
