@@ -81,7 +81,7 @@ def to_url(dsn: str) -> str:
     from psycopg import conninfo
 
     d = conninfo.conninfo_to_dict(dsn)
-    host = d.get("host", "")
+    host = str(d.get("host") or "")
     user, password, dbname = d.get("user", "postgres"), d.get("password", ""), d["dbname"]
     if host.startswith("/"):
         return f"postgresql://{user}:{password}@/{dbname}?host={host}"
