@@ -320,6 +320,15 @@ def _lock(wallet_id: str) -> Wallet:
     return wallet
 
 
+def wallet_check_may_spend(*, wallet: Wallet) -> None:
+    """The status controls alone (closed, frozen, expired: 403), for calls that cost nothing.
+
+    Reads the wallet's current row; a zero-priced tool call must still be refused
+    to a frozen, expired or closed wallet.
+    """
+    _check_may_spend(Wallet.objects.get(pk=wallet.pk))
+
+
 def _check_may_spend(wallet: Wallet) -> None:
     """Status controls: closed, frozen and expired wallets spend nothing (403)."""
     if wallet.status == WalletStatus.CLOSED:

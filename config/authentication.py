@@ -131,6 +131,10 @@ class APIKeyScheme(OpenApiAuthenticationExtension):
     target_class = "config.authentication.APIKeyAuthentication"
     name = ["APIKeyHeader", "BearerAuth"]
 
+    def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
+        # Either header authenticates: two alternative requirements, not one requiring both.
+        return [{"APIKeyHeader": []}, {"BearerAuth": []}]
+
     def get_security_definition(self, auto_schema: Any) -> list[dict[str, Any]]:
         return [
             {"type": "apiKey", "in": "header", "name": "X-API-Key"},

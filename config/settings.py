@@ -7,6 +7,7 @@ is not running); ``make run`` and ``make test`` start and stop it.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import environ
@@ -19,7 +20,8 @@ env = environ.Env()
 
 DJANGO_ENV = env.str("DJANGO_ENV", default="development")
 PRODUCTION = DJANGO_ENV == "production"
-TESTING = env.bool("TOLLGATE_TESTING", default=False)
+# pytest may import these settings before any conftest runs, so its presence counts too.
+TESTING = env.bool("TOLLGATE_TESTING", default=False) or "pytest" in sys.modules
 
 _DEFAULT_SECRET = "dev-insecure-tollgate-secret-key-change-me-0123456789"
 SECRET_KEY = env.str("SECRET_KEY", default=_DEFAULT_SECRET)
@@ -199,7 +201,8 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
-    "COMPONENT_SPLIT_REQUEST": True,
+    # Request records keep the spec's names (PermitCreateRequest, not PermitCreateRequestRequest).
+    "COMPONENT_SPLIT_REQUEST": False,
     "ENUM_NAME_OVERRIDES": {
         # Serializers declare these value lists; one component name each.
         "APIKeyStatusEnum": [("active", "active"), ("revoked", "revoked")],
@@ -218,7 +221,25 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="INFO")},
     "loggers": {
         "django.db.backends": {"level": "WARNING"},
+        "httpx": {"level": "WARNING"},
         # Django logs every 4xx as a warning with the request line; ours are expected.
         "django.request": {"level": "ERROR"},
     },
 }
+
+# --- Discovery, health, readiness check and tool catalogs (mcpgateway.site) ---------------------
+# Spec, Authentication point 7: tool catalogs are public in development, keyed on production-like
+# deployments.
+TOOL_CATALOG_REQUIRES_KEY = env.bool("TOOL_CATALOG_REQUIRES_KEY", default=PRODUCTION)
+# /health/dependencies and the dashboard ping the upstream with this (short) timeout, in seconds.
+HEALTH_UPSTREAM_TIMEOUT = env.float("HEALTH_UPSTREAM_TIMEOUT", default=2.0)
+# POST /v1/launch/preflight: agent directory registration addresses (ORACLE), content sources
+# (ASSETS), the payment provider's secret key when the request gives none (KEYS), fetch timeout.
+AGENT_DIRECTORY_URLS = env.list("AGENT_DIRECTORY_URLS", default=[])
+CONTENT_SOURCE_URLS = env.list("CONTENT_SOURCE_URLS", default=[])
+PAYMENT_SECRET_KEY = env.str("PAYMENT_SECRET_KEY", default="")
+PREFLIGHT_FETCH_TIMEOUT = env.float("PREFLIGHT_FETCH_TIMEOUT", default=5.0)
+# Plain views (documents, pages, /health) described in /openapi.json.
+_schema_hooks = SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]
+assert isinstance(_schema_hooks, list)
+_schema_hooks.append("mcpgateway.discovery.openapi_documents_hook")

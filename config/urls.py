@@ -21,6 +21,7 @@ urlpatterns = [
     path("", include("permits.urls")),
     path("", include("receipts.urls")),
     path("", include("mcpgateway.urls")),
+    path("", include("mcpgateway.site_urls")),
 ]
 
 handler400 = "config.errors.handler400"

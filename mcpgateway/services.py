@@ -43,7 +43,7 @@ from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import alert_raise, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.models import ToolPrice, Wallet
-from billing.services import ledger_debit, ledger_refund, wallet_freeze_for_velocity
+from billing.services import ledger_debit, ledger_refund, wallet_check_may_spend, wallet_freeze_for_velocity
 from config.authentication import Principal
 from config.errors import ApplicationError, IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
 from config.ids import new_id
@@ -395,7 +395,9 @@ def _phase1(
                 raise decision.refusal
             permit_reserve(permit=permit, amount=price, now=now)
             entry = None
-            if price > 0:
+            if price <= 0:
+                wallet_check_may_spend(wallet=wallet)  # free calls still honour frozen/expired/closed
+            else:
                 entry = ledger_debit(
                     wallet=wallet,
                     amount=price,
@@ -450,7 +452,8 @@ def _phase1(
                 credits_authorized=Decimal(0),
                 credits_charged=Decimal(0),
                 endpoint=req.endpoint,
-                http_status=refusal.http_status,
+                # 402 for funds, 403 for every other refusal (409 stays reserved for keys in progress).
+                http_status=402 if isinstance(refusal, InsufficientFunds) else 403,
             )
         return action, velocity
 

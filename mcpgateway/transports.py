@@ -189,7 +189,7 @@ def _http_error(request: HttpRequest, err: ApplicationError, headers: dict[str, 
 
 
 def _tools_list(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
-    if ex.principal is None and getattr(settings, "TOOL_CATALOG_REQUIRES_KEY", False):
+    if ex.principal is None and settings.TOOL_CATALOG_REQUIRES_KEY:
         raise RpcError(FORBIDDEN, "The tool catalog needs an API key on this deployment.", {"error": "key_required"})
     result: dict[str, Any] = {"tools": tool_definitions(services.tools_catalog())}
     if ex.stateless:  # 2026-07-28 list results are cacheable results
@@ -255,6 +255,7 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
         raise RpcError(INVALID_PARAMS, first["msg"], {"error": first["type"], "loc": first["loc"]}) from err
     except ApplicationError as err:
         code = -32009 if err.http_status == 409 else FORBIDDEN
+        ex.headers.update(err.headers)  # Retry-After for a key still in progress
         raise RpcError(code, err.detail_message, err.as_detail()) from err
     response = answer.response
     if answer.replayed:
@@ -459,7 +460,12 @@ def _public_initialize(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _public_tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
+    raise RpcError(FORBIDDEN, "tools/call needs an API key: use POST /mcp.", {"error": "key_required"})
+
+
 PUBLIC_METHODS: dict[str, Handler] = {
+    "tools/call": _public_tools_call,
     "initialize": _public_initialize,
     "ping": _ping,
     "server/discover": _discover,

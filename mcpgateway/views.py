@@ -41,7 +41,7 @@ class CatalogView(APIView):
     permission_classes = [AllowAnyone]
 
     def check_catalog_access(self, request: Request) -> None:
-        if getattr(settings, "TOOL_CATALOG_REQUIRES_KEY", False) and optional_principal(request) is None:
+        if settings.TOOL_CATALOG_REQUIRES_KEY and optional_principal(request) is None:
             raise NotAuthenticated("The tool catalog needs an API key on this deployment.")
 
 

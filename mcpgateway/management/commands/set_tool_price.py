@@ -30,7 +30,7 @@ class Command(BaseCommand):
                 credits = Decimal(raw)
             except InvalidOperation as exc:
                 raise CommandError(f"Not a number: {raw!r}") from exc
-            if credits < 0 or credits.as_tuple().exponent < -8:  # type: ignore[operator]
+            if not credits.is_finite() or credits < 0 or credits.as_tuple().exponent < -8:  # type: ignore[operator]
                 raise CommandError("Credits must be >= 0 with at most 8 decimal places.")
         tool_price_set(tool=name, credits=credits, actor="manage.py set_tool_price")
         self.stdout.write(self.style.SUCCESS(f"{name}: {credits if credits is not None else 'price unset'}"))

@@ -1,6 +1,6 @@
 """A governed tool call through a local gateway with the official MCP Python SDK.
 
-    .venv/bin/python examples/governed_call.py [--gateway http://127.0.0.1:8000]
+    .venv/bin/python examples/sdk_call.py [--gateway http://127.0.0.1:8000]
 
 Uses the demo agent key and permit that `make run` writes to .data/demo-credentials.json.
 """

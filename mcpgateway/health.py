@@ -1,0 +1,177 @@
+"""Dependency truth for ``/health/dependencies`` and the dashboard (spec, point 12).
+
+Each check measures one dependency and never raises: the database (``SELECT 1``),
+the evidence signing key (an active key exists and its private part loads here;
+no key material leaves this module), the cache backend (a set/get round trip)
+and, for upstream tools, the configured upstream MCP server (``ping`` with short
+timeouts). The report is ``healthy`` only when every check that applies is
+``ok``; a down upstream makes it ``degraded`` and the endpoint answers 503.
+
+Nothing here writes to the database or activates a signing key: health observes,
+it does not repair.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable
+from typing import Any, Final
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db import connection
+from django.utils import timezone
+
+from mcpgateway.discovery import LOCAL_TOOLS
+
+OK: Final = "ok"
+DOWN: Final = "down"
+SKIPPED: Final = "skipped"
+NOT_CONFIGURED: Final = "not_configured"
+HEALTHY: Final = "healthy"
+DEGRADED: Final = "degraded"
+
+NOTICE: Final = (
+    "Dependency truth for the selected tool. An HTTP 200 alone does not mean every dependency is ready, and "
+    "health never replaces authentication, permit authorization or receipt verification."
+)
+
+
+def _ms(started: float) -> float:
+    return round((time.perf_counter() - started) * 1000, 2)
+
+
+def _check(name: str, probe: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """Run ``probe`` (returns extra fields, raises on failure) and time it."""
+    started = time.perf_counter()
+    try:
+        extra = probe()
+    except _Down as exc:
+        return {"status": DOWN, "latency_ms": _ms(started), "error": str(exc), **exc.extra}
+    except Exception as exc:  # a failing dependency is a finding, not a crash
+        return {"status": DOWN, "latency_ms": _ms(started), "error": f"{name} check failed: {type(exc).__name__}"}
+    return {"status": OK, "latency_ms": _ms(started), "error": None, **extra}
+
+
+class _Down(Exception):
+    def __init__(self, message: str, **extra: Any) -> None:
+        super().__init__(message)
+        self.extra = extra
+
+
+def check_database() -> dict[str, Any]:
+    """``SELECT 1`` on the default database."""
+
+    def probe() -> dict[str, Any]:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            row = cursor.fetchone()
+        if row is None or row[0] != 1:
+            raise _Down("SELECT 1 returned an unexpected row")
+        return {}
+
+    return _check("database", probe)
+
+
+def check_signing_key() -> dict[str, Any]:
+    """An active evidence signing key exists and its private key is loadable in this process."""
+    from audit import keystore
+    from audit.models import SigningKey, SigningKeyState
+
+    def probe() -> dict[str, Any]:
+        key_id = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).values_list("key_id", flat=True).first()
+        if key_id is None:
+            raise _Down("no active signing key (run manage.py ensure_signing_key)")
+        try:
+            loaded = keystore.private_key_for(key_id) is not None
+        except Exception as exc:
+            raise _Down("the signing key store is unreadable", key_id=key_id) from exc
+        if not loaded:
+            raise _Down("the active key's private key is not available on this server", key_id=key_id)
+        return {"key_id": key_id}
+
+    return _check("signing_key", probe)
+
+
+def check_cache() -> dict[str, Any]:
+    """A set/get/delete round trip on the default cache (the rate-limit store)."""
+
+    def probe() -> dict[str, Any]:
+        key = f"tollgate:health:{secrets.token_hex(8)}"
+        token = secrets.token_hex(8)
+        cache.set(key, token, timeout=10)
+        value = cache.get(key)
+        cache.delete(key)
+        if value != token:
+            raise _Down("the cache did not return the value just written")
+        return {"backend": str(settings.CACHES["default"]["BACKEND"]).rsplit(".", 1)[-1]}
+
+    return _check("cache", probe)
+
+
+def check_upstream(url: str, *, timeout: float) -> dict[str, Any]:
+    """``ping`` the upstream MCP server (handshake first) with short timeouts; the URL is never reported."""
+    from mcpgateway.upstream import UpstreamClient, UpstreamError
+
+    if not url:
+        return {"status": NOT_CONFIGURED, "latency_ms": None, "error": "UPSTREAM_MCP_URL is not set"}
+
+    def probe() -> dict[str, Any]:
+        client = UpstreamClient(
+            url,
+            connect_timeout=min(timeout, settings.UPSTREAM_CONNECT_TIMEOUT),
+            read_timeout=timeout,
+            total_timeout=timeout * 2,
+            max_connections=1,
+        )
+        try:
+            client.ping()
+        except UpstreamError as exc:
+            raise _Down(exc.reason.replace(url, "<upstream>")[:300]) from exc
+        finally:
+            client.close()
+        return {}
+
+    return _check("upstream", probe)
+
+
+def tool_scope(tool: str | None) -> str | None:
+    if not tool:
+        return None
+    return "local" if tool in LOCAL_TOOLS else "upstream"
+
+
+def dependency_report(*, tool: str | None = None) -> dict[str, Any]:
+    """Check every dependency of ``tool`` (the configured upstream's when no tool is named).
+
+    A local tool has no upstream: that check is ``skipped`` with the reason.
+    The tool name is taken as given; whether it is registered is the tool catalog's business.
+    """
+    scope = tool_scope(tool)
+    checks: dict[str, dict[str, Any]] = {
+        "database": check_database(),
+        "signing_key": check_signing_key(),
+        "cache": check_cache(),
+    }
+    if scope == "local":
+        checks["upstream"] = {
+            "status": SKIPPED,
+            "latency_ms": None,
+            "error": None,
+            "reason": f"{tool} is a local tool: it runs in-process, has no upstream and is not covered by "
+            "dispatch-uncertainty semantics"
+            + ("" if settings.ENABLE_DOGFOOD_TOOL else "; it is disabled here (ENABLE_DOGFOOD_TOOL is false)"),
+        }
+    else:
+        checks["upstream"] = check_upstream(settings.UPSTREAM_MCP_URL, timeout=settings.HEALTH_UPSTREAM_TIMEOUT)
+    healthy = all(check["status"] in (OK, SKIPPED) for check in checks.values())
+    return {
+        "status": HEALTHY if healthy else DEGRADED,
+        "version": settings.SERVICE_VERSION,
+        "checked_at": timezone.now(),
+        "tool": tool or None,
+        "tool_scope": scope,
+        "dependencies": checks,
+        "notice": NOTICE,
+    }

@@ -1,0 +1,33 @@
+"""Routes of the discovery documents, health, readiness check, dashboard and (when enabled) proof surfaces.
+
+Included from the root URLconf with ``path("", include("mcpgateway.site_urls"))``.
+The proof surfaces are mounted only when ``ENABLE_PROOF_SURFACES`` is true when
+this module is imported; :func:`site_urlpatterns` builds either variant.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.urls import URLPattern, path
+
+from mcpgateway import site
+
+
+def site_urlpatterns(*, proof_surfaces: bool) -> list[URLPattern]:
+    patterns = [
+        path(".well-known/agent.json", site.AgentManifestView.as_view(), name="agent-manifest"),
+        path("llms.txt", site.llms_txt, name="llms-txt"),
+        path("llm.txt", site.llm_txt, name="llm-txt"),
+        path("WEDGE.md", site.wedge_md, name="wedge-md"),
+        path("SECURITY_LIMITATIONS.md", site.security_limitations_md, name="security-limitations-md"),
+        path("v1/discover", site.DiscoverView.as_view(), name="discover"),
+        path("v1/launch/preflight", site.LaunchPreflightView.as_view(), name="launch-preflight"),
+        path("health/dependencies", site.HealthDependenciesView.as_view(), name="health-dependencies"),
+        path("dashboard", site.dashboard, name="dashboard"),
+    ]
+    if proof_surfaces:
+        patterns.append(path("proof/", site.ProofSurfaceIndexView.as_view(), name="proof-index"))
+    return patterns
+
+
+urlpatterns = site_urlpatterns(proof_surfaces=settings.ENABLE_PROOF_SURFACES)

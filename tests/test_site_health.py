@@ -1,0 +1,183 @@
+"""/health/dependencies: dependency truth for the selected tool; 503 whenever something is down."""
+
+from __future__ import annotations
+
+import pytest
+from django.db import OperationalError
+from django.test import override_settings
+from django.utils import timezone
+
+from audit import keystore
+from audit.models import SigningKey, SigningKeyState
+from audit.services import signing_key_ensure
+from mcpgateway import health
+from tests.upstream_server import free_port, running_demo_upstream
+
+pytestmark = pytest.mark.django_db
+
+URL = "/health/dependencies"
+
+
+@pytest.fixture
+def signing_key() -> SigningKey:
+    return signing_key_ensure()
+
+
+def closed_port_url() -> str:
+    return f"http://127.0.0.1:{free_port()}/mcp"
+
+
+def test_healthy_with_a_live_upstream(anon_client, signing_key):
+    with running_demo_upstream() as demo, override_settings(UPSTREAM_MCP_URL=demo.url):
+        r = anon_client.get(URL, {"tool": "notes.append"})
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert body["status"] == "healthy"
+    assert body["version"] == "1.3.0"
+    assert body["tool"] == "notes.append"
+    assert body["tool_scope"] == "upstream"
+    deps = body["dependencies"]
+    assert {name: d["status"] for name, d in deps.items()} == {
+        "database": "ok",
+        "signing_key": "ok",
+        "cache": "ok",
+        "upstream": "ok",
+    }
+    assert deps["signing_key"]["key_id"] == signing_key.key_id
+    assert deps["database"]["latency_ms"] >= 0
+    assert deps["upstream"]["latency_ms"] > 0
+    assert "HTTP 200 alone does not mean" in body["notice"]
+    assert r["Cache-Control"] == "no-store"
+
+
+def test_down_upstream_is_503_degraded_and_the_url_stays_private(anon_client, signing_key):
+    url = closed_port_url()
+    with override_settings(UPSTREAM_MCP_URL=url, HEALTH_UPSTREAM_TIMEOUT=1.0):
+        r = anon_client.get(URL, {"tool": "notes.append"})
+    assert r.status_code == 503
+    body = r.json()
+    assert body["status"] == "degraded"
+    upstream = body["dependencies"]["upstream"]
+    assert upstream["status"] == "down"
+    assert upstream["error"]
+    assert "Connect" in upstream["error"] or "connect" in upstream["error"]
+    assert url not in r.content.decode()
+    assert body["dependencies"]["database"]["status"] == "ok"
+
+
+def test_no_tool_checks_the_configured_upstream(anon_client, signing_key):
+    with override_settings(UPSTREAM_MCP_URL=closed_port_url(), HEALTH_UPSTREAM_TIMEOUT=1.0):
+        r = anon_client.get(URL)
+    assert r.status_code == 503
+    assert r.json()["tool"] is None
+    assert r.json()["dependencies"]["upstream"]["status"] == "down"
+
+
+def test_unconfigured_upstream_is_degraded(anon_client, signing_key):
+    with override_settings(UPSTREAM_MCP_URL=""):
+        r = anon_client.get(URL)
+    assert r.status_code == 503
+    assert r.json()["dependencies"]["upstream"]["status"] == "not_configured"
+
+
+@pytest.mark.parametrize("dogfood", [True, False])
+def test_local_tool_skips_the_upstream(anon_client, signing_key, dogfood):
+    with override_settings(UPSTREAM_MCP_URL=closed_port_url(), ENABLE_DOGFOOD_TOOL=dogfood):
+        r = anon_client.get(URL, {"tool": "partner.notes.write"})
+    assert r.status_code == 200
+    body = r.json()
+    assert body["status"] == "healthy"
+    assert body["tool_scope"] == "local"
+    upstream = body["dependencies"]["upstream"]
+    assert upstream["status"] == "skipped"
+    assert "local tool" in upstream["reason"]
+    assert ("disabled here" in upstream["reason"]) is (not dogfood)
+
+
+def test_no_active_signing_key_is_degraded(anon_client):
+    assert not SigningKey.objects.filter(state=SigningKeyState.ACTIVE).exists()
+    with override_settings(UPSTREAM_MCP_URL=""):
+        r = anon_client.get(URL, {"tool": "partner.notes.write"})
+    assert r.status_code == 503
+    check = r.json()["dependencies"]["signing_key"]
+    assert check["status"] == "down"
+    assert "no active signing key" in check["error"]
+    # Health observes; it does not activate a key.
+    assert not SigningKey.objects.exists()
+
+
+def test_active_key_without_private_part_is_degraded(anon_client):
+    now = timezone.now()
+    SigningKey.objects.create(
+        key_id="sig_notHere0000000000000000000000",
+        public_key="A" * 43,
+        state=SigningKeyState.ACTIVE,
+        created_at=now,
+        activated_at=now,
+    )
+    r = anon_client.get(URL, {"tool": "partner.notes.write"})
+    assert r.status_code == 503
+    check = r.json()["dependencies"]["signing_key"]
+    assert check["status"] == "down"
+    assert check["key_id"] == "sig_notHere0000000000000000000000"
+    assert "not available on this server" in check["error"]
+
+
+def test_signing_key_material_never_appears(anon_client, signing_key):
+    import base64
+
+    from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat
+
+    private = keystore.private_key_for(signing_key.key_id)
+    assert private is not None
+    seed = private.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    encoded = base64.urlsafe_b64encode(seed).decode().rstrip("=")
+    text = anon_client.get(URL, {"tool": "partner.notes.write"}).content.decode()
+    assert signing_key.key_id in text
+    assert encoded not in text
+    assert str(keystore.key_file_path()) not in text
+
+
+def test_cache_that_forgets_is_degraded(anon_client, signing_key):
+    with override_settings(CACHES={"default": {"BACKEND": "django.core.cache.backends.dummy.DummyCache"}}):
+        r = anon_client.get(URL, {"tool": "partner.notes.write"})
+    assert r.status_code == 503
+    assert r.json()["dependencies"]["cache"]["status"] == "down"
+
+
+def test_database_failure_is_reported_not_raised(monkeypatch):
+    class BrokenConnection:
+        def cursor(self):
+            raise OperationalError("connection refused at db.internal:5432")
+
+    monkeypatch.setattr(health, "connection", BrokenConnection())
+    check = health.check_database()
+    assert check["status"] == "down"
+    assert check["error"] == "database check failed: OperationalError"  # no host names leak
+
+
+@override_settings(RATE_LIMIT_REQUESTS=2)
+def test_health_dependencies_is_rate_limited_as_anonymous(anon_client, signing_key):
+    with override_settings(UPSTREAM_MCP_URL=""):
+        statuses = [anon_client.get(URL, {"tool": "partner.notes.write"}).status_code for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    # /health (liveness) stays exempt.
+    assert anon_client.get("/health").status_code == 200
+
+
+def test_bad_query_and_bad_key(anon_client):
+    assert anon_client.get(URL, {"tool": "x" * 300}).status_code == 422
+    from tests.conftest import client_for
+
+    assert client_for("tg_key_bogus_0123456789abcdefghijklmnopqrstuvwxyz").get(URL).status_code == 401
+
+
+def test_schema_describes_health(anon_client):
+    paths = anon_client.get("/openapi.json").json()["paths"]
+    op = paths["/health/dependencies"]["get"]
+    assert op["operationId"] == "health_dependencies"
+    assert {"200", "503"} <= set(op["responses"])
+    assert op["responses"]["503"]["content"]["application/json"]["schema"]["$ref"].endswith(
+        "HealthDependenciesResponse"
+    )
+    assert paths["/health"]["get"]["operationId"] == "health"
