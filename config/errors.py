@@ -203,6 +203,14 @@ def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response:
             return _error_response(err)
     if isinstance(exc, drf_exceptions.Throttled):
         return _error_response(RateLimited())
+    from django.db import OperationalError
+
+    if isinstance(exc, OperationalError):
+        from config.dbretry import conflict_response, is_retryable
+
+        if is_retryable(exc):
+            logger.warning("transaction conflict answered 409: %s", exc)
+            return _error_response(conflict_response())
     if isinstance(exc, drf_exceptions.APIException):
         code = exc.default_code if isinstance(exc.default_code, str) else "error"
         response = Response(

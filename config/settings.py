@@ -64,6 +64,8 @@ if PRODUCTION:
         problems.append("ENABLE_DOGFOOD_TOOL is on")
     if not ALLOWED_ORIGINS:
         problems.append("ALLOWED_ORIGINS is empty")
+    if env.str("TOLLGATE_FAULTS", default=""):
+        problems.append("TOLLGATE_FAULTS (test-only fault injection) is set")
     if problems:
         raise ImproperlyConfigured("refusing to start in production: " + "; ".join(problems))
 

@@ -45,7 +45,9 @@ from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExc
 from billing.models import ToolPrice, Wallet
 from billing.services import ledger_debit, ledger_refund, wallet_check_may_spend, wallet_freeze_for_velocity
 from config.authentication import Principal
+from config.dbretry import run_retrying
 from config.errors import ApplicationError, IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
+from config.faults import fault_point
 from config.ids import new_id
 from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.upstream import CallResult, UpstreamClient
@@ -304,7 +306,7 @@ def governed_call(req: CallRequest) -> CallAnswer:
 
     velocity: VelocityLimitExceeded | None = None
     try:
-        action, velocity = _phase1(req, tool, price, digest)
+        action, velocity = run_retrying(lambda: _phase1(req, tool, price, digest))
     except IntegrityError:
         # A concurrent request with the same key inserted first (the unique index made us wait for it).
         existing = Action.objects.filter(wallet_id=principal.wallet_id, idempotency_key=req.idempotency_key).first()
@@ -317,11 +319,16 @@ def governed_call(req: CallRequest) -> CallAnswer:
         assert action.response is not None
         return CallAnswer(action.action_id, action.response, replayed=False)
 
+    fault_point("after_claim")
+    claimed = action
     if tool.source == ToolSource.LOCAL:
-        action = _phase3_local(action, req)
+        action = run_retrying(lambda: _phase3_local(claimed, req))
     else:
         result = _dispatch(action, tool, req)
-        action = _phase3(action, result)
+        fault_point("after_upstream")
+        # Still unrecorded after the retries: the action stays claimed (409, retry later); the
+        # sweeper settles it if this worker never does.
+        action = run_retrying(lambda: _phase3(claimed, result))
     assert action.response is not None
     return CallAnswer(action.action_id, action.response, replayed=False)
 
@@ -371,6 +378,7 @@ def _phase1(
     try:
         with transaction.atomic(durable=True):
             action.save(force_insert=True)
+            fault_point("after_accept")
             permit = Permit.objects.filter(permit_id=req.permit_id, wallet=wallet).first()
             found["permit"] = permit
             if permit is None:
@@ -406,6 +414,7 @@ def _phase1(
                     request_path=req.endpoint,
                     correlation_id=action.action_id,
                 ).entry
+                fault_point("after_debit")
             action.state = ActionState.DISPATCH_CLAIMED
             action.permit = permit
             action.price = price
@@ -491,6 +500,7 @@ def _phase3(action: Action, result: CallResult) -> Action:
             .select_related("permit", "ledger_entry", "wallet")
             .get(pk=action.pk)
         )
+        fault_point("before_receipt")
         if locked.state != ActionState.DISPATCH_CLAIMED:
             # The sweeper declared it delivery_uncertain first; that receipt stands.
             logger.warning("action %s finished after it was swept (%s)", locked.action_id, result.kind)

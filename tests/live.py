@@ -44,7 +44,9 @@ class LiveGateway:
 
 
 @contextlib.contextmanager
-def running_gateway(tmp_path: Path, *, workers: int = 1, threads: int = 4, **env: str) -> Iterator[LiveGateway]:
+def running_gateway(
+    tmp_path: Path, *, workers: int = 1, threads: int = 4, extra_env: dict[str, str] | None = None, **env: str
+) -> Iterator[LiveGateway]:
     """Start gunicorn on the test database; stop it (and its workers) on exit."""
     port = free_port()
     log = tmp_path / f"gunicorn-{port}.log"
@@ -58,6 +60,7 @@ def running_gateway(tmp_path: Path, *, workers: int = 1, threads: int = 4, **env
         # The same evidence key as this test process (its temporary key file).
         "SIGNING_KEY_FILE": str(keystore.key_file_path()),
         **env,
+        **(extra_env or {}),
     }
     cmd = [
         sys.executable, "-m", "gunicorn", "config.wsgi:application",
