@@ -44,6 +44,7 @@ from audit.services import alert_raise, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.models import ToolPrice, Wallet
 from billing.services import ledger_debit, ledger_refund, wallet_check_may_spend, wallet_freeze_for_velocity
+from config import metrics
 from config.authentication import Principal
 from config.dbretry import run_retrying
 from config.errors import ApplicationError, IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
@@ -379,6 +380,9 @@ def _phase1(
         with transaction.atomic(durable=True):
             action.save(force_insert=True)
             fault_point("after_accept")
+            # Lock order for every transaction that moves a wallet's money: the wallet row first, then
+            # the permit row, then the audit chain head (phase 3's refund and the refund retry do the same).
+            _lock_wallet(wallet.wallet_id)
             permit = Permit.objects.filter(permit_id=req.permit_id, wallet=wallet).first()
             found["permit"] = permit
             if permit is None:
@@ -467,6 +471,10 @@ def _phase1(
         return action, velocity
 
 
+def _lock_wallet(wallet_id: str) -> None:
+    Wallet.objects.select_for_update(no_key=True).filter(wallet_id=wallet_id).values_list("pk", flat=True).first()
+
+
 def _money(value: Decimal) -> str:
     return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
 
@@ -477,7 +485,7 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
         client = upstream_client()
     except RuntimeError as exc:
         return CallResult(kind="not_sent", reason=str(exc), request_id=action.action_id)
-    return client.call_tool(
+    result = client.call_tool(
         tool.service_id,
         req.arguments,
         idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
@@ -485,6 +493,8 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
         extra_meta={"io.tollgate/action-id": action.action_id},
         output_schema=tool.output_schema or None,
     )
+    metrics.observe_upstream(result.elapsed, kind=result.kind)
+    return result
 
 
 def _response_hash(result: CallResult) -> str:
@@ -588,14 +598,16 @@ def _refund_and_finish(
     if price > 0 and action.ledger_entry is not None:
         try:
             with transaction.atomic():
+                # Lock order as in phase 1: the wallet row, then the permit row.
+                _lock_wallet(action.wallet_id)
+                if action.permit_id:
+                    permit_release(permit_id=action.permit_id, amount=price)
                 refund = ledger_refund(
                     amount=price,
                     charge=action.ledger_entry,
                     description=f"refund: {action.tool} did not run",
                     correlation_id=action.action_id,
                 )
-                if action.permit_id:
-                    permit_release(permit_id=action.permit_id, amount=price)
         except ApplicationError as err:
             unrefunded_reason = f"{err.code}: {err.detail_message}"[:300]
     elif action.permit_id:

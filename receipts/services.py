@@ -214,6 +214,12 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
         charge = receipt.ledger_entry
         try:
             with transaction.atomic():  # savepoint: a failed refund leaves the attempt recorded
+                # Lock order as in the governed call: the wallet row, then the permit row.
+                Wallet.objects.select_for_update(no_key=True).filter(wallet_id=receipt.wallet_id).values_list(
+                    "pk", flat=True
+                ).first()
+                if receipt.permit_id:
+                    permit_release(permit_id=receipt.permit_id, amount=item.amount)
                 refund = ledger_refund(
                     amount=item.amount,
                     charge=charge,
@@ -221,8 +227,6 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
                     description=f"refund for {receipt.receipt_id}",
                     correlation_id=receipt.action_id,
                 )
-                if receipt.permit_id:
-                    permit_release(permit_id=receipt.permit_id, amount=item.amount)
         except ApplicationError as err:
             item.attempts += 1
             item.last_error = err.detail_message[:500]
