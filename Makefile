@@ -18,6 +18,10 @@ run: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m devtools.check
 
+# Every benchmark under bench/, then BENCHMARKS.md (about three minutes).
+bench: $(STAMP)
+	$(BIN)/python -m devtools.bench
+
 db-start: $(STAMP)
 	$(BIN)/python -m devtools.pg start
 

@@ -29,6 +29,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
 
+from config import metrics
 from config.authentication import resolve_credential
 from config.errors import RateLimited, json_error
 
@@ -88,6 +89,7 @@ class RateLimitMiddleware:
         remaining = max(0, limit - count)
         if count > limit:
             REFUSALS[kind] += 1
+            metrics.count_refusal(kind)
             response: HttpResponse = json_error(
                 request,
                 RateLimited(

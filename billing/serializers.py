@@ -10,7 +10,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
 from billing.models import APIKey, KeyRotationLog, ServiceCategory, WalletStatus, WalletType
-from config.pagination import MAX_LIMIT, list_envelope
+from config.pagination import MAX_LIMIT, MAX_OFFSET, list_envelope
 
 if TYPE_CHECKING:
     from billing.services import DebitResult
@@ -213,7 +213,7 @@ WalletListResponse = list_envelope("WalletListResponse", WalletResponse)
 class WalletListQuery(serializers.Serializer):
     wallet_type = serializers.ChoiceField(choices=WalletType.choices, required=False)
     limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=50)
-    offset = serializers.IntegerField(min_value=0, default=0)
+    offset = serializers.IntegerField(min_value=0, max_value=MAX_OFFSET, default=0)
 
 
 class LedgerQuery(serializers.Serializer):
@@ -284,6 +284,7 @@ class ChargeQuery(serializers.Serializer):
         decimal_places=8,
         coerce_to_string=False,
         default=Decimal("1.0"),
+        min_value=Decimal("0.00000001"),
         help_text="Greater than 0; up to 8 decimal places.",
     )
     request_path = serializers.CharField(max_length=300, required=False, default="", allow_blank=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -37,7 +36,7 @@ from billing.serializers import (
 from config.authentication import principal
 from config.errors import OperatorKeyRequired
 from config.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
-from config.idempotency import validate_idempotency_key
+from config.idempotency import HEADER_SCHEMA, validate_idempotency_key
 from config.pagination import PageQuery, page, parse_body, parse_query
 from config.schema import ERRORS_KEY, error_responses
 
@@ -46,7 +45,7 @@ BILLING = ["billing"]
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     IDEMPOTENCY_HEADER_NAME,
-    OpenApiTypes.STR,
+    HEADER_SCHEMA,  # a raw schema: length and character rule
     OpenApiParameter.HEADER,
     required=False,
     description=(

@@ -39,3 +39,12 @@ def request_hash(payload: Any) -> str:
 def idempotency_scope(*, wallet_id: str | None, key_id: str) -> str:
     """Keys are scoped by the caller's wallet; operator keys each have their own scope."""
     return wallet_id or f"operator:{key_id}"
+
+
+# The header's OpenAPI schema: the rule above, stated (printable ASCII, no surrounding spaces).
+HEADER_SCHEMA: dict[str, object] = {
+    "type": "string",
+    "minLength": 1,
+    "maxLength": 255,
+    "pattern": "^[\\x21-\\x7e](?:[\\x20-\\x7e]*[\\x21-\\x7e])?$",
+}

@@ -32,8 +32,15 @@ class RequestIdMiddleware:
         request_id = incoming if _SANE.match(incoming) else new_id("req")
         request.request_id = request_id  # type: ignore[attr-defined]
         token = current_request_id.set(request_id)
+        response: HttpResponse
         try:
-            response = self.get_response(request)
+            if "\x00" in request.path:
+                # No stored id can contain NUL (PostgreSQL text cannot hold it): nothing is there.
+                from config.errors import NotFound, json_error
+
+                response = json_error(request, NotFound())
+            else:
+                response = self.get_response(request)
         finally:
             current_request_id.reset(token)
         response["X-Request-Id"] = request_id

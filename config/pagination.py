@@ -15,6 +15,7 @@ from config.errors import RequestValidationError, flatten_drf_errors
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
+MAX_OFFSET = 1_000_000_000  # far past any real list; keeps the SQL OFFSET inside bigint
 
 S = TypeVar("S", bound=serializers.Serializer)
 
@@ -23,7 +24,7 @@ class PageQuery(serializers.Serializer):
     """Pagination query parameters."""
 
     limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=DEFAULT_LIMIT)
-    offset = serializers.IntegerField(min_value=0, default=0)
+    offset = serializers.IntegerField(min_value=0, max_value=MAX_OFFSET, default=0)
 
 
 def parse_query(request: Request, serializer_class: type[S]) -> dict[str, Any]:
@@ -69,6 +70,14 @@ def parse_body(request: Request, serializer_class: type[S]) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise RequestValidationError.single(["body"], "The body must be a JSON object.", "dict_type")
     serializer = serializer_class(data=data)
+    wrong_types = [
+        {"loc": ["body", name], "msg": "Input should be a valid string.", "type": "string_type"}
+        for name, field in serializer.fields.items()
+        if isinstance(field, serializers.CharField) and name in data and data[name] is not None
+        if not isinstance(data[name], str)
+    ]
+    if wrong_types:  # DRF would quietly turn 5 into "5"
+        raise RequestValidationError(wrong_types)
     if not serializer.is_valid():
         raise RequestValidationError(flatten_drf_errors(serializer.errors, ["body"]))
     return dict(serializer.validated_data)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.openapi import AutoSchema
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
+
+POSITIVE_MARKER = "x-tollgate-positive"
+DIGITS_PATTERN = r"(?:\d{1,%d}(?:\.\d{0,%d})?|\.\d{1,%d})"
 
 
 class ErrorDetail(serializers.Serializer):
@@ -70,3 +74,78 @@ def error_responses(*codes: int) -> dict[int, Any]:
 
 
 ERRORS_KEY = error_responses(401, 403, 404, 422)
+
+
+class TollgateAutoSchema(AutoSchema):
+    """drf-spectacular's AutoSchema, stating what the validators enforce.
+
+    * a request string that may not be blank has ``minLength: 1``;
+    * a decimal's pattern requires a digit (``''``, ``-`` and ``.`` are not numbers), and a
+      request decimal whose minimum is positive or zero has no minus sign; a positive minimum is
+      stated as ``exclusiveMinimum: 0``.
+    """
+
+    def _map_serializer_field(self, field: Any, direction: Any, bypass_extensions: bool = False) -> Any:
+        schema = super()._map_serializer_field(field, direction, bypass_extensions)
+        if not isinstance(schema, dict):
+            return schema
+        request = direction == "request"
+        if (
+            request
+            and isinstance(field, serializers.CharField)
+            and not field.allow_blank
+            and schema.get("type") == "string"
+            and "minLength" not in schema
+            and "enum" not in schema
+        ):
+            schema["minLength"] = 1
+        if isinstance(field, serializers.DecimalField):
+            minimum = field.min_value
+            if "pattern" in schema:
+                places = field.decimal_places or 0
+                whole = (field.max_digits or 20) - places
+                sign = "" if request and minimum is not None and minimum >= 0 else "-?"
+                schema["pattern"] = f"^{sign}{DIGITS_PATTERN % (whole, places, places)}$"
+            if request and minimum is not None and minimum > 0:
+                # "Greater than 0": the smallest step is an implementation detail. (A literal 0 here
+                # would be dropped for query parameters; the hook below writes it.)
+                schema.pop("minimum", None)
+                schema[POSITIVE_MARKER] = True
+        return schema
+
+
+# Request bodies whose fields are alternatives: one of these sets must be present.
+ALTERNATIVES = {
+    "PermitVerifyRequest": [["permit_id"], ["permit", "signature"]],
+    "ReceiptVerifyRequest": [["receipt_id"], ["receipt", "signature"]],
+}
+
+
+# Fields that go together (both or neither).
+TOGETHER = {"CreateAgentWalletRequest": {"refill_threshold": ["refill_amount"], "refill_amount": ["refill_threshold"]}}
+
+
+def _positive(node: Any) -> None:
+    if isinstance(node, dict):
+        if node.pop(POSITIVE_MARKER, False):
+            node.pop("minimum", None)
+            node["exclusiveMinimum"] = 0
+        for value in node.values():
+            _positive(value)
+    elif isinstance(node, list):
+        for value in node:
+            _positive(value)
+
+
+def postprocess_alternatives(result: dict[str, Any], generator: Any, request: Any, public: bool) -> dict[str, Any]:
+    """drf-spectacular hook: alternatives of the verify bodies (``anyOf`` of required sets), fields that
+    go together (``dependentRequired``) and positive decimals (``exclusiveMinimum: 0``)."""
+    components = result.get("components", {}).get("schemas", {})
+    for name, sets in ALTERNATIVES.items():
+        if name in components:
+            components[name]["anyOf"] = [{"required": fields} for fields in sets]
+    for name, dependent in TOGETHER.items():
+        if name in components:
+            components[name]["dependentRequired"] = dependent
+    _positive(result)
+    return result

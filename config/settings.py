@@ -183,7 +183,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["config.authentication.HasAPIKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "DEFAULT_SCHEMA_CLASS": "config.schema.TollgateAutoSchema",
     "EXCEPTION_HANDLER": "config.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_THROTTLE_CLASSES": [],
@@ -212,7 +212,10 @@ SPECTACULAR_SETTINGS = {
         "PermitRequestStatusEnum": [(v, v) for v in ("pending", "approved", "rejected", "expired")],
         "QuoteStatusEnum": [(v, v) for v in ("active", "consumed", "expired")],
     },
-    "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums"],
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.schema.postprocess_alternatives",
+    ],
 }
 
 LOGGING = {
@@ -245,3 +248,11 @@ PREFLIGHT_FETCH_TIMEOUT = env.float("PREFLIGHT_FETCH_TIMEOUT", default=5.0)
 _schema_hooks = SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]
 assert isinstance(_schema_hooks, list)
 _schema_hooks.append("mcpgateway.discovery.openapi_documents_hook")
+
+# --- Metrics (GET /metrics, config.metrics) ----------------------------------------------------
+# Bearer token for Prometheus scrapers (operator keys work too); empty: only operator keys.
+METRICS_SCRAPE_TOKEN = env.str("METRICS_SCRAPE_TOKEN", default="")
+if PRODUCTION and METRICS_SCRAPE_TOKEN and len(METRICS_SCRAPE_TOKEN) < 32:
+    raise ImproperlyConfigured("refusing to start in production: METRICS_SCRAPE_TOKEN is shorter than 32 characters")
+# Counts every response by route and status; before the rate limiter, so its 429s count too.
+MIDDLEWARE.insert(MIDDLEWARE.index("billing.ratelimit.RateLimitMiddleware"), "config.metrics.MetricsMiddleware")

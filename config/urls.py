@@ -22,6 +22,7 @@ urlpatterns = [
     path("", include("receipts.urls")),
     path("", include("mcpgateway.urls")),
     path("", include("mcpgateway.site_urls")),
+    path("", include("config.metrics_urls")),
 ]
 
 handler400 = "config.errors.handler400"

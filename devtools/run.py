@@ -95,6 +95,8 @@ def main() -> int:
                     threads,
                     "--access-logfile",
                     "-",
+                    "--limit-request-line",
+                    "16384",
                     "--graceful-timeout",
                     "10",
                 ],

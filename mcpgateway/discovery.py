@@ -197,6 +197,7 @@ class DocumentSpec:
     auth: str = "none"
     deprecated: bool = False
     request_schema: dict[str, Any] | None = None
+    jsonrpc: bool = False
 
     def operation(self) -> dict[str, Any]:
         responses: dict[str, Any] = {
@@ -206,6 +207,17 @@ class DocumentSpec:
             responses["401"] = _error_response("Missing, malformed, unknown or revoked API key.")
         if self.rate_limited:
             responses["429"] = _rate_limited_response()
+        if self.jsonrpc:
+            responses["202"] = {"description": "A notification (a message without id) was accepted; no body."}
+            responses["400"] = {
+                "description": "Malformed JSON-RPC, or (handshake era) a missing or mismatched session header.",
+                "content": {"application/json": {"schema": _JSONRPC_RESPONSE}},
+            }
+            responses["403"] = _error_response("Origin not in ALLOWED_ORIGINS.")
+            responses["404"] = {
+                "description": "An unknown or ended MCP session, or (2026-07-28) an unknown method.",
+                "content": {"application/json": {"schema": _JSONRPC_RESPONSE}},
+            }
         op: dict[str, Any] = {
             "operationId": self.operation_id,
             "summary": self.summary,
@@ -285,6 +297,7 @@ _JSONRPC_RESPONSE: Final[dict[str, Any]] = {
 FOREIGN_DOCUMENTS: Final = {
     "mcp": DocumentSpec(
         operation_id="mcp_streamable_http",
+        jsonrpc=True,
         summary="MCP Streamable HTTP transport (JSON responses); exists only when enabled",
         description="ping, tools/list and tools/call; a tool call carries a permit id and an idempotency key and "
         "runs permit -> meter -> dispatch -> receipt. Origin is validated against ALLOWED_ORIGINS.",
@@ -297,6 +310,7 @@ FOREIGN_DOCUMENTS: Final = {
     ),
     "mcp-public": DocumentSpec(
         operation_id="mcp_public",
+        jsonrpc=True,
         summary="Read-only, stateless MCP endpoint for public material (no key; Origin validated)",
         media_type="application/json",
         tags=("mcp",),
@@ -306,6 +320,7 @@ FOREIGN_DOCUMENTS: Final = {
     ),
     "mcp-messages": DocumentSpec(
         operation_id="mcp_messages",
+        jsonrpc=True,
         summary="Legacy JSON-RPC endpoint (tools/list, tools/call); no MCP initialization lifecycle",
         description="Deprecated: new integrations use POST /mcp when it is enabled.",
         media_type="application/json",

@@ -5,6 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from billing.models import ServiceCategory
+from config.pagination import MAX_OFFSET
 
 
 class ToolDefinition(serializers.Serializer):
@@ -43,7 +44,7 @@ class ToolCategoryQuery(serializers.Serializer):
 
 class ToolPageQuery(ToolCategoryQuery):
     limit = serializers.IntegerField(min_value=1, max_value=500, default=100)
-    offset = serializers.IntegerField(min_value=0, default=0)
+    offset = serializers.IntegerField(min_value=0, max_value=MAX_OFFSET, default=0)
 
 
 class ToolCallRequest(serializers.Serializer):

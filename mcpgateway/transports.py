@@ -306,12 +306,15 @@ def _answer(ex: Exchange, message: Any, methods: dict[str, Handler]) -> tuple[in
             message.get("id") if isinstance(message, dict) else None, err
         )
     method, rid = message["method"], message.get("id")
+    if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int, float))):
+        err = RpcError(INVALID_REQUEST, "A JSON-RPC id must be a string, a number or null.")
+        return (_stateless_status(err.code) if ex.stateless else 400), _rpc_error(None, err)
     params = message.get("params") or {}
     if "id" not in message:  # a notification: accepted, nothing to answer
         return 202, None
     try:
         if not isinstance(params, dict):
-            raise RpcError(INVALID_PARAMS, "params must be an object.")
+            raise RpcError(INVALID_REQUEST, "params must be an object.", http_status=400)
         if ex.stateless:
             _check_stateless_headers(ex, method, params)
         handler = methods.get(method)

@@ -35,6 +35,10 @@ def health(request: HttpRequest) -> JsonResponse:
     return JsonResponse({"status": "ok", "service": "tollgate", "version": settings.SERVICE_VERSION})
 
 
+# Security requirement objects: either key header, or none ({}: anonymous allowed).
+OPTIONAL_KEY: list[dict[str, list[str]]] = [{"APIKeyHeader": []}, {"BearerAuth": []}, {}]
+
+
 class CatalogView(APIView):
     """Tool catalogs are public, except on production-like deployments (TOOL_CATALOG_REQUIRES_KEY)."""
 
@@ -58,6 +62,7 @@ class ToolManifestView(CatalogView):
     @extend_schema(
         operation_id="mcp_tools_manifest",
         tags=["mcp"],
+        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
         parameters=[ToolCategoryQuery],
         responses={200: ToolManifestResponse, **error_responses(401, 422)},
         summary="The tool manifest (authoritative for callable tools; mirrors tools/list)",
@@ -72,6 +77,7 @@ class WellKnownToolManifestView(ToolManifestView):
     @extend_schema(
         operation_id="mcp_tools_manifest_well_known",
         tags=["mcp"],
+        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
         parameters=[ToolCategoryQuery],
         responses={200: ToolManifestResponse, **error_responses(401, 422)},
         summary="The tool manifest at its well-known address",
@@ -84,6 +90,7 @@ class ToolListView(CatalogView):
     @extend_schema(
         operation_id="mcp_tools_list",
         tags=["mcp"],
+        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
         parameters=[ToolPageQuery],
         responses={200: ToolPageResponse, **error_responses(401, 422)},
         summary="Paginated tool list with schemas",
@@ -107,6 +114,7 @@ class ToolDetailView(CatalogView):
     @extend_schema(
         operation_id="mcp_tools_retrieve",
         tags=["mcp"],
+        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
         responses={200: ToolDefinition, **error_responses(401, 404)},
         summary="One tool's full definition",
     )
@@ -137,6 +145,8 @@ class ToolInvokeView(APIView):
     )
     def post(self, request: Request, service_id: str) -> Response:
         caller = principal(request)
+        if services.tool_get(service_id) is None:
+            raise NotFound("No such tool.", service_id=service_id)
         data = request.data if isinstance(request.data, dict) else None
         serializer = ToolCallRequest(data=data)
         if data is None or not serializer.is_valid():

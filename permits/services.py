@@ -124,6 +124,18 @@ def _mint_permit(
     return permit
 
 
+def _check_subject_key(wallet: Wallet, subject_key_id: str | None) -> None:
+    """A permit (or a request for one) may bind only an active key of its own subject wallet."""
+    if subject_key_id is None:
+        return
+    from billing.models import APIKey
+
+    if not APIKey.objects.filter(key_id=subject_key_id, wallet=wallet, status="active").exists():
+        raise RequestValidationError.single(
+            ["body", "subject_key_id"], "Not an active API key of the subject wallet.", "value_error"
+        )
+
+
 def human_approval_required(wallet: Wallet) -> bool:
     """True when an enabled policy on the wallet or an ancestor requires human approval."""
     return PolicyBundle.objects.filter(
@@ -159,13 +171,7 @@ def permit_issue(
         raise exc.IssuerNotAllowed()
     if issuer_wallet is not None and human_approval_required(wallet):
         raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
-    if subject_key_id is not None:
-        from billing.models import APIKey
-
-        if not APIKey.objects.filter(key_id=subject_key_id, wallet=wallet, status="active").exists():
-            raise RequestValidationError.single(
-                ["body", "subject_key_id"], "Not an active API key of the subject wallet.", "value_error"
-            )
+    _check_subject_key(wallet, subject_key_id)
     try:
         with transaction.atomic(durable=True):
             permit = _mint_permit(
@@ -414,6 +420,7 @@ def permit_request_create(
     ).first()
     if existing is not None:
         return _request_replay(existing, request_hash)
+    _check_subject_key(wallet, subject_key_id)
     now = timezone.now()
     try:
         with transaction.atomic(durable=True):

@@ -21,7 +21,7 @@ from billing.models import Wallet, WalletStatus
 from billing.selectors import wallet_for_caller, wallet_spend
 from config.authentication import Principal, principal
 from config.errors import NotFound, WalletKeyRequired
-from config.idempotency import idempotency_scope, request_hash, validate_idempotency_key
+from config.idempotency import HEADER_SCHEMA, idempotency_scope, request_hash, validate_idempotency_key
 from config.pagination import page, parse_body, parse_query
 from config.schema import error_responses
 from permits import selectors, services
@@ -52,7 +52,7 @@ from permits.serializers import (
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
     "Idempotency-Key",
-    OpenApiTypes.STR,
+    HEADER_SCHEMA,  # a raw schema: length and character rule
     OpenApiParameter.HEADER,
     required=True,
     description="1 to 255 printable characters; the same key and body replay the first response.",

@@ -65,7 +65,8 @@ def running_gateway(
     cmd = [
         sys.executable, "-m", "gunicorn", "config.wsgi:application",
         "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
-        "--workers", str(workers), "--threads", str(threads), "--graceful-timeout", "5", "--timeout", "60",
+        "--workers", str(workers), "--threads", str(threads), "--graceful-timeout", "5",
+        "--limit-request-line", "16384", "--timeout", "60",
     ]  # fmt: skip
     with log.open("wb") as sink:
         process = subprocess.Popen(cmd, cwd=ROOT, env=full_env, stdout=sink, stderr=subprocess.STDOUT)

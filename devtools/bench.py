@@ -1,0 +1,400 @@
+"""`make bench`: run every benchmark under bench/ and write BENCHMARKS.md at the repository root.
+
+    .venv/bin/python -m devtools.bench                  # what `make bench` runs
+    .venv/bin/python -m devtools.bench --seconds 10     # longer load measurements
+    .venv/bin/python -m devtools.bench --output /tmp/b.md
+
+Each benchmark runs as its own process with ``--json``; every figure is written
+beside the reference measured in the same run (a direct upstream call,
+``GET /health``, the SHA-256 rate, raw Ed25519 verification) with the ratio,
+so the figures can be compared across machines. The report also records the
+machine (CPU model, cores, memory, Python, PostgreSQL), the date, the load
+average at the start and at the end (other work on the machine shows there),
+the targets and whether they were met, and the exact commands.
+
+With ``DATABASE_URL`` unset the embedded PostgreSQL server is used, started
+for the run and stopped afterwards unless it was already running. The whole
+run takes about three minutes with the defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from devtools import pg
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+# Targets (bench/governed_call.py and bench/receipt_verify.py state them).
+GOVERNED_C8_CALLS_PER_S = 400
+GOVERNED_C1_P50_MS = 6.0
+RECEIPT_VERIFICATIONS_PER_S = 5000
+
+
+@dataclass
+class Run:
+    """One benchmark process: its command, figures (from ``--json``), output and duration."""
+
+    name: str
+    args: list[str]
+    figures: dict[str, Any] = field(default_factory=dict)
+    seconds: float = 0.0
+    error: str = ""
+
+    @property
+    def command(self) -> str:
+        return shlex.join([".venv/bin/python", *self.args])
+
+
+def run_benchmark(name: str, script: str, extra: list[str], env: dict[str, str]) -> Run:
+    with tempfile.TemporaryDirectory(prefix="tollgate-bench-") as tmp:
+        out = Path(tmp) / f"{name}.json"
+        args = [f"bench/{script}", *extra]
+        run = Run(name, args)
+        print(f"\n=== {name}: {run.command}", flush=True)
+        started = time.monotonic()
+        result = subprocess.run([PY, *args, "--json", str(out)], cwd=ROOT, env=env)
+        run.seconds = time.monotonic() - started
+        if result.returncode != 0 or not out.exists():
+            run.error = f"exit status {result.returncode}"
+        else:
+            run.figures = json.loads(out.read_text())
+        print(f"=== {name}: {'failed, ' + run.error if run.error else 'done'} in {run.seconds:.0f} s", flush=True)
+        return run
+
+
+# --- Machine ----------------------------------------------------------------------------------------
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def memory_gib() -> str:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
+    except OSError:
+        pass
+    return "unknown"
+
+
+def postgres_version(url: str) -> str:
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SHOW server_version").fetchone()
+    return str(row[0]) if row else "unknown"
+
+
+def git_revision() -> str:
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=ROOT, capture_output=True, text=True)
+    except OSError:
+        return "unknown"
+    if head.returncode != 0:
+        return "unknown"
+    return head.stdout.strip() + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def load_average() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"{one:.2f} / {five:.2f} / {fifteen:.2f}"
+
+
+# --- Report -----------------------------------------------------------------------------------------
+
+
+def _n(value: Any, digits: int = 0) -> str:
+    if value is None:
+        return "n/a"
+    if isinstance(value, int | float):
+        return f"{value:,.{digits}f}"
+    return str(value)
+
+
+def _ratio(a: Any, b: Any) -> str:
+    try:
+        return f"{float(a) / float(b):.2f}"
+    except (TypeError, ValueError, ZeroDivisionError):
+        return "n/a"
+
+
+def _met(ok: bool) -> str:
+    return "**met**" if ok else "**not met**"
+
+
+@dataclass
+class Row:
+    figure: str
+    value: str
+    reference: str
+    ratio: str
+    target: str = "none set"
+
+
+def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
+    r = f["results"]
+    d1, g1, d8, g8 = r["direct_c1"], r["governed_c1"], r["direct_c8"], r["governed_c8"]
+    p50_ok = g1["p50_ms"] is not None and g1["p50_ms"] <= GOVERNED_C1_P50_MS
+    rate_ok = g8["calls_per_s"] >= GOVERNED_C8_CALLS_PER_S
+    rows = [
+        Row(
+            "governed `tools/call` p50 latency, concurrency 1",
+            f"{_n(g1['p50_ms'], 2)} ms",
+            f"direct upstream call: {_n(d1['p50_ms'], 2)} ms",
+            _ratio(g1["p50_ms"], d1["p50_ms"]),
+            f"<= {GOVERNED_C1_P50_MS:g} ms: {_met(p50_ok)}",
+        ),
+        Row(
+            "governed `tools/call` p99 latency, concurrency 1",
+            f"{_n(g1['p99_ms'], 2)} ms",
+            f"direct upstream call: {_n(d1['p99_ms'], 2)} ms",
+            _ratio(g1["p99_ms"], d1["p99_ms"]),
+        ),
+        Row(
+            "governed `tools/call` throughput, concurrency 1",
+            f"{_n(g1['calls_per_s'], 1)} calls/s",
+            f"direct upstream call: {_n(d1['calls_per_s'], 1)} calls/s",
+            _ratio(g1["calls_per_s"], d1["calls_per_s"]),
+        ),
+        Row(
+            "governed `tools/call` throughput, concurrency 8",
+            f"{_n(g8['calls_per_s'], 1)} calls/s",
+            f"direct upstream call: {_n(d8['calls_per_s'], 1)} calls/s",
+            _ratio(g8["calls_per_s"], d8["calls_per_s"]),
+            f">= {GOVERNED_C8_CALLS_PER_S} calls/s: {_met(rate_ok)}",
+        ),
+        Row(
+            "governed `tools/call` p50 / p99 latency, concurrency 8",
+            f"{_n(g8['p50_ms'], 2)} / {_n(g8['p99_ms'], 2)} ms",
+            f"direct upstream call: {_n(d8['p50_ms'], 2)} / {_n(d8['p99_ms'], 2)} ms",
+            _ratio(g8["p50_ms"], d8["p50_ms"]),
+        ),
+    ]
+    errors = sum(int(x.get("errors") or 0) for x in r.values())
+    notes = [f"gunicorn {f.get('gunicorn', '?')}; failed calls during the measurement: {errors}."]
+    return rows, notes
+
+
+def charge_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
+    by = {(x["endpoint"], x["concurrency"]): x for x in f["results"]}
+    rows: list[Row] = []
+    for c in (1, 8):
+        charge, health = by.get(("POST /v1/billing/charge", c)), by.get(("GET /health", c))
+        if charge is None or health is None:
+            continue
+        rows.append(
+            Row(
+                f"`POST /v1/billing/charge` throughput, concurrency {c}",
+                f"{_n(charge['requests_per_second'], 1)} req/s",
+                f"`GET /health`: {_n(health['requests_per_second'], 1)} req/s",
+                _ratio(charge["requests_per_second"], health["requests_per_second"]),
+            )
+        )
+        rows.append(
+            Row(
+                f"`POST /v1/billing/charge` p50 / p99 latency, concurrency {c}",
+                f"{_n(charge['p50_ms'], 2)} / {_n(charge['p99_ms'], 2)} ms",
+                f"`GET /health`: {_n(health['p50_ms'], 2)} / {_n(health['p99_ms'], 2)} ms",
+                _ratio(charge["p50_ms"], health["p50_ms"]),
+            )
+        )
+    cfg = f.get("config", {})
+    errors = sum(int(x.get("errors") or 0) for x in f["results"])
+    notes = [
+        f"gunicorn {cfg.get('workers', '?')} workers x {cfg.get('threads', '?')} threads; "
+        f"failed requests during the measurement: {errors}."
+    ]
+    return rows, notes
+
+
+def audit_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
+    rows = [
+        Row(
+            f"audit `verify-chain` over {f['events']:,} events (median of {f['runs']})",
+            f"{_n(f['verify_events_per_second_median'])} events/s",
+            f"SHA-256 of same-size inputs ({f['mean_hash_input_bytes']} B): "
+            f"{_n(f['sha256_hashes_per_second_same_size'])} hashes/s",
+            f"{f['verify_vs_sha256']:.3f}",
+        ),
+        Row(
+            "audit verification loop alone, rows in memory",
+            f"{_n(f['core_events_per_second_in_memory'])} events/s",
+            f"SHA-256 of same-size inputs: {_n(f['sha256_hashes_per_second_same_size'])} hashes/s",
+            _ratio(f["core_events_per_second_in_memory"], f["sha256_hashes_per_second_same_size"]),
+        ),
+    ]
+    notes = [
+        f"Whole chain verified in {f['verify_seconds_median']} s (median), {f['verify_seconds_best']} s (best): "
+        "rows streamed from PostgreSQL, canonical bytes rebuilt, hashes recomputed, a checkpoint signed."
+    ]
+    return rows, notes
+
+
+def receipt_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
+    rate = f["portable_verifications_per_s"]
+    rows = [
+        Row(
+            "offline portable-receipt verification, one core",
+            f"{_n(rate)} verifications/s",
+            f"raw Ed25519 verification: {_n(f['raw_ed25519_verifications_per_s'])}/s",
+            _ratio(rate, f["raw_ed25519_verifications_per_s"]),
+            f">= {RECEIPT_VERIFICATIONS_PER_S:,}/s: {_met(rate >= RECEIPT_VERIFICATIONS_PER_S)}",
+        )
+    ]
+    return rows, []
+
+
+BENCHMARKS = (
+    # name, script, title, rows
+    ("governed_call", "governed_call.py", "Governed tool call through `/mcp`", governed_rows),
+    ("charge", "charge.py", "Charge through HTTP", charge_rows),
+    ("audit_verify", "audit_verify.py", "Audit chain verification", audit_rows),
+    ("receipt_verify", "receipt_verify.py", "Offline receipt verification", receipt_rows),
+)
+
+
+def render(runs: list[Run], machine: dict[str, str], load: tuple[str, str], started: datetime, took: float) -> str:
+    lines = [
+        "# Benchmarks",
+        "",
+        "Generated by `make bench` (`.venv/bin/python -m devtools.bench`). Every figure stands beside a",
+        "reference measured in the same run on the same machine; the ratio (figure / reference) is the",
+        "part that carries over to other machines. The gateway, PostgreSQL, the upstream and the load",
+        "generator all share the machine.",
+        "",
+        "## Machine and run",
+        "",
+        "| | |",
+        "|---|---|",
+        f"| CPU | {machine['cpu']} |",
+        f"| cores | {machine['cores']} |",
+        f"| memory | {machine['memory']} |",
+        f"| OS | {machine['os']} |",
+        f"| Python | {machine['python']} |",
+        f"| PostgreSQL | {machine['postgres']} |",
+        f"| date | {started.strftime('%Y-%m-%d %H:%M UTC')} |",
+        f"| commit | {machine['commit']} |",
+        f"| duration | {took / 60:.1f} min |",
+        f"| load average (1 / 5 / 15 min) at start | {load[0]} |",
+        f"| load average (1 / 5 / 15 min) at end | {load[1]} |",
+        "",
+        f"The load average is that of the whole machine ({machine['cores']} cores). A load above the core count",
+        "at the start means other work was running during the measurements, and the absolute figures",
+        "are lower than the machine can do alone; the ratios are less affected.",
+        "",
+    ]
+    summary: list[str] = []
+    for name, _script, title, rows_of in BENCHMARKS:
+        run = next((r for r in runs if r.name == name), None)
+        if run is None:
+            continue
+        lines += [f"## {title}", "", f"Command: `{run.command}` ({run.seconds:.0f} s)", ""]
+        if run.error:
+            lines += [f"**The benchmark failed ({run.error}); no figures.**", ""]
+            summary.append(f"| {title} | failed | |")
+            continue
+        rows, notes = rows_of(run.figures)
+        lines += ["| figure | value | in-run reference | ratio | target |", "|---|---|---|---|---|"]
+        for row in rows:
+            lines.append(f"| {row.figure} | {row.value} | {row.reference} | {row.ratio} | {row.target} |")
+            if row.target != "none set":
+                summary.append(f"| {row.figure} | {row.value} | {row.target} |")
+        lines += ["", *notes, ""] if notes else [""]
+    lines[lines.index("## Machine and run") : lines.index("## Machine and run")] = [
+        "## Targets",
+        "",
+        "| figure | value | target |",
+        "|---|---|---|",
+        *summary,
+        "",
+    ]
+    lines += [
+        "## Commands",
+        "",
+        "```sh",
+        "make bench    # all of the below, then this file",
+        *[run.command + " --json PATH" for run in runs],
+        "```",
+        "",
+        "Each benchmark creates and drops its own throwaway database on the configured PostgreSQL",
+        "server (the embedded one when `DATABASE_URL` is unset); see the docstring of each script.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Run every benchmark and write BENCHMARKS.md.")
+    parser.add_argument("--seconds", type=float, default=6.0, help="duration of each load measurement")
+    parser.add_argument("--events", type=int, default=100_000, help="audit events to verify")
+    parser.add_argument("--output", default=str(ROOT / "BENCHMARKS.md"))
+    args = parser.parse_args(argv)
+
+    env = dict(os.environ)
+    env.pop("TOLLGATE_TESTING", None)
+    started_db = False
+    if not env.get("DATABASE_URL"):
+        was_running = pg.running_url() is not None
+        db_url = pg.start()
+        started_db = not was_running
+    else:
+        db_url = env["DATABASE_URL"]
+
+    started_at = datetime.now(UTC)
+    began = time.monotonic()
+    load_start = load_average()
+    seconds = f"{args.seconds:g}"
+    plan = {
+        "governed_call": ["--seconds", seconds],
+        "charge": ["--seconds", seconds],
+        "audit_verify": ["--events", str(args.events), "--runs", "3"],
+        "receipt_verify": ["--seconds", "3"],
+    }
+    runs: list[Run] = []
+    try:
+        machine = {
+            "cpu": cpu_model(),
+            "cores": str(os.cpu_count()),
+            "memory": memory_gib(),
+            "os": f"{platform.system()} {platform.release()} ({platform.machine()})",
+            "python": platform.python_version(),
+            "postgres": postgres_version(db_url),
+            "commit": git_revision(),
+        }
+        for name, script, _title, _rows in BENCHMARKS:
+            runs.append(run_benchmark(name, script, plan[name], env))
+    finally:
+        if started_db:
+            pg.stop()
+    load_end = load_average()
+    text = render(runs, machine, (load_start, load_end), started_at, time.monotonic() - began)
+    Path(args.output).write_text(text, encoding="utf-8")
+    print(f"\nwrote {args.output}")
+    return 1 if any(r.error for r in runs) else 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
