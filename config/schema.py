@@ -105,7 +105,8 @@ class TollgateAutoSchema(AutoSchema):
                 places = field.decimal_places or 0
                 whole = (field.max_digits or 20) - places
                 sign = "" if request and minimum is not None and minimum >= 0 else "-?"
-                schema["pattern"] = f"^{sign}{DIGITS_PATTERN % (whole, places, places)}$"
+                nonzero = "(?=.*[1-9])" if request and minimum is not None and minimum > 0 else ""
+                schema["pattern"] = f"^{nonzero}{sign}{DIGITS_PATTERN % (whole, places, places)}$"
             if request and minimum is not None and minimum > 0:
                 # "Greater than 0": the smallest step is an implementation detail. (A literal 0 here
                 # would be dropped for query parameters; the hook below writes it.)
@@ -144,6 +145,13 @@ def postprocess_alternatives(result: dict[str, Any], generator: Any, request: An
     for name, sets in ALTERNATIVES.items():
         if name in components:
             components[name]["anyOf"] = [{"required": fields} for fields in sets]
+    for item in result.get("paths", {}).values():
+        for operation in item.values():
+            body = operation.get("requestBody") if isinstance(operation, dict) else None
+            ref = (body or {}).get("content", {}).get("application/json", {}).get("schema", {}).get("$ref", "")
+            if ref.rsplit("/", 1)[-1] in ALTERNATIVES:
+                assert body is not None
+                body["required"] = True  # one of the alternatives must be sent, so a body must be
     for name, dependent in TOGETHER.items():
         if name in components:
             components[name]["dependentRequired"] = dependent

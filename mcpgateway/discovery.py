@@ -275,7 +275,7 @@ _JSONRPC_MESSAGE: Final[dict[str, Any]] = {
     "description": "A JSON-RPC 2.0 message (MCP).",
     "properties": {
         "jsonrpc": {"type": "string", "enum": ["2.0"]},
-        "id": {"type": ["string", "integer"]},
+        "id": {"type": ["string", "number"]},
         "method": {"type": "string"},
         "params": {"type": "object"},
     },
@@ -286,7 +286,7 @@ _JSONRPC_RESPONSE: Final[dict[str, Any]] = {
     "description": "A JSON-RPC 2.0 response.",
     "properties": {
         "jsonrpc": {"type": "string", "enum": ["2.0"]},
-        "id": {"type": ["string", "integer", "null"]},
+        "id": {"type": ["string", "number", "null"]},
         "result": {"type": "object"},
         "error": {"type": "object"},
     },

@@ -147,6 +147,11 @@ def tool_definitions(tools: list[Tool]) -> list[dict[str, Any]]:
     return out
 
 
+def valid_id(rid: Any) -> bool:
+    """JSON-RPC ids are strings, numbers or null."""
+    return rid is None or (isinstance(rid, (str, int, float)) and not isinstance(rid, bool))
+
+
 def _rpc_result(rid: Any, result: dict[str, Any]) -> dict[str, Any]:
     return {"jsonrpc": "2.0", "id": rid, "result": result}
 
@@ -306,7 +311,7 @@ def _answer(ex: Exchange, message: Any, methods: dict[str, Handler]) -> tuple[in
             message.get("id") if isinstance(message, dict) else None, err
         )
     method, rid = message["method"], message.get("id")
-    if rid is not None and (isinstance(rid, bool) or not isinstance(rid, (str, int, float))):
+    if not valid_id(rid):
         err = RpcError(INVALID_REQUEST, "A JSON-RPC id must be a string, a number or null.")
         return (_stateless_status(err.code) if ex.stateless else 400), _rpc_error(None, err)
     params = message.get("params") or {}
@@ -374,9 +379,7 @@ def _new_session(principal: Principal, message: dict[str, Any]) -> tuple[McpSess
 
 
 def _session_for(request: HttpRequest, principal: Principal) -> McpSession:
-    session_id = request.headers.get("Mcp-Session-Id")
-    if not session_id:
-        raise RpcError(INVALID_REQUEST, "Missing Mcp-Session-Id: initialize first.", http_status=400)
+    session_id = request.headers.get("Mcp-Session-Id", "")
     session = McpSession.objects.filter(session_id=session_id, ended_at__isnull=True).first()
     if session is None or session.api_key_id != principal.key_id:
         raise RpcError(INVALID_REQUEST, "Session not found.", http_status=404)
@@ -425,14 +428,22 @@ def mcp_streamable(request: HttpRequest) -> HttpResponse:
             return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "initialize is a request.")), 400)
         session, result = _new_session(principal, message)
         return _json(_rpc_result(message["id"], result), 200, {"Mcp-Session-Id": session.session_id})
-    try:
-        session = _session_for(request, principal)
-    except RpcError as err:
-        rid = message.get("id") if isinstance(message, dict) else None
-        return _json(_rpc_error(rid, err), err.http_status)
-    headers = {"Mcp-Session-Id": session.session_id}
-    if isinstance(message, dict) and message.get("method") == "notifications/initialized" and not session.initialized:
-        McpSession.objects.filter(pk=session.pk).update(initialized=True)
+    headers: dict[str, str] = {}
+    if request.headers.get("Mcp-Session-Id"):
+        # A session, when presented, must be live and this key's; without one the request is served
+        # statelessly (the gateway keeps no per-session state that a request depends on).
+        try:
+            session = _session_for(request, principal)
+        except RpcError as err:
+            rid = message.get("id") if isinstance(message, dict) else None
+            return _json(_rpc_error(rid if valid_id(rid) else None, err), err.http_status)
+        headers["Mcp-Session-Id"] = session.session_id
+        if (
+            isinstance(message, dict)
+            and message.get("method") == "notifications/initialized"
+            and not session.initialized
+        ):
+            McpSession.objects.filter(pk=session.pk).update(initialized=True)
     status, body = _answer(ex, message, HANDSHAKE_METHODS)
     headers.update(ex.headers)
     return _json(body, status, headers) if body is not None else HttpResponse(status=202, headers=headers)

@@ -138,7 +138,7 @@ class ToolInvokeView(APIView):
             403: ToolCallResponse,
             502: ToolCallResponse,
             504: ToolCallResponse,
-            **error_responses(401, 409, 422),
+            **error_responses(401, 404, 409, 422),
         },
         deprecated=True,
         summary="Deprecated: invoke a tool over REST (same governed path as MCP tools/call)",

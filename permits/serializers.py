@@ -112,7 +112,7 @@ class PermitVerifyRequest(serializers.Serializer):
     signature = serializers.CharField(required=False, max_length=200)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if not attrs.get("permit_id") and not attrs.get("permit"):
+        if not attrs.get("permit_id") and attrs.get("permit") is None:
             raise serializers.ValidationError("Give permit_id, or permit with signature.")
         if attrs.get("permit") is not None and not attrs.get("signature"):
             raise serializers.ValidationError({"signature": "Required with permit."})

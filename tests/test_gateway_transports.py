@@ -160,12 +160,22 @@ def test_handshake_lifecycle_list_and_call(upstream, tenant):
     assert Action.objects.get(idempotency_key="hs-1").transport == "mcp"
 
 
-def test_requests_without_a_session_are_400(upstream, tenant):
+def test_requests_without_a_session_are_served_statelessly(upstream, tenant):
+    """Sessions are optional: without Mcp-Session-Id a request is served, and no session is created."""
     client = tenant.agent_client
-    for method in ("tools/list", "tools/call", "ping"):
-        r = post(client, "/mcp", message(method, {}))
-        assert r.status_code == 400, method
-        assert r.json()["error"]["code"] == -32600
+    r = post(client, "/mcp", message("tools/list", {}))
+    assert r.status_code == 200
+    assert "tools" in r.json()["result"]
+    assert "Mcp-Session-Id" not in r
+    assert post(client, "/mcp", message("ping", {})).json()["result"] == {}
+    # params that are not an object are an invalid request.
+    bad = post(client, "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": 5})
+    assert bad.status_code == 400
+    assert bad.json()["error"]["code"] == -32600
+    # An array id is not a JSON-RPC id: refused, and never echoed.
+    odd = post(client, "/mcp", {"jsonrpc": "2.0", "id": [1], "method": "tools/list"})
+    assert odd.status_code == 400
+    assert odd.json()["id"] is None
 
 
 def test_unknown_ended_and_foreign_sessions_are_404(upstream, tenant, other_tenant):
