@@ -380,9 +380,6 @@ def _phase1(
         with transaction.atomic(durable=True):
             action.save(force_insert=True)
             fault_point("after_accept")
-            # Lock order for every transaction that moves a wallet's money: the wallet row first, then
-            # the permit row, then the audit chain head (phase 3's refund and the refund retry do the same).
-            _lock_wallet(wallet.wallet_id)
             permit = Permit.objects.filter(permit_id=req.permit_id, wallet=wallet).first()
             found["permit"] = permit
             if permit is None:
@@ -405,7 +402,6 @@ def _phase1(
             action.policy_decision_id = decision.policy_decision_id
             if decision.refusal is not None:
                 raise decision.refusal
-            permit_reserve(permit=permit, amount=price, now=now)
             entry = None
             if price <= 0:
                 wallet_check_may_spend(wallet=wallet)  # free calls still honour frozen/expired/closed
@@ -419,6 +415,10 @@ def _phase1(
                     correlation_id=action.action_id,
                 ).entry
                 fault_point("after_debit")
+            # Lock order in every transaction that moves a wallet's money: the wallet row (the debit),
+            # then the permit row (the reservation), then the audit chain head; phase 3's refund and the
+            # reconciliation retry take them in the same order. Taken late, held briefly.
+            permit_reserve(permit=permit, amount=price, now=now)
             action.state = ActionState.DISPATCH_CLAIMED
             action.permit = permit
             action.price = price
@@ -469,10 +469,6 @@ def _phase1(
                 http_status=402 if isinstance(refusal, InsufficientFunds) else 403,
             )
         return action, velocity
-
-
-def _lock_wallet(wallet_id: str) -> None:
-    Wallet.objects.select_for_update(no_key=True).filter(wallet_id=wallet_id).values_list("pk", flat=True).first()
 
 
 def _money(value: Decimal) -> str:
@@ -598,16 +594,15 @@ def _refund_and_finish(
     if price > 0 and action.ledger_entry is not None:
         try:
             with transaction.atomic():
-                # Lock order as in phase 1: the wallet row, then the permit row.
-                _lock_wallet(action.wallet_id)
-                if action.permit_id:
-                    permit_release(permit_id=action.permit_id, amount=price)
+                # Lock order as in phase 1: the wallet row (the refund), then the permit row.
                 refund = ledger_refund(
                     amount=price,
                     charge=action.ledger_entry,
                     description=f"refund: {action.tool} did not run",
                     correlation_id=action.action_id,
                 )
+                if action.permit_id:
+                    permit_release(permit_id=action.permit_id, amount=price)
         except ApplicationError as err:
             unrefunded_reason = f"{err.code}: {err.detail_message}"[:300]
     elif action.permit_id:
