@@ -20,6 +20,18 @@ from django.db import transaction
 from billing.services import operator_key_create
 
 
+def _still_valid(path: Path) -> bool:
+    from billing.keys import parse_secret
+    from billing.models import APIKey, APIKeyStatus
+
+    try:
+        secret = json.loads(path.read_text())["operator_api_key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    key_id = parse_secret(secret) if isinstance(secret, str) else None
+    return key_id is not None and APIKey.objects.filter(key_id=key_id, status=APIKeyStatus.ACTIVE).exists()
+
+
 class Command(BaseCommand):
     help = "Create the operator superuser and operator API key once; write them to an owner-only file."
 
@@ -34,10 +46,14 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         path = Path(options["credentials_file"]).resolve()
         username = options["username"]
-        if path.exists():
-            self.stdout.write(f"Operator credentials already exist: {path}")
-            return
         User = get_user_model()
+        if path.exists():
+            if _still_valid(path):
+                self.stdout.write(f"Operator credentials already exist: {path}")
+                return
+            # The database was reset since: the file names a key it no longer has.
+            path.replace(path.with_suffix(".stale.json"))
+            self.stdout.write(f"Operator credentials in {path} no longer match the database; creating new ones.")
         if User.objects.filter(username=username).exists():
             raise CommandError(
                 f"User {username!r} exists but {path} does not; refusing to mint a second set of credentials. "

@@ -32,6 +32,18 @@ DEMO_PRICES = {
 }
 
 
+def _still_valid(path: Path) -> bool:
+    from billing.keys import parse_secret
+    from billing.models import APIKey, APIKeyStatus
+
+    try:
+        secret = json.loads(path.read_text())["agent_api_key"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    key_id = parse_secret(secret) if isinstance(secret, str) else None
+    return key_id is not None and APIKey.objects.filter(key_id=key_id, status=APIKeyStatus.ACTIVE).exists()
+
+
 class Command(BaseCommand):
     help = "Price the demo upstream's tools and create a demo tenant with an agent key and a permit (once)."
 
@@ -46,8 +58,12 @@ class Command(BaseCommand):
                 tool_price_set(tool=name, credits=credits, actor="demo_bootstrap")
         path = Path(options["credentials_file"]).resolve()
         if path.exists():
-            self.stdout.write(f"Demo credentials already exist: {path}")
-            return
+            if _still_valid(path):
+                self.stdout.write(f"Demo credentials already exist: {path}")
+                return
+            # The database was reset since: the file names a key it no longer has.
+            path.replace(path.with_suffix(".stale.json"))
+            self.stdout.write(f"Demo credentials in {path} no longer match the database; creating new ones.")
         sponsor = wallet_create_sponsor(name="demo sponsor", initial_credits=Decimal("1000"), actor="demo_bootstrap")
         agent = wallet_create_agent(parent=sponsor, name="demo agent", initial_balance=Decimal("100"))
         issued = api_key_create(wallet=agent, name="demo agent key")
