@@ -275,7 +275,7 @@ _JSONRPC_MESSAGE: Final[dict[str, Any]] = {
     "description": "A JSON-RPC 2.0 message (MCP).",
     "properties": {
         "jsonrpc": {"type": "string", "enum": ["2.0"]},
-        "id": {"type": ["string", "number"]},
+        "id": {"type": ["string", "number", "null"]},
         "method": {"type": "string"},
         "params": {"type": "object"},
     },

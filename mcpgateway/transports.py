@@ -307,9 +307,8 @@ def _answer(ex: Exchange, message: Any, methods: dict[str, Handler]) -> tuple[in
     """Dispatch one JSON-RPC message. Returns (HTTP status, body or None for a notification)."""
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
         err = RpcError(INVALID_REQUEST, "Not a JSON-RPC 2.0 request.")
-        return (_stateless_status(err.code) if ex.stateless else 400), _rpc_error(
-            message.get("id") if isinstance(message, dict) else None, err
-        )
+        rid = message.get("id") if isinstance(message, dict) else None
+        return (_stateless_status(err.code) if ex.stateless else 400), _rpc_error(rid if valid_id(rid) else None, err)
     method, rid = message["method"], message.get("id")
     if not valid_id(rid):
         err = RpcError(INVALID_REQUEST, "A JSON-RPC id must be a string, a number or null.")
