@@ -12,7 +12,7 @@ from config.errors import ApplicationError, Conflict, PermissionDeniedError
 
 def money(value: Decimal) -> str:
     """A credit amount as its JSON string with 8 decimal places."""
-    return f"{value.quantize(Decimal('0.00000001')):f}"
+    return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
 
 
 class SpendRefused(PermissionDeniedError):

@@ -42,6 +42,7 @@ from django.utils import timezone
 from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import alert_raise, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
+from billing.exceptions import money as _money
 from billing.models import ToolPrice, Wallet
 from billing.services import ledger_debit, ledger_refund, wallet_check_may_spend, wallet_freeze_for_velocity
 from config import metrics
@@ -469,10 +470,6 @@ def _phase1(
                 http_status=402 if isinstance(refusal, InsufficientFunds) else 403,
             )
         return action, velocity
-
-
-def _money(value: Decimal) -> str:
-    return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
 
 
 def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:

@@ -23,6 +23,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from audit.signing import sign_statement, verify_statement
+from billing.exceptions import money
 from billing.models import Wallet
 from billing.selectors import tool_price, wallet_spend
 from config.errors import IdempotencyKeyReused, RequestValidationError
@@ -49,10 +50,6 @@ WILDCARD = "*"
 def iso(dt: datetime) -> str:
     """UTC timestamp as used inside signed statements: ``2026-01-02T03:04:05.123456Z``."""
     return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
-def money(value: Decimal) -> str:
-    return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
 
 
 # --- Permits -------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from django.utils import timezone
 from audit.canonical import iso_utc
 from audit.services import audit_record
 from audit.signing import sign_statement
+from billing.exceptions import money
 from billing.models import LedgerEntry, Wallet
 from billing.services import ledger_refund
 from config.errors import ApplicationError, Conflict, NotFound
@@ -30,10 +31,6 @@ SIGNATURE_STATEMENT = (
     "to hold. A receipt is evidence of the gateway's record of the action, not proof of the "
     "downstream effect: reconcile authoritatively with the upstream system."
 )
-
-
-def money(value: Decimal) -> str:
-    return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
 
 
 def receipt_statement(receipt: Receipt) -> dict[str, Any]:
