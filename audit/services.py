@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import itertools
+import json
 import logging
 import queue
 import re
@@ -57,6 +58,17 @@ __all__ = [
 ]
 
 
+_HEAD_SQL = "SELECT seq, head_hash FROM audit_chain_head WHERE chain = %s FOR NO KEY UPDATE"
+_APPEND_SQL = (
+    "WITH appended AS ("
+    " INSERT INTO audit_event (event_id, chain, seq, event, tenant_id, wallet_id, key_id, tool, endpoint,"
+    " policy_decision_id, request_id, ok, detail, created_at, prev_hash, hash)"
+    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING 1)"
+    " UPDATE audit_chain_head SET seq = %s, head_hash = %s, updated_at = %s"
+    " WHERE chain = %s AND EXISTS (SELECT 1 FROM appended)"
+)
+
+
 def audit_record(
     *,
     event: str,
@@ -91,12 +103,17 @@ def audit_record(
     chain = tenant_id or SYSTEM_CHAIN
     check_round_trip(detail or {})
     # No savepoint: inside a caller's transaction the append is part of it; outside, it is its own.
-    with transaction.atomic(savepoint=False):
-        head = ChainHead.objects.select_for_update(no_key=True).filter(chain=chain).first()
-        if head is None:
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        # Raw SQL on purpose: this runs twice per governed call, and the ORM's per-statement cost
+        # dominated it. Lock the head row, then insert the event and move the head in one statement.
+        cursor.execute(_HEAD_SQL, [chain])
+        row = cursor.fetchone()
+        if row is None:
             ChainHead.objects.bulk_create([ChainHead(chain=chain)], ignore_conflicts=True)
-            head = ChainHead.objects.select_for_update(no_key=True).get(chain=chain)
-        seq = head.seq + 1
+            cursor.execute(_HEAD_SQL, [chain])
+            row = cursor.fetchone()
+        head_seq, head_hash = row
+        seq = head_seq + 1
         record = AuditEvent(
             event_id=event_id or new_id("evt"),
             chain=chain,
@@ -112,7 +129,7 @@ def audit_record(
             ok=ok,
             detail=detail or {},
             created_at=timezone.now(),
-            prev_hash=head.head_hash,
+            prev_hash=head_hash,
         )
         payload = event_bytes(
             chain,
@@ -130,11 +147,34 @@ def audit_record(
             record.detail,
             iso_utc(record.created_at),
         )
-        record.hash = chain_hash(head.head_hash, payload)
-        record.save(force_insert=True)
-        head.seq = seq
-        head.head_hash = record.hash
-        head.save(update_fields=["seq", "head_hash", "updated_at"])
+        record.hash = chain_hash(head_hash, payload)
+        cursor.execute(
+            _APPEND_SQL,
+            [
+                record.event_id,
+                chain,
+                seq,
+                event,
+                tenant_id,
+                wallet_id,
+                key_id,
+                tool,
+                endpoint,
+                policy_decision_id,
+                record.request_id,
+                ok,
+                json.dumps(record.detail),
+                record.created_at,
+                record.prev_hash,
+                record.hash,
+                seq,
+                record.hash,
+                record.created_at,
+                chain,
+            ],
+        )
+        record._state.adding = False
+        record._state.db = "default"
     return record
 
 

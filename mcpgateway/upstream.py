@@ -608,16 +608,33 @@ def _invalid_call_result(result: dict[str, Any]) -> str | None:
     return None
 
 
+_validator_cache: dict[str, jsonschema.protocols.Validator] = {}
+_validator_lock = threading.Lock()
+
+
 def _output_validator(schema: Mapping[str, Any] | None) -> jsonschema.protocols.Validator | None:
-    """A validator for ``schema`` (draft from ``$schema``, else 2020-12); ``ValueError`` if the schema is invalid."""
+    """A validator for ``schema`` (draft from ``$schema``, else 2020-12); ``ValueError`` if the schema is invalid.
+
+    Checking and compiling a schema costs milliseconds; validators are cached by the schema's
+    canonical JSON (a tool's outputSchema changes only when the registry is synced).
+    """
     if schema is None:
         return None
+    fingerprint = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
+    cached = _validator_cache.get(fingerprint)
+    if cached is not None:
+        return cached
     cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
     try:
         cls.check_schema(schema)
     except jsonschema.exceptions.SchemaError as exc:
         raise ValueError(f"invalid output_schema: {exc.message}") from exc
-    return cls(schema)
+    validator = cls(schema)
+    with _validator_lock:
+        if len(_validator_cache) > 1024:
+            _validator_cache.clear()
+        _validator_cache[fingerprint] = validator
+    return validator
 
 
 def _bounded_chunks(
