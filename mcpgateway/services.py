@@ -495,19 +495,25 @@ def _response_hash(result: CallResult) -> str:
     return sha256_hex(canonical_bytes(body)) if body is not None else ""
 
 
+def _lock_claimed(action: Action) -> Action | None:
+    """Lock the action row and confirm it is still claimed; None if someone else finished it.
+
+    Only the state is read back: phase 1's object already holds the permit, the ledger entry and
+    the wallet, none of which phase 3 may change under the action's lock.
+    """
+    state = Action.objects.select_for_update(no_key=True).filter(pk=action.pk).values_list("state", flat=True).first()
+    return action if state == ActionState.DISPATCH_CLAIMED else None
+
+
 def _phase3(action: Action, result: CallResult) -> Action:
     """Record the upstream outcome, refund where owed, receipt and audit, in one transaction."""
     with transaction.atomic(durable=True):
-        locked = (
-            Action.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("permit", "ledger_entry", "wallet")
-            .get(pk=action.pk)
-        )
+        locked = _lock_claimed(action)
         fault_point("before_receipt")
-        if locked.state != ActionState.DISPATCH_CLAIMED:
+        if locked is None:
             # The sweeper declared it delivery_uncertain first; that receipt stands.
-            logger.warning("action %s finished after it was swept (%s)", locked.action_id, result.kind)
-            return locked
+            logger.warning("action %s finished after it was swept (%s)", action.action_id, result.kind)
+            return Action.objects.get(pk=action.pk)
         price = locked.price or Decimal(0)
         kind = result.kind
         detail = {"upstream_kind": kind, "upstream_reason": result.reason[:200], "status_code": result.status_code}
