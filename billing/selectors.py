@@ -78,15 +78,22 @@ def wallet_for_caller(principal: Principal, wallet_id: str, *, for_update: bool 
     return wallet
 
 
-def wallets_visible(principal: Principal) -> QuerySet[Wallet]:
-    """Wallets the caller may see: all for operators; own wallet and descendants for wallet keys."""
-    qs = Wallet.objects.all()
+def scope_to_caller(qs: QuerySet[Any], principal: Principal, wallet_path: str = "wallet__path") -> QuerySet[Any]:
+    """The object-level authorization rule (DESIGN.md section 4), for any tenant-owned queryset.
+
+    Operators see everything; a wallet key sees rows of its own tenant whose wallet is its own
+    wallet or below it. ``wallet_path`` is the lookup that reaches the row's wallet's ``path``.
+    """
     if principal.is_operator:
         return qs
-    assert principal.wallet_id is not None
     own = principal.key.wallet
     assert own is not None
-    return qs.filter(tenant_id=principal.tenant_id, path__startswith=own.path)
+    return qs.filter(tenant_id=principal.tenant_id, **{f"{wallet_path}__startswith": own.path})
+
+
+def wallets_visible(principal: Principal) -> QuerySet[Wallet]:
+    """Wallets the caller may see: all for operators; own wallet and descendants for wallet keys."""
+    return scope_to_caller(Wallet.objects.all(), principal, wallet_path="path")
 
 
 def api_keys_of_wallet(wallet: Wallet) -> QuerySet[APIKey]:

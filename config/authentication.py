@@ -122,6 +122,16 @@ def principal(request: Request) -> Principal:
     return user
 
 
+def wallet_principal(request: Request) -> Principal:
+    """The caller, who must hold a wallet-scoped key (403 ``wallet_key_required`` for operator keys)."""
+    from config.errors import WalletKeyRequired
+
+    caller = principal(request)
+    if caller.is_operator:
+        raise WalletKeyRequired()
+    return caller
+
+
 def optional_principal(request: Request) -> Principal | None:
     user = request.user
     return user if isinstance(user, Principal) else None

@@ -9,6 +9,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from billing.models import Wallet
+from billing.selectors import scope_to_caller
 from config.authentication import Principal
 from config.errors import NotFound
 from permits.models import (
@@ -21,15 +22,6 @@ from permits.models import (
     QuoteStatus,
     TenantApprover,
 )
-
-
-def _scope(qs: QuerySet[Any], principal: Principal, wallet_field: str = "wallet") -> QuerySet[Any]:
-    """Operators see everything; wallet keys see their wallet and its descendants."""
-    if principal.is_operator:
-        return qs
-    own = principal.key.wallet
-    assert own is not None
-    return qs.filter(tenant_id=principal.tenant_id, **{f"{wallet_field}__path__startswith": own.path})
 
 
 def permit_status_filter(qs: QuerySet[Permit], status: str, now: datetime) -> QuerySet[Permit]:
@@ -46,7 +38,7 @@ def permit_status_filter(qs: QuerySet[Permit], status: str, now: datetime) -> Qu
 
 
 def permits_visible(principal: Principal) -> QuerySet[Permit]:
-    return _scope(Permit.objects.select_related("wallet"), principal)
+    return scope_to_caller(Permit.objects.select_related("wallet"), principal)
 
 
 def permit_list(principal: Principal, filters: dict[str, Any], *, wallet: Wallet | None = None) -> QuerySet[Permit]:
@@ -78,7 +70,7 @@ def permit_for_caller(principal: Principal, permit_id: str) -> Permit:
 
 
 def permit_requests_visible(principal: Principal) -> QuerySet[PermitRequest]:
-    return _scope(PermitRequest.objects.select_related("wallet", "permit"), principal)
+    return scope_to_caller(PermitRequest.objects.select_related("wallet", "permit"), principal)
 
 
 def permit_request_for_caller(principal: Principal, request_id: str) -> PermitRequest:
@@ -99,7 +91,7 @@ def permit_request_status_filter(qs: QuerySet[PermitRequest], status: str, now: 
 
 
 def quotes_visible(principal: Principal) -> QuerySet[Quote]:
-    return _scope(Quote.objects.all(), principal)
+    return scope_to_caller(Quote.objects.all(), principal)
 
 
 def quote_for_caller(principal: Principal, quote_id: str) -> Quote:
@@ -118,7 +110,7 @@ def quote_status_filter(qs: QuerySet[Quote], status: str, now: datetime) -> Quer
 
 
 def policies_visible(principal: Principal) -> QuerySet[PolicyBundle]:
-    return _scope(PolicyBundle.objects.all(), principal)
+    return scope_to_caller(PolicyBundle.objects.all(), principal)
 
 
 def policy_for_caller(principal: Principal, policy_id: str) -> PolicyBundle:

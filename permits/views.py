@@ -19,8 +19,8 @@ from rest_framework.views import APIView
 from audit.signing import verify_statement
 from billing.models import Wallet, WalletStatus
 from billing.selectors import wallet_for_caller, wallet_spend
-from config.authentication import Principal, principal
-from config.errors import NotFound, WalletKeyRequired
+from config.authentication import principal, wallet_principal
+from config.errors import NotFound
 from config.idempotency import HEADER_SCHEMA, idempotency_scope, request_hash, validate_idempotency_key
 from config.pagination import page, parse_body, parse_query
 from config.schema import error_responses
@@ -74,13 +74,6 @@ def _normalized(data: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-
-
-def _wallet_key_principal(request: Request) -> Principal:
-    caller = principal(request)
-    if caller.is_operator:
-        raise WalletKeyRequired()
-    return caller
 
 
 class WalletNotFound(NotFound):
@@ -407,7 +400,7 @@ class MeAuthorityView(APIView):
         summary="Policies, active permits, approval requirement, pending requests, balance and daily spend",
     )
     def get(self, request: Request) -> Response:
-        caller = _wallet_key_principal(request)
+        caller = wallet_principal(request)
         wallet = Wallet.objects.filter(wallet_id=caller.wallet_id).first()
         if wallet is None or wallet.status == WalletStatus.CLOSED:
             raise WalletNotFound(wallet_id=caller.wallet_id)
@@ -442,7 +435,7 @@ class MePermitsView(APIView):
         summary="Permits of the caller's own wallet",
     )
     def get(self, request: Request) -> Response:
-        caller = _wallet_key_principal(request)
+        caller = wallet_principal(request)
         params = parse_query(request, MePermitListQuery)
         qs = selectors.permit_list(caller, params).filter(wallet_id=caller.wallet_id)
         return Response(page(qs, params, PermitResponse))
@@ -457,7 +450,7 @@ class MePermitRequestsView(APIView):
         summary="Permit requests of the caller's own wallet (listing never advances a decision)",
     )
     def get(self, request: Request) -> Response:
-        caller = _wallet_key_principal(request)
+        caller = wallet_principal(request)
         params = parse_query(request, PermitRequestListQuery)
         qs = selectors.permit_requests_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):
@@ -474,7 +467,7 @@ class MeQuotesView(APIView):
         summary="Quotes of the caller's own wallet (status=active for spendable ones)",
     )
     def get(self, request: Request) -> Response:
-        caller = _wallet_key_principal(request)
+        caller = wallet_principal(request)
         params = parse_query(request, QuoteListQuery)
         qs = selectors.quotes_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):

@@ -10,6 +10,7 @@ from audit.canonical import b64url_encode, canonical_bytes, sha256_hex
 from audit.models import AuditEvent, SigningKey
 from audit.services import audit_chain_verify
 from audit.signing import verify_statement
+from billing.selectors import scope_to_caller
 from config.authentication import Principal
 from config.errors import NotFound
 from receipts.models import Receipt, RefundReconciliation
@@ -19,12 +20,7 @@ from receipts.verify import FORMAT
 
 def receipts_visible(principal: Principal) -> QuerySet[Receipt]:
     """Operators see every receipt; wallet keys their wallet's and its descendants'."""
-    qs = Receipt.objects.all()
-    if principal.is_operator:
-        return qs
-    own = principal.key.wallet
-    assert own is not None
-    return qs.filter(tenant_id=principal.tenant_id, wallet__path__startswith=own.path)
+    return scope_to_caller(Receipt.objects.all(), principal)
 
 
 def receipt_list(principal: Principal, filters: dict[str, Any]) -> QuerySet[Receipt]:
@@ -43,12 +39,9 @@ def receipt_for_caller(principal: Principal, receipt_id: str) -> Receipt:
 
 
 def reconciliation_visible(principal: Principal) -> QuerySet[RefundReconciliation]:
-    qs = RefundReconciliation.objects.select_related("receipt")
-    if principal.is_operator:
-        return qs
-    own = principal.key.wallet
-    assert own is not None
-    return qs.filter(tenant_id=principal.tenant_id, receipt__wallet__path__startswith=own.path)
+    return scope_to_caller(
+        RefundReconciliation.objects.select_related("receipt"), principal, wallet_path="receipt__wallet__path"
+    )
 
 
 def request_document_hash(document: Any) -> str:

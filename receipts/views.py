@@ -8,8 +8,8 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.signing import verify_statement
-from config.authentication import principal
-from config.errors import OperatorKeyRequired, WalletKeyRequired
+from config.authentication import principal, wallet_principal
+from config.errors import OperatorKeyRequired
 from config.pagination import page, parse_body, parse_query
 from config.schema import error_responses
 from permits.selectors import permit_for_caller
@@ -169,9 +169,7 @@ class MeReceiptsView(APIView):
         summary="Receipts of the caller's own wallet",
     )
     def get(self, request: Request) -> Response:
-        caller = principal(request)
-        if caller.is_operator:
-            raise WalletKeyRequired()
+        caller = wallet_principal(request)
         params = parse_query(request, MeReceiptQuery)
         qs = selectors.receipt_list(caller, {**params, "wallet_id": caller.wallet_id})
         return Response(page(qs, params, ReceiptResponse))
