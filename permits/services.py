@@ -12,7 +12,7 @@ import logging
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.mail import send_mail
@@ -41,6 +41,8 @@ from permits.models import (
 )
 
 logger = logging.getLogger("tollgate.permits")
+
+M = TypeVar("M", Permit, PermitRequest)
 
 QUOTE_LIFETIME = timedelta(seconds=600)
 PERMIT_REQUEST_LIFETIME = timedelta(hours=24)
@@ -161,9 +163,9 @@ def permit_issue(
     The issuer must be the subject wallet or above it (the caller checks reach;
     this re-checks the hierarchy). Operator keys issue with no issuer wallet.
     """
-    existing = Permit.objects.filter(idempotency_scope=idempotency_scope, idempotency_key=idempotency_key).first()
+    existing = _created_before(Permit, idempotency_scope, idempotency_key, request_hash)
     if existing is not None:
-        return _permit_replay(existing, request_hash)
+        return PermitIssue(permit=existing, replayed=True)
     if issuer_wallet is not None and issuer_wallet.wallet_id not in wallet.ancestry:
         raise exc.IssuerNotAllowed()
     if issuer_wallet is not None and human_approval_required(wallet):
@@ -199,17 +201,22 @@ def permit_issue(
             )
     except IntegrityError:
         # A concurrent request with the same key won the insert; answer as a replay.
-        existing = Permit.objects.filter(idempotency_scope=idempotency_scope, idempotency_key=idempotency_key).first()
+        existing = _created_before(Permit, idempotency_scope, idempotency_key, request_hash)
         if existing is None:
             raise
-        return _permit_replay(existing, request_hash)
+        return PermitIssue(permit=existing, replayed=True)
     return PermitIssue(permit=permit, replayed=False)
 
 
-def _permit_replay(existing: Permit, request_hash: str) -> PermitIssue:
-    if existing.request_hash != request_hash:
+def _created_before(model: type[M], scope: str, key: str, request_hash: str) -> M | None:
+    """What this idempotency key already created (replayed as is), or None.
+
+    The same key with a different request is the idempotency conflict (422), nothing written.
+    """
+    existing = model.objects.filter(idempotency_scope=scope, idempotency_key=key).first()
+    if existing is not None and existing.request_hash != request_hash:
         raise IdempotencyKeyReused()
-    return PermitIssue(permit=existing, replayed=True)
+    return existing
 
 
 @transaction.atomic(durable=True)
@@ -412,11 +419,9 @@ def permit_request_create(
     Idempotent per (scope, key) like ``permit_issue``. Creating or listing
     requests never advances a decision.
     """
-    existing = PermitRequest.objects.filter(
-        idempotency_scope=idempotency_scope, idempotency_key=idempotency_key
-    ).first()
+    existing = _created_before(PermitRequest, idempotency_scope, idempotency_key, request_hash)
     if existing is not None:
-        return _request_replay(existing, request_hash)
+        return RequestCreate(permit_request=existing, replayed=True)
     _check_subject_key(wallet, subject_key_id)
     now = timezone.now()
     try:
@@ -450,19 +455,11 @@ def permit_request_create(
                 detail={"request_id": preq.request_id, "allowed_tools": preq.allowed_tools},
             )
     except IntegrityError:
-        existing = PermitRequest.objects.filter(
-            idempotency_scope=idempotency_scope, idempotency_key=idempotency_key
-        ).first()
+        existing = _created_before(PermitRequest, idempotency_scope, idempotency_key, request_hash)
         if existing is None:
             raise
-        return _request_replay(existing, request_hash)
+        return RequestCreate(permit_request=existing, replayed=True)
     return RequestCreate(permit_request=preq, replayed=False)
-
-
-def _request_replay(existing: PermitRequest, request_hash: str) -> RequestCreate:
-    if existing.request_hash != request_hash:
-        raise IdempotencyKeyReused()
-    return RequestCreate(permit_request=existing, replayed=True)
 
 
 def approval_url(request_id: str) -> str:
