@@ -7,7 +7,6 @@ from typing import Any, NoReturn
 from django.db import models
 from django.db.models import Q
 
-from audit.canonical import audit_event_payload, iso_utc
 from audit.evidence_core import GENESIS_HASH
 
 SYSTEM_CHAIN = "system"
@@ -98,25 +97,6 @@ class AuditEvent(models.Model):
 
     def delete(self, *args: object, **kwargs: object) -> NoReturn:
         raise RuntimeError("audit events are immutable")
-
-    def canonical_payload(self) -> dict[str, Any]:
-        """The hashed content of this event (everything except ``prev_hash`` and ``hash``)."""
-        return audit_event_payload(
-            event_id=self.event_id,
-            chain=self.chain,
-            seq=self.seq,
-            event=self.event,
-            tenant_id=self.tenant_id,
-            wallet_id=self.wallet_id,
-            key_id=self.key_id,
-            tool=self.tool,
-            endpoint=self.endpoint,
-            policy_decision_id=self.policy_decision_id,
-            request_id=self.request_id,
-            ok=self.ok,
-            detail=self.detail,
-            created_at=iso_utc(self.created_at),
-        )
 
 
 class SigningKeyState(models.TextChoices):

@@ -10,15 +10,11 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from billing.serializers import MoneyField
 from config.pagination import PageQuery, list_envelope
 from permits.models import Permit, PermitRequest, PolicyBundle, Quote
 
 MAX_PERMIT_TTL = 30 * 24 * 3600
-
-
-def money_field(**kwargs: Any) -> serializers.DecimalField:
-    """A credit amount rendered as a string with 8 decimal places."""
-    return serializers.DecimalField(max_digits=20, decimal_places=8, coerce_to_string=True, **kwargs)
 
 
 class ToolNameField(serializers.CharField):
@@ -47,8 +43,8 @@ class PermitResponse(serializers.ModelSerializer):
     wallet_id = serializers.CharField()
     issuer_wallet_id = serializers.CharField(allow_null=True)
     status = serializers.SerializerMethodField()
-    max_credits = money_field()
-    spent_credits = money_field()
+    max_credits = MoneyField()
+    spent_credits = MoneyField()
     remaining_credits = serializers.SerializerMethodField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
     signed_statement = serializers.DictField(help_text="The exact statement that was signed (RFC 8785 canonical form).")
@@ -158,7 +154,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
 
     wallet_id = serializers.CharField()
     status = serializers.SerializerMethodField()
-    max_credits = money_field()
+    max_credits = MoneyField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
     permit = PermitResponse(allow_null=True)
     poll_url = serializers.SerializerMethodField()
@@ -218,7 +214,7 @@ class QuoteResponse(serializers.ModelSerializer):
 
     wallet_id = serializers.CharField()
     status = serializers.SerializerMethodField()
-    quoted_credits = money_field()
+    quoted_credits = MoneyField()
     signed_statement = serializers.DictField()
 
     class Meta:
@@ -283,8 +279,8 @@ class PolicyBundleResponse(serializers.ModelSerializer):
     """A policy bundle."""
 
     wallet_id = serializers.CharField()
-    max_credits_per_call = money_field(allow_null=True)
-    max_daily_credits = money_field(allow_null=True)
+    max_credits_per_call = MoneyField(allow_null=True)
+    max_daily_credits = MoneyField(allow_null=True)
     allowed_tools = serializers.ListField(child=serializers.CharField(), allow_null=True)
     denied_tools = serializers.ListField(child=serializers.CharField())
     allowed_categories = serializers.ListField(child=serializers.CharField(), allow_null=True)
@@ -321,8 +317,8 @@ class AuthoritySummaryResponse(serializers.Serializer):
     wallet_id = serializers.CharField()
     wallet_type = serializers.CharField()
     wallet_status = serializers.CharField()
-    balance = money_field()
-    daily_spend = money_field()
+    balance = MoneyField()
+    daily_spend = MoneyField()
     human_approval_required = serializers.BooleanField()
     policies = PolicyBundleResponse(many=True)
     active_permits = PermitResponse(many=True)

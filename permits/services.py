@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -21,6 +21,7 @@ from django.db.models import F, Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from audit.canonical import iso_utc
 from audit.services import audit_record
 from audit.signing import sign_statement, verify_statement
 from billing.exceptions import money
@@ -49,11 +50,6 @@ PERMIT_REQUEST_LIFETIME = timedelta(hours=24)
 WILDCARD = "*"
 
 
-def iso(dt: datetime) -> str:
-    """UTC timestamp as used inside signed statements: ``2026-01-02T03:04:05.123456Z``."""
-    return dt.astimezone(UTC).isoformat().replace("+00:00", "Z")
-
-
 # --- Permits -------------------------------------------------------------------------
 
 
@@ -68,8 +64,8 @@ def _permit_statement(permit: Permit) -> dict[str, Any]:
         "allowed_tools": list(permit.allowed_tools),
         "max_credits": money(permit.max_credits),
         "max_calls": permit.max_calls,
-        "created_at": iso(permit.created_at),
-        "expires_at": iso(permit.expires_at),
+        "created_at": iso_utc(permit.created_at),
+        "expires_at": iso_utc(permit.expires_at),
     }
 
 
@@ -592,8 +588,8 @@ def quote_create(*, wallet: Wallet, tool: str, requested_by_key_id: str = "") ->
             "wallet_id": wallet.wallet_id,
             "tool": tool,
             "quoted_credits": money(price),
-            "created_at": iso(now),
-            "expires_at": iso(quote.expires_at),
+            "created_at": iso_utc(now),
+            "expires_at": iso_utc(quote.expires_at),
         }
     )
     quote.signed_statement = signed.statement

@@ -6,12 +6,9 @@ from typing import Any
 
 from rest_framework import serializers
 
+from billing.serializers import MoneyField
 from config.pagination import PageQuery, list_envelope
 from receipts.models import Outcome, Receipt, RefundReconciliation
-
-
-def money_field(**kwargs: Any) -> serializers.DecimalField:
-    return serializers.DecimalField(max_digits=20, decimal_places=8, coerce_to_string=True, **kwargs)
 
 
 class ReceiptResponse(serializers.ModelSerializer):
@@ -22,8 +19,8 @@ class ReceiptResponse(serializers.ModelSerializer):
     ledger_entry_id = serializers.CharField(allow_null=True)
     refund_entry_id = serializers.CharField(allow_null=True)
     outcome = serializers.ChoiceField(choices=Outcome.choices)
-    credits_authorized = money_field()
-    credits_charged = money_field()
+    credits_authorized = MoneyField()
+    credits_charged = MoneyField()
     signed_statement = serializers.DictField()
 
     class Meta:
@@ -94,8 +91,8 @@ class EvidenceLedgerEntry(serializers.Serializer):
     transaction_id = serializers.CharField()
     wallet_id = serializers.CharField(allow_null=True)
     kind = serializers.CharField()
-    amount = money_field()
-    balance_after = money_field(allow_null=True)
+    amount = MoneyField()
+    balance_after = MoneyField(allow_null=True)
     service_category = serializers.CharField()
     description = serializers.CharField()
     correlation_id = serializers.CharField()
@@ -195,7 +192,7 @@ class RefundReconciliationItem(serializers.ModelSerializer):
     wallet_id = serializers.CharField(source="receipt.wallet_id")
     tool = serializers.CharField(source="receipt.tool")
     outcome = serializers.CharField(source="receipt.outcome")
-    amount = money_field()
+    amount = MoneyField()
     refund_entry_id = serializers.CharField(allow_null=True)
 
     class Meta:
