@@ -91,6 +91,8 @@ MIDDLEWARE = [
     "config.middleware.RequestIdMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    # Counts every response by route and status; before the rate limiter, so its 429s count too.
+    "config.metrics.MetricsMiddleware",
     "billing.ratelimit.RateLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -215,6 +217,8 @@ SPECTACULAR_SETTINGS = {
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "config.schema.postprocess_alternatives",
+        # Plain views (documents, pages, /health, the MCP transports) described in /openapi.json.
+        "mcpgateway.discovery.openapi_documents_hook",
     ],
 }
 
@@ -244,15 +248,9 @@ AGENT_DIRECTORY_URLS = env.list("AGENT_DIRECTORY_URLS", default=[])
 CONTENT_SOURCE_URLS = env.list("CONTENT_SOURCE_URLS", default=[])
 PAYMENT_SECRET_KEY = env.str("PAYMENT_SECRET_KEY", default="")
 PREFLIGHT_FETCH_TIMEOUT = env.float("PREFLIGHT_FETCH_TIMEOUT", default=5.0)
-# Plain views (documents, pages, /health) described in /openapi.json.
-_schema_hooks = SPECTACULAR_SETTINGS["POSTPROCESSING_HOOKS"]
-assert isinstance(_schema_hooks, list)
-_schema_hooks.append("mcpgateway.discovery.openapi_documents_hook")
 
 # --- Metrics (GET /metrics, config.metrics) ----------------------------------------------------
 # Bearer token for Prometheus scrapers (operator keys work too); empty: only operator keys.
 METRICS_SCRAPE_TOKEN = env.str("METRICS_SCRAPE_TOKEN", default="")
 if PRODUCTION and METRICS_SCRAPE_TOKEN and len(METRICS_SCRAPE_TOKEN) < 32:
     raise ImproperlyConfigured("refusing to start in production: METRICS_SCRAPE_TOKEN is shorter than 32 characters")
-# Counts every response by route and status; before the rate limiter, so its 429s count too.
-MIDDLEWARE.insert(MIDDLEWARE.index("billing.ratelimit.RateLimitMiddleware"), "config.metrics.MetricsMiddleware")
