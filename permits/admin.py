@@ -69,7 +69,15 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
     list_display = ["policy_id", "wallet", "name", "enabled", "human_approval_required", "version", "updated_at"]
     list_filter = ["enabled", "human_approval_required"]
     search_fields = ["policy_id", "name", "wallet__wallet_id"]
-    readonly_fields = ["policy_id", "tenant_id", "version", "created_at", "updated_at", "created_by_key_id"]
+    readonly_fields = [
+        "policy_id",
+        "tenant_id",
+        "version",
+        "created_at",
+        "updated_at",
+        "created_by_key_id",
+        "created_by_wallet_id",
+    ]
     fields = [
         "policy_id",
         "wallet",

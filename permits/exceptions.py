@@ -57,6 +57,14 @@ class PolicyDenied(PermitDenied):
     message = "A policy bundle denies this call."
 
 
+class PolicyReadOnly(PermissionDeniedError):
+    code = "policy_read_only"
+    message = (
+        "This policy was set above the caller's level and binds it: only the operator or a key "
+        "at or above the level that set it may change it."
+    )
+
+
 class HumanApprovalRequired(PermissionDeniedError):
     code = "human_approval_required"
     message = (

@@ -237,6 +237,9 @@ class PolicyBundle(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
     created_by_key_id = models.CharField(max_length=40, blank=True, default="")
+    # The wallet of the key that created the policy; empty when the operator (an operator
+    # key or the console) set it. Decides who may change it (``policy_for_change``).
+    created_by_wallet_id = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
         db_table = "permits_policy_bundle"

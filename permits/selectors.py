@@ -12,6 +12,7 @@ from billing.models import Wallet
 from billing.selectors import scope_to_caller
 from config.authentication import Principal
 from config.errors import NotFound
+from permits.exceptions import PolicyReadOnly
 from permits.models import (
     Permit,
     PermitRequest,
@@ -117,6 +118,30 @@ def policy_for_caller(principal: Principal, policy_id: str) -> PolicyBundle:
     policy = policies_visible(principal).filter(policy_id=policy_id).first()
     if policy is None:
         raise NotFound("No such policy bundle.", policy_id=policy_id)
+    return policy
+
+
+def policy_for_change(principal: Principal, policy_id: str) -> PolicyBundle:
+    """The policy ``policy_id`` if the caller may change it; the one rule for policy writes.
+
+    Authority flows down only (DESIGN.md section 4). The operator changes any policy.
+    A wallet key changes a policy only when both its owner wallet and the wallet that
+    set it are the key's own wallet or below it: a policy set from above (by the
+    sponsor, an ancestor agent or the operator) binds the key's wallet and is
+    read-only to it (403 ``policy_read_only``), so an agent cannot lift a rule put on
+    itself. A policy outside the caller's reach is 404, as for reads.
+    """
+    policy = policy_for_caller(principal, policy_id)
+    if principal.is_operator:
+        return policy
+    own = principal.key.wallet
+    assert own is not None
+    creator = policy.created_by_wallet_id
+    if not creator:
+        raise PolicyReadOnly(policy_id=policy_id)
+    creator_path = Wallet.objects.filter(wallet_id=creator).values_list("path", flat=True).first()
+    if creator_path is None or own.wallet_id not in creator_path.split("/"):
+        raise PolicyReadOnly(policy_id=policy_id)
     return policy
 
 

@@ -298,6 +298,7 @@ class PolicyBundleResponse(serializers.ModelSerializer):
             "max_daily_credits",
             "allowed_categories",
             "human_approval_required",
+            "created_by_wallet_id",
             "version",
             "created_at",
             "updated_at",

@@ -647,13 +647,19 @@ def _policy_snapshot(policy: PolicyBundle) -> dict[str, Any]:
 
 
 @transaction.atomic(durable=True)
-def policy_create(*, wallet: Wallet, actor_key_id: str = "", **rules: Any) -> PolicyBundle:
-    """Attach a policy bundle to ``wallet``; it applies to the wallet and every wallet below it."""
+def policy_create(*, wallet: Wallet, actor_key_id: str = "", actor_wallet_id: str = "", **rules: Any) -> PolicyBundle:
+    """Attach a policy bundle to ``wallet``; it applies to the wallet and every wallet below it.
+
+    ``actor_wallet_id`` is the wallet of the creating key (empty for the operator): it
+    records the level the policy was set at, which decides who may change it later
+    (``permits.selectors.policy_for_change``).
+    """
     policy = PolicyBundle(
         policy_id=new_id("pol"),
         tenant_id=wallet.tenant_id,
         wallet=wallet,
         created_by_key_id=actor_key_id,
+        created_by_wallet_id=actor_wallet_id,
         **{k: v for k, v in rules.items() if k in POLICY_FIELDS},
     )
     policy.save(force_insert=True)

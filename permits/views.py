@@ -345,7 +345,9 @@ class PolicyCollectionView(APIView):
         caller = principal(request)
         data = parse_body(request, PolicyBundleCreate)
         wallet = wallet_for_caller(caller, data.pop("wallet_id"))
-        policy = services.policy_create(wallet=wallet, actor_key_id=caller.key_id, **data)
+        policy = services.policy_create(
+            wallet=wallet, actor_key_id=caller.key_id, actor_wallet_id=caller.wallet_id or "", **data
+        )
         return Response(PolicyBundleResponse(policy).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -378,12 +380,12 @@ class PolicyDetailView(APIView):
         operation_id="policies_partial_update",
         tags=["policies"],
         request=PolicyBundlePatch,
-        responses={200: PolicyBundleResponse, **error_responses(401, 404, 422)},
+        responses={200: PolicyBundleResponse, **error_responses(401, 403, 404, 422)},
         summary="Change some rules of a policy bundle",
     )
     def patch(self, request: Request, policy_id: str) -> Response:
         caller = principal(request)
-        policy = selectors.policy_for_caller(caller, policy_id)
+        policy = selectors.policy_for_change(caller, policy_id)
         data = parse_body(request, PolicyBundlePatch)
         policy = services.policy_update(policy_id=policy.policy_id, actor_key_id=caller.key_id, **data)
         return Response(PolicyBundleResponse(policy).data)

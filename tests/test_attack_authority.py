@@ -1,0 +1,172 @@
+"""The agent the gateway governs tries to widen its own authority (adversarial review).
+
+Each test reproduces an attack that worked before the rule it exercises existed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.db import connection
+
+from billing.models import LedgerEntry
+from config.ids import new_id
+from permits.models import PolicyBundle
+from permits.services import policy_create
+from tests.conftest import Tenant, client_for
+from tests.gateway_helpers import Caller, register_upstream
+from tests.upstream_server import running_demo_upstream
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(scope="module")
+def demo_url() -> Iterator[str]:
+    with running_demo_upstream() as demo:
+        yield demo.url
+
+
+@pytest.fixture
+def demo(settings: Any, demo_url: str) -> str:
+    settings.UPSTREAM_MCP_URL = demo_url
+    register_upstream(demo_url, price="1")
+    return demo_url
+
+
+def _self_permit(tenant: Tenant, tools: list[str]) -> Any:
+    return tenant.agent_client.post(
+        "/v1/permits",
+        {"wallet_id": tenant.agent.wallet_id, "allowed_tools": tools, "max_credits": "50"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=new_id("pk"),
+    )
+
+
+# --- 1. Policies an agent did not set are out of its reach ---------------------------
+
+
+def test_agent_cannot_disable_a_policy_its_sponsor_set(tenant: Tenant, demo: str) -> None:
+    created = tenant.sponsor_client.post(
+        "/v1/policies", {"wallet_id": tenant.agent.wallet_id, "allowed_tools": ["clock.now"]}, format="json"
+    )
+    assert created.status_code == 201, created.content
+    policy_id = created.json()["policy_id"]
+    assert created.json()["created_by_wallet_id"] == tenant.sponsor.wallet_id
+
+    r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", {"enabled": False}, format="json")
+    assert r.status_code == 403, r.content
+    assert r.json()["detail"]["error"] == "policy_read_only"
+    policy = PolicyBundle.objects.get(policy_id=policy_id)
+    assert policy.enabled is True
+    assert policy.version == 1
+    # The agent still sees it: it binds the agent.
+    assert tenant.agent_client.get(f"/v1/policies/{policy_id}").status_code == 200
+
+    # A permit the agent mints itself for every tool stays bound by the policy at every call.
+    from tests import factories
+
+    factories.top_up(tenant.agent, 10)
+    minted = _self_permit(tenant, ["*"])
+    assert minted.status_code == 201, minted.content
+    caller = Caller(tenant, minted.json()["permit_id"])
+    denied = caller.invoke("math.add", {"a": 1, "b": 2})
+    assert denied.status_code == 403, denied.content
+    assert denied.json()["outcome"] == "denied"
+    assert denied.json()["reason_code"] == "policy_denied"
+    assert caller.invoke("clock.now").status_code == 200
+
+
+def test_agent_cannot_lift_human_approval_set_above_it(tenant: Tenant) -> None:
+    created = tenant.sponsor_client.post(
+        "/v1/policies", {"wallet_id": tenant.agent.wallet_id, "human_approval_required": True}, format="json"
+    )
+    policy_id = created.json()["policy_id"]
+    r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", {"human_approval_required": False}, format="json")
+    assert r.status_code == 403
+    minted = _self_permit(tenant, ["*"])
+    assert minted.status_code == 403, minted.content
+    assert minted.json()["detail"]["error"] == "human_approval_required"
+
+
+def test_operator_policy_is_read_only_to_every_wallet_key(tenant: Tenant, operator_client: Any) -> None:
+    created = operator_client.post(
+        "/v1/policies", {"wallet_id": tenant.sponsor.wallet_id, "denied_tools": ["math.add"]}, format="json"
+    )
+    assert created.status_code == 201, created.content
+    policy_id = created.json()["policy_id"]
+    assert created.json()["created_by_wallet_id"] == ""
+    # The sponsor sees the policy on its wallet but cannot change it; to the agent below,
+    # a policy on its parent is out of reach altogether (404, DESIGN.md section 4).
+    for client, expected in ((tenant.sponsor_client, 403), (tenant.agent_client, 404)):
+        r = client.patch(f"/v1/policies/{policy_id}", {"denied_tools": []}, format="json")
+        assert r.status_code == expected, r.content
+    assert operator_client.patch(f"/v1/policies/{policy_id}", {"name": "x"}, format="json").status_code == 200
+
+
+def test_console_policy_is_read_only_to_wallet_keys(tenant: Tenant) -> None:
+    policy = policy_create(wallet=tenant.agent, denied_tools=["math.add"])
+    r = tenant.agent_client.patch(f"/v1/policies/{policy.policy_id}", {"enabled": False}, format="json")
+    assert r.status_code == 403
+
+
+def test_agent_manages_policies_it_set_itself_and_below(tenant: Tenant) -> None:
+    child_r = tenant.agent_client.post(
+        "/v1/billing/wallets/agent", {"parent_wallet_id": tenant.agent.wallet_id, "name": "kid"}, format="json"
+    )
+    assert child_r.status_code == 201, child_r.content
+    child_id = child_r.json()["wallet_id"]
+    for wallet_id in (tenant.agent.wallet_id, child_id):
+        created = tenant.agent_client.post(
+            "/v1/policies", {"wallet_id": wallet_id, "denied_tools": ["math.add"]}, format="json"
+        )
+        assert created.status_code == 201, created.content
+        policy_id = created.json()["policy_id"]
+        r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", {"enabled": False}, format="json")
+        assert r.status_code == 200, r.content
+        # The sponsor, above the level the policy was set at, may change it too.
+        r = tenant.sponsor_client.patch(f"/v1/policies/{policy_id}", {"enabled": True}, format="json")
+        assert r.status_code == 200, r.content
+
+
+def test_child_key_cannot_change_its_parents_policy_on_the_child(tenant: Tenant) -> None:
+    from tests import factories
+
+    child = factories.make_wallet(tenant.agent, "kid")
+    child_client = client_for(factories.make_key(child).secret)
+    created = tenant.agent_client.post(
+        "/v1/policies", {"wallet_id": child.wallet_id, "denied_tools": ["math.add"]}, format="json"
+    )
+    assert created.status_code == 201
+    r = child_client.patch(f"/v1/policies/{created.json()['policy_id']}", {"enabled": False}, format="json")
+    assert r.status_code == 403
+
+
+def test_sibling_cannot_see_or_change_a_policy(tenant: Tenant) -> None:
+    from tests import factories
+
+    sibling = factories.make_wallet(tenant.sponsor, "sibling")
+    sibling_client = client_for(factories.make_key(sibling).secret)
+    created = tenant.agent_client.post(
+        "/v1/policies", {"wallet_id": tenant.agent.wallet_id, "denied_tools": ["math.add"]}, format="json"
+    )
+    policy_id = created.json()["policy_id"]
+    assert sibling_client.get(f"/v1/policies/{policy_id}").status_code == 404
+    assert sibling_client.patch(f"/v1/policies/{policy_id}", {"enabled": False}, format="json").status_code == 404
+
+
+def test_policy_creator_column_backfilled_rule_reads_the_creator(tenant: Tenant) -> None:
+    """Someone who blanks the creator column makes the policy read-only, never writable."""
+    created = tenant.agent_client.post(
+        "/v1/policies", {"wallet_id": tenant.agent.wallet_id, "denied_tools": ["math.add"]}, format="json"
+    )
+    policy_id = created.json()["policy_id"]
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE permits_policy_bundle SET created_by_wallet_id = %s WHERE policy_id = %s",
+            [tenant.sponsor.wallet_id, policy_id],
+        )
+    r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", {"enabled": False}, format="json")
+    assert r.status_code == 403
+    assert not LedgerEntry.objects.filter(kind="charge").exists()
