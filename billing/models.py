@@ -66,6 +66,8 @@ class Wallet(models.Model):
     # Auto-refill from the parent when the balance falls under the threshold.
     refill_threshold = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     refill_amount = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    # Lifetime net spend (charges minus refunds); for an agent wallet, of the wallet and every
+    # wallet below it, since its budget bounds the subtree. The budget applies to it.
     total_spent = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
     expires_at = models.DateTimeField(null=True, blank=True)
     frozen_reason = models.CharField(max_length=200, blank=True, default="")
@@ -243,6 +245,36 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return f"{self.entry_id} {self.kind} {self.account} {self.amount}"
+
+
+class SpendBucket(models.Model):
+    """Net spend counted against one wallet's windows in one clock hour (UTC).
+
+    The spend controls read these counters instead of aggregating the ledger, so
+    a debit costs the same whatever the history (DESIGN.md section 5). A charge on
+    a wallet adds its amount to the wallet's bucket and to the bucket of every
+    agent ancestor (the subtree's spend counts against the ancestor's limits); a
+    refund subtracts it again from the buckets of the charge's hour, never below
+    zero. Written only by ``billing.services`` under the row locks of the wallets
+    whose windows they are. Buckets older than a day and an hour are no longer
+    read and may be deleted.
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    wallet = models.ForeignKey(Wallet, on_delete=models.CASCADE, related_name="+", db_index=False)
+    tenant_id = models.CharField(max_length=40)
+    hour = models.DateTimeField()
+    amount = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
+
+    class Meta:
+        db_table = "billing_spend_bucket"
+        constraints = [
+            models.UniqueConstraint(fields=["wallet", "hour"], name="spend_bucket_wallet_hour"),
+            models.CheckConstraint(condition=Q(amount__gte=0), name="spend_bucket_non_negative"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.wallet_id} {self.hour:%Y-%m-%dT%H} {self.amount}"
 
 
 class IdempotencyStatus(models.TextChoices):

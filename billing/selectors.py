@@ -10,13 +10,12 @@ from typing import Any
 
 from django.db import models
 from django.db.models import OuterRef, Q, QuerySet, Subquery, Sum, Value
-from django.db.models.functions import Coalesce, Greatest
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from billing.keys import MIN_SECRET_LENGTH, hash_secret, parse_secret
 from billing.models import (
     DEFAULT_CATEGORY_PRICES,
-    SPEND_KINDS,
     ZERO,
     APIKey,
     APIKeyStatus,
@@ -24,6 +23,7 @@ from billing.models import (
     LedgerEntry,
     ServiceCategory,
     ServicePrice,
+    SpendBucket,
     ToolPrice,
     Wallet,
 )
@@ -109,7 +109,12 @@ def key_logs_of_wallet(wallet: Wallet) -> QuerySet[KeyRotationLog]:
 
 @dataclass(frozen=True)
 class SpendFigures:
-    """Net spend (charges minus refunds) of one wallet in the three windows the controls use."""
+    """Net spend counted against one wallet's windows (its own and, for an agent, its subtree's).
+
+    ``last_hour`` covers the current and the previous clock hour, ``last_day`` the
+    current hour and the 24 before it: each is a superset of the rolling window it
+    stands for (never looser, at most one hour stricter). ``today`` is since 00:00 UTC.
+    """
 
     last_hour: Decimal
     last_day: Decimal
@@ -120,42 +125,53 @@ def _utc_midnight(now: datetime) -> datetime:
     return now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
 
 
-def wallet_spend(wallet: Wallet, *, now: datetime | None = None) -> SpendFigures:
-    """The wallet's net spend in the last hour, the last 24 hours and since 00:00 UTC today.
+def spend_hour(moment: datetime) -> datetime:
+    """The clock hour (UTC) whose spend bucket ``moment`` falls in."""
+    return moment.astimezone(UTC).replace(minute=0, second=0, microsecond=0)
 
-    One aggregate query over the partial index ``ledger_wallet_spend``. Spend is
-    charges minus refunds (a refunded charge is not spend), floored at zero.
-    Consistent with later debits only while the caller holds the wallet row lock.
+
+def spend_windows(wallet_ids: list[str], *, now: datetime | None = None) -> dict[str, SpendFigures]:
+    """The spend windows of each wallet in ``wallet_ids``: one query over at most 25 buckets each.
+
+    Reads the counters (``SpendBucket``), never the ledger, so the cost does not
+    grow with history. Consistent with later debits only while the caller holds
+    the row locks of those wallets.
     """
     now = now or timezone.now()
-    hour_ago, day_ago, midnight = now - timedelta(hours=1), now - timedelta(days=1), _utc_midnight(now)
-    figures = LedgerEntry.objects.filter(
-        wallet=wallet, kind__in=SPEND_KINDS, created_at__gte=min(day_ago, midnight)
-    ).aggregate(
-        last_hour=Coalesce(Sum("amount", filter=Q(created_at__gte=hour_ago)), ZERO_DEC),
-        last_day=Coalesce(Sum("amount", filter=Q(created_at__gte=day_ago)), ZERO_DEC),
-        today=Coalesce(Sum("amount", filter=Q(created_at__gte=midnight)), ZERO_DEC),
+    hour = spend_hour(now)
+    previous, day_start, midnight = hour - timedelta(hours=1), hour - timedelta(hours=24), _utc_midnight(now)
+    rows = (
+        SpendBucket.objects.filter(wallet_id__in=wallet_ids, hour__gte=min(day_start, midnight))
+        .values("wallet_id")
+        .annotate(
+            last_hour=Coalesce(Sum("amount", filter=Q(hour__gte=previous)), ZERO_DEC),
+            last_day=Coalesce(Sum("amount", filter=Q(hour__gte=day_start)), ZERO_DEC),
+            today=Coalesce(Sum("amount", filter=Q(hour__gte=midnight)), ZERO_DEC),
+        )
+        .order_by()
     )
-    return SpendFigures(
-        last_hour=max(-figures["last_hour"], ZERO),
-        last_day=max(-figures["last_day"], ZERO),
-        today=max(-figures["today"], ZERO),
-    )
+    figures = {wallet_id: SpendFigures(ZERO, ZERO, ZERO) for wallet_id in wallet_ids}
+    for row in rows:
+        figures[row["wallet_id"]] = SpendFigures(row["last_hour"], row["last_day"], row["today"])
+    return figures
+
+
+def wallet_spend(wallet: Wallet, *, now: datetime | None = None) -> SpendFigures:
+    """The wallet's spend windows (for an agent, its whole subtree's): see ``spend_windows``."""
+    return spend_windows([wallet.wallet_id], now=now)[wallet.wallet_id]
 
 
 def with_daily_spend(queryset: QuerySet[Wallet], *, now: datetime | None = None) -> QuerySet[Wallet]:
-    """Annotate each wallet with ``daily_spent``: net spend since 00:00 UTC today."""
+    """Annotate each wallet with ``daily_spent``: net spend since 00:00 UTC today (an agent's includes its subtree)."""
     midnight = _utc_midnight(now or timezone.now())
     spent = (
-        LedgerEntry.objects.filter(wallet=OuterRef("pk"), kind__in=SPEND_KINDS, created_at__gte=midnight)
+        SpendBucket.objects.filter(wallet_id=OuterRef("pk"), hour__gte=midnight)
         .order_by()
-        .values("wallet")
+        .values("wallet_id")
         .annotate(total=Sum("amount"))
         .values("total")
     )
-    return queryset.annotate(
-        daily_spent=Greatest(-Coalesce(Subquery(spent, output_field=MONEY_FIELD), ZERO_DEC), ZERO_DEC)
-    )
+    return queryset.annotate(daily_spent=Coalesce(Subquery(spent, output_field=MONEY_FIELD), ZERO_DEC))
 
 
 def wallet_detail(principal: Principal, wallet_id: str) -> Wallet:

@@ -197,8 +197,12 @@ class WalletResponse(serializers.Serializer):
     )
     frozen_reason = serializers.CharField()
     balance = MoneyField()
-    daily_spent = MoneyField(help_text="Net spend (charges minus refunds) since 00:00 UTC.")
-    total_spent = MoneyField(help_text="Lifetime net spend; the budget applies to it.")
+    daily_spent = MoneyField(
+        help_text="Net spend (charges minus refunds) since 00:00 UTC; an agent's includes the wallets below it."
+    )
+    total_spent = MoneyField(
+        help_text="Lifetime net spend; an agent's includes the wallets below it. The budget applies to it."
+    )
     budget = MoneyField(allow_null=True)
     daily_limit = MoneyField(allow_null=True)
     refill_threshold = MoneyField(allow_null=True)

@@ -13,21 +13,31 @@ wallet's ``balance`` changes only together with its entry, under its row lock,
 so it always equals the sum of its entries.
 
 Lock order. Wallet row locks are always taken ancestor first: a parent before
-its child (funding, auto-refill, closing), and the audit chain head last. Two
-transactions therefore never wait on each other in a cycle.
+its child (funding, auto-refill, closing), the agent ancestors of a charged or
+refunded wallet before the wallet (their spend windows change with it), and the
+audit chain head last. Two transactions therefore never wait on each other in a
+cycle.
 
-Spend controls, applied by ``ledger_debit`` under the wallet's row lock, in
-this order: status (closed, frozen, expired: 403), velocity (the debit would
-take net spend above 1000 credits in the last hour or 10000 in the last 24
-hours: 403 ``wallet_frozen`` and the wallet is frozen), lifetime budget
-(403 ``budget_exceeded``), daily limit (403 ``daily_limit_exceeded``),
-auto-refill, balance (402 ``insufficient_funds``).
+Spend controls, applied by ``ledger_debit`` under the row locks, in this order:
+status of the wallet and of every ancestor (closed, frozen, expired: 403; a
+freeze covers the subtree); funds, counting an auto-refill the parent can pay
+(402 ``insufficient_funds``, which freezes nothing); lifetime budget (403
+``budget_exceeded``) and daily limit (403 ``daily_limit_exceeded``); velocity
+(the debit would take net spend above 1000 credits in the last hour or 10000 in
+the last day: 403 ``wallet_frozen`` and the wallet whose window would go over is
+frozen). Budget, daily limit and velocity are checked for the charged wallet and
+for every agent ancestor: an agent's limits bound its whole subtree, so no agent
+escapes them by creating or funding children. Funding moves credits within the
+subtree and is not spend; a sponsor's own controls count only its own charges.
 
 "Spend" is net: charges minus refunds, so a refunded call (an upstream failure)
 neither uses up the budget or the daily limit nor counts toward velocity. The
-daily spend figure is the net spend since 00:00 UTC; velocity uses rolling
-windows (last 60 minutes, last 24 hours). ``total_spent`` (the budget's
-counter) is lifetime net spend.
+windows are counters (``SpendBucket``: one row per wallet and clock hour, UTC),
+never aggregates over the ledger: "last hour" is the current and previous clock
+hour, "last day" the current hour and the 24 before it (each never looser than
+the rolling window, at most one hour stricter), the daily figure the hours since
+00:00 UTC. ``total_spent`` (the budget's counter) is lifetime net spend; an
+agent's includes its subtree's.
 
 Auto-refill. When a debit would take a wallet's balance under its refill
 threshold, ``refill_amount`` moves from the parent first, in the same
@@ -55,8 +65,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Sum
-from django.db.models.functions import Greatest
+from django.db.models import F, Q, Subquery, Sum
+from django.db.models.functions import Greatest, Now
 from django.utils import timezone
 
 from audit.services import alert_raise, audit_record
@@ -323,10 +333,12 @@ def _lock(wallet_id: str) -> Wallet:
 def wallet_check_may_spend(*, wallet: Wallet) -> None:
     """The status controls alone (closed, frozen, expired: 403), for calls that cost nothing.
 
-    Reads the wallet's current row; a zero-priced tool call must still be refused
-    to a frozen, expired or closed wallet.
+    Reads the wallet's current row and its ancestors'; a zero-priced tool call must
+    still be refused to a frozen, expired or closed wallet, or to one below such a wallet.
     """
-    _check_may_spend(Wallet.objects.get(pk=wallet.pk))
+    current = Wallet.objects.get(pk=wallet.pk)
+    _check_may_spend(current)
+    _check_line_may_spend(current)
 
 
 def _check_may_spend(wallet: Wallet) -> None:
@@ -337,6 +349,39 @@ def _check_may_spend(wallet: Wallet) -> None:
         raise WalletFrozen(wallet_id=wallet.wallet_id, frozen_reason=wallet.frozen_reason)
     if wallet.is_expired:
         raise WalletExpired(wallet_id=wallet.wallet_id)
+
+
+def _blocked_ancestor_of(wallet_id: str, ancestors: list[str]) -> Subquery:
+    """The highest ancestor (of ``ancestors``) that is not active or has expired, as a subquery."""
+    return Subquery(
+        Wallet.objects.filter(wallet_id__in=ancestors)
+        .filter(~Q(status=WalletStatus.ACTIVE) | Q(expires_at__lte=Now()))
+        .order_by("path")
+        .values("wallet_id")[:1]
+    )
+
+
+def _check_line_may_spend(wallet: Wallet) -> None:
+    """A freeze covers the subtree: refuse (403) when any ancestor is frozen, expired or closed.
+
+    The refusal names the ancestor that stops the wallet. Uses the ``blocked_ancestor``
+    annotation when the wallet was loaded with it (``_lock_spender``), else one query.
+    """
+    ancestors = wallet.ancestry[:-1]
+    if not ancestors:
+        return
+    if hasattr(wallet, "blocked_ancestor"):
+        blocked_id = wallet.blocked_ancestor
+    else:
+        blocked_id = (
+            Wallet.objects.filter(wallet_id__in=ancestors)
+            .filter(~Q(status=WalletStatus.ACTIVE) | Q(expires_at__lte=timezone.now()))
+            .order_by("path")
+            .values_list("wallet_id", flat=True)
+            .first()
+        )
+    if blocked_id:
+        _check_may_spend(Wallet.objects.get(wallet_id=blocked_id))
 
 
 def _check_positive(amount: Decimal, *, loc: str = "amount") -> Decimal:
@@ -421,26 +466,89 @@ class DebitResult:
     daily_spent: Decimal
 
 
-def _lock_for_debit(wallet: Wallet | str, amount: Decimal) -> tuple[Wallet, Wallet | None]:
-    """Lock the wallet, and first its parent when the debit will likely refill (parent before child).
+def spend_owners(wallet: Wallet) -> list[str]:
+    """The wallets whose spend windows a charge on ``wallet`` counts in, root first.
 
-    Whether a refill is likely is read from ``wallet`` as given (a hint; the
-    decision is re-checked under the locks).
+    The wallet itself and every agent ancestor: an agent's budget, daily limit and
+    velocity bound its whole subtree. The sponsor at the root is never one (its
+    controls count only its own charges), unless it is the wallet charged.
+    """
+    return [*wallet.ancestry[1:-1], wallet.wallet_id]
+
+
+def _lock_spender(wallet: Wallet) -> Wallet:
+    """Lock ``wallet``'s row and read, in the same statement, whether an ancestor stops it."""
+    locked = (
+        Wallet.objects.select_for_update(no_key=True, of=("self",))
+        .filter(wallet_id=wallet.wallet_id)
+        .annotate(blocked_ancestor=_blocked_ancestor_of(wallet.wallet_id, wallet.ancestry[:-1]))
+        .first()
+    )
+    if locked is None:
+        raise NotFound("No such wallet.", wallet_id=wallet.wallet_id)
+    return locked
+
+
+def _lock_for_debit(wallet: Wallet | str, amount: Decimal) -> tuple[Wallet, Wallet | None, list[Wallet]]:
+    """Lock what a debit of ``wallet`` changes, ancestors first. Returns (wallet, refill parent, agent ancestors).
+
+    Locks, top-down: every agent ancestor (whose spend windows the charge counts in), the
+    parent when the debit will likely auto-refill (a hint read from ``wallet`` as given;
+    the decision is re-checked under the locks), then the wallet. Refunds take the same
+    order (``_lock_for_refund``), so the two never wait on each other in a cycle.
     """
     hint = wallet if isinstance(wallet, Wallet) else Wallet.objects.filter(wallet_id=wallet).first()
     if hint is None:
         raise NotFound("No such wallet.", wallet_id=str(wallet))
-    parent = None
+    to_lock = spend_owners(hint)[:-1]
+    refill_parent_id = None
     if hint.has_refill and hint.balance - amount < (hint.refill_threshold or ZERO):
         assert hint.parent_id is not None
-        parent = _lock(hint.parent_id)
-    return _lock(hint.wallet_id), parent
+        refill_parent_id = hint.parent_id
+        if refill_parent_id not in to_lock:
+            to_lock.append(refill_parent_id)
+    order = hint.ancestry
+    locked = {wallet_id: _lock(wallet_id) for wallet_id in sorted(to_lock, key=order.index)}
+    ancestors = [locked[wallet_id] for wallet_id in spend_owners(hint)[:-1]]
+    parent = locked[refill_parent_id] if refill_parent_id is not None else None
+    return _lock_spender(hint), parent, ancestors
+
+
+def _count_spend(*, owners: list[Wallet], tenant_id: str, hour: datetime, amount: Decimal) -> None:
+    """Add ``amount`` (negative for a refund) to the owners' spend buckets of ``hour``, floored at zero.
+
+    Also moves the lifetime ``total_spent`` of every owner but the last (the charged
+    wallet itself, whose figure ``_move`` keeps). Caller holds the owners' row locks.
+    """
+    ids = [owner.wallet_id for owner in owners]
+    with connection.cursor() as cursor:
+        if amount > 0:
+            cursor.execute(
+                "INSERT INTO billing_spend_bucket (wallet_id, tenant_id, hour, amount) "
+                "SELECT owner, %s, %s, %s FROM unnest(%s::text[]) AS owner "
+                "ON CONFLICT (wallet_id, hour) DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount",
+                [tenant_id, hour, amount, ids],
+            )
+        else:
+            cursor.execute(
+                "UPDATE billing_spend_bucket SET amount = GREATEST(amount + %s, 0) "
+                "WHERE wallet_id = ANY(%s::text[]) AND hour = %s",
+                [amount, ids, hour],
+            )
+    above = owners[:-1]
+    if above:
+        Wallet.objects.filter(wallet_id__in=[owner.wallet_id for owner in above]).update(
+            total_spent=Greatest(F("total_spent") + amount, ZERO)
+        )
+        for owner in above:
+            owner.total_spent = max(owner.total_spent + amount, ZERO)
 
 
 def _debit_locked(
     *,
     wallet: Wallet,
     parent: Wallet | None,
+    ancestors: list[Wallet],
     amount: Decimal,
     service_category: str,
     units: Decimal | None,
@@ -448,34 +556,19 @@ def _debit_locked(
     request_path: str,
     correlation_id: str,
 ) -> DebitResult:
-    """Apply every spend control to locked ``wallet``, refill from locked ``parent`` if due, then debit."""
+    """Apply every spend control to locked ``wallet`` and its locked agent ``ancestors``, refill, then debit.
+
+    Order: status of the wallet and of every ancestor (403); funds, counting an
+    auto-refill the parent can pay (402, which freezes nothing); budget and daily
+    limit of the wallet and of every agent ancestor (403); velocity of the same
+    (403 ``wallet_frozen``; the caller then freezes the wallet named in the error).
+    """
     now = timezone.now()
     _check_may_spend(wallet)
-    spend = selectors.wallet_spend(wallet, now=now)
-    if spend.last_hour + amount > VELOCITY_HOUR_LIMIT:
-        raise VelocityLimitExceeded(
-            wallet_id=wallet.wallet_id, window="hour", spent=spend.last_hour, amount=amount, limit=VELOCITY_HOUR_LIMIT
-        )
-    if spend.last_day + amount > VELOCITY_DAY_LIMIT:
-        raise VelocityLimitExceeded(
-            wallet_id=wallet.wallet_id, window="day", spent=spend.last_day, amount=amount, limit=VELOCITY_DAY_LIMIT
-        )
-    if wallet.budget is not None and wallet.total_spent + amount > wallet.budget:
-        raise BudgetExceeded(
-            wallet_id=wallet.wallet_id,
-            budget=money(wallet.budget),
-            total_spent=money(wallet.total_spent),
-            required=money(amount),
-        )
-    if wallet.daily_limit is not None and spend.today + amount > wallet.daily_limit:
-        raise DailyLimitExceeded(
-            wallet_id=wallet.wallet_id,
-            daily_limit=money(wallet.daily_limit),
-            daily_spent=money(spend.today),
-            required=money(amount),
-        )
-    refill = None
-    if (
+    _check_line_may_spend(wallet)
+    for ancestor in ancestors:
+        _check_may_spend(ancestor)
+    refill_due = (
         parent is not None
         and wallet.has_refill
         and wallet.parent_id == parent.wallet_id
@@ -483,7 +576,45 @@ def _debit_locked(
         and parent.status == WalletStatus.ACTIVE
         and not parent.is_expired
         and parent.balance >= (wallet.refill_amount or ZERO)
-    ):
+    )
+    available = wallet.balance + ((wallet.refill_amount or ZERO) if refill_due else ZERO)
+    if available < amount:
+        raise InsufficientFunds(wallet_id=wallet.wallet_id, balance=wallet.balance, required=amount)
+    owners = [*ancestors, wallet]
+    windows = selectors.spend_windows([owner.wallet_id for owner in owners], now=now)
+    for owner in reversed(owners):
+        spend = windows[owner.wallet_id]
+        if owner.budget is not None and owner.total_spent + amount > owner.budget:
+            raise BudgetExceeded(
+                wallet_id=owner.wallet_id,
+                budget=money(owner.budget),
+                total_spent=money(owner.total_spent),
+                required=money(amount),
+            )
+        if owner.daily_limit is not None and spend.today + amount > owner.daily_limit:
+            raise DailyLimitExceeded(
+                wallet_id=owner.wallet_id,
+                daily_limit=money(owner.daily_limit),
+                daily_spent=money(spend.today),
+                required=money(amount),
+            )
+    for owner in reversed(owners):
+        spend = windows[owner.wallet_id]
+        if spend.last_hour + amount > VELOCITY_HOUR_LIMIT:
+            raise VelocityLimitExceeded(
+                wallet_id=owner.wallet_id,
+                window="hour",
+                spent=spend.last_hour,
+                amount=amount,
+                limit=VELOCITY_HOUR_LIMIT,
+            )
+        if spend.last_day + amount > VELOCITY_DAY_LIMIT:
+            raise VelocityLimitExceeded(
+                wallet_id=owner.wallet_id, window="day", spent=spend.last_day, amount=amount, limit=VELOCITY_DAY_LIMIT
+            )
+    refill = None
+    if refill_due:
+        assert parent is not None
         assert wallet.refill_amount is not None
         _, refill = _move(
             kind=LedgerKind.REFILL,
@@ -494,8 +625,6 @@ def _debit_locked(
             description="auto-refill",
             correlation_id=correlation_id,
         )
-    if wallet.balance < amount:
-        raise InsufficientFunds(wallet_id=wallet.wallet_id, balance=wallet.balance, required=amount)
     entry, _ = _move(
         kind=LedgerKind.CHARGE,
         tenant_id=wallet.tenant_id,
@@ -509,7 +638,8 @@ def _debit_locked(
         correlation_id=correlation_id,
         spend_delta=amount,
     )
-    return DebitResult(entry=entry, wallet=wallet, refill=refill, daily_spent=spend.today + amount)
+    _count_spend(owners=owners, tenant_id=wallet.tenant_id, hour=selectors.spend_hour(entry.created_at), amount=amount)
+    return DebitResult(entry=entry, wallet=wallet, refill=refill, daily_spent=windows[wallet.wallet_id].today + amount)
 
 
 def ledger_debit(
@@ -524,14 +654,15 @@ def ledger_debit(
 ) -> DebitResult:
     """Charge ``amount`` from ``wallet`` to revenue. Caller holds the transaction.
 
-    Takes the row locks itself (the parent's first when an auto-refill is
-    likely, then the wallet's), re-reads the wallet and applies every spend
-    control (see the module docstring). Raises ``WalletClosed``,
-    ``WalletFrozen``, ``WalletExpired``, ``BudgetExceeded``,
-    ``DailyLimitExceeded`` (403) or ``InsufficientFunds`` (402); the caller's
-    transaction must then roll back. ``VelocityLimitExceeded`` (a
-    ``WalletFrozen``) additionally requires the caller, once its transaction
-    has rolled back, to call ``wallet_freeze_for_velocity(exc=exc)``.
+    Takes the row locks itself (agent ancestors and the refill parent first, top
+    down, then the wallet), re-reads the wallet and applies every spend control
+    (see the module docstring). Raises ``WalletClosed``, ``WalletFrozen``,
+    ``WalletExpired``, ``BudgetExceeded``, ``DailyLimitExceeded`` (403) or
+    ``InsufficientFunds`` (402); the caller's transaction must then roll back.
+    ``VelocityLimitExceeded`` (a ``WalletFrozen``) additionally requires the
+    caller, once its transaction has rolled back, to call
+    ``wallet_freeze_for_velocity(exc=exc)``, which freezes the wallet whose
+    window would have gone over (the charged wallet or an agent ancestor).
 
     Writes no audit event: the caller records the movement (``ledger_audit``
     or its own event naming the entry) as the last statement of its
@@ -539,12 +670,13 @@ def ledger_debit(
     """
     _require_atomic("ledger_debit")
     amount = to_money(amount)
-    if amount < 0:
-        raise ValueError("a debit amount cannot be negative")
-    locked, parent = _lock_for_debit(wallet, amount)
+    if amount <= 0:
+        raise ValueError("a debit amount must be positive")
+    locked, parent, ancestors = _lock_for_debit(wallet, amount)
     return _debit_locked(
         wallet=locked,
         parent=parent,
+        ancestors=ancestors,
         amount=amount,
         service_category=service_category,
         units=units,
@@ -585,6 +717,11 @@ def ledger_refund(
         wallet_id = wallet.wallet_id if isinstance(wallet, Wallet) else wallet
     else:
         raise ValueError("ledger_refund needs a charge or a wallet")
+    path = Wallet.objects.filter(wallet_id=wallet_id).values_list("path", flat=True).first()
+    if path is None:
+        raise NotFound("No such wallet.", wallet_id=wallet_id)
+    # Agent ancestors first, then the wallet: the debit's lock order (``_lock_for_debit``).
+    ancestors = [_lock(ancestor_id) for ancestor_id in path.split("/")[1:-1]]
     locked = _lock(wallet_id)
     if locked.status == WalletStatus.CLOSED:
         raise WalletClosed(wallet_id=wallet_id)
@@ -605,6 +742,13 @@ def ledger_refund(
         correlation_id=correlation_id or (charge.correlation_id if charge is not None else ""),
         refund_of=charge,
         spend_delta=-amount,
+    )
+    # The refund undoes spend in the windows the charge counted in: the buckets of the charge's hour.
+    _count_spend(
+        owners=[*ancestors, locked],
+        tenant_id=locked.tenant_id,
+        hour=selectors.spend_hour(charge.created_at if charge is not None else entry.created_at),
+        amount=-amount,
     )
     return entry
 
@@ -722,8 +866,9 @@ def wallet_create_agent(
     """Create a wallet under ``parent`` (type ``agent`` under a sponsor, ``child`` under an agent).
 
     Funds it with ``initial_balance`` from the parent in the same transaction,
-    under the parent's row lock: 402 when the parent cannot cover it, 403 when
-    the parent may not spend (frozen, expired, closed). Children cannot have
+    under the parent's row lock: 402 when the parent cannot cover it. Nothing is
+    created beneath a wallet that may not spend (frozen, expired, closed, or below
+    such a wallet): 403. Children cannot have
     children (422). The caller has checked that the parent is in reach.
     """
     locked_parent = _lock(parent.wallet_id)
@@ -731,8 +876,9 @@ def wallet_create_agent(
         raise RequestValidationError.single(
             ["body", "parent_wallet_id"], "A child wallet cannot have child wallets.", "wallet_hierarchy"
         )
-    if locked_parent.status == WalletStatus.CLOSED:
-        raise WalletClosed(wallet_id=locked_parent.wallet_id)
+    # Nothing is created beneath a frozen, expired or closed wallet, or below one (403).
+    _check_may_spend(locked_parent)
+    _check_line_may_spend(locked_parent)
     if (refill_threshold is None) != (refill_amount is None):
         raise RequestValidationError.single(
             ["body", "refill_amount"], "Set both refill_threshold and refill_amount, or neither.", "refill_pair"
@@ -755,7 +901,6 @@ def wallet_create_agent(
     )
     entry = None
     if amount > 0:
-        _check_may_spend(locked_parent)
         if locked_parent.balance < amount:
             raise InsufficientFunds(wallet_id=locked_parent.wallet_id, balance=locked_parent.balance, required=amount)
         _, entry = _move(
@@ -829,6 +974,7 @@ def wallet_fund(
     locked_source = _lock(source.wallet_id)
     locked_target = _lock(target.wallet_id)
     _check_may_spend(locked_source)
+    _check_line_may_spend(locked_source)
     if locked_target.status == WalletStatus.CLOSED:
         raise WalletClosed(wallet_id=locked_target.wallet_id)
     if locked_source.balance < amount:
@@ -1070,7 +1216,13 @@ def _charge(
             return _replay(record, request_hash)
     unit_price = selectors.price_for_category(service_category)
     amount = to_money(unit_price * units)
-    locked, parent = _lock_for_debit(wallet, amount)
+    if amount <= 0:
+        raise RequestValidationError.single(
+            ["query", "units"],
+            f"The charge amount (price {money(unit_price)} x units {money(units)}) is zero at 8 decimal places.",
+            "amount_too_small",
+        )
+    locked, parent, ancestors = _lock_for_debit(wallet, amount)
     if idempotency_key is not None:
         # Re-check under the lock: a duplicate that held the lock before us has committed its row.
         record = ChargeIdempotency.objects.filter(wallet_id=wallet.wallet_id, key=idempotency_key).first()
@@ -1079,6 +1231,7 @@ def _charge(
     result = _debit_locked(
         wallet=locked,
         parent=parent,
+        ancestors=ancestors,
         amount=amount,
         service_category=service_category,
         units=units,

@@ -170,3 +170,162 @@ def test_policy_creator_column_backfilled_rule_reads_the_creator(tenant: Tenant)
     r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", {"enabled": False}, format="json")
     assert r.status_code == 403
     assert not LedgerEntry.objects.filter(kind="charge").exists()
+
+
+# --- 2. Spend controls cover the subtree --------------------------------------------------
+
+
+def _charge(client: Any, wallet_id: str, units: str, category: str = "compute") -> Any:
+    return client.post(f"/v1/billing/charge?wallet_id={wallet_id}&service_category={category}&units={units}")
+
+
+def _child(client: Any, parent_id: str, initial_balance: str = "0", **extra: Any) -> Any:
+    return client.post(
+        "/v1/billing/wallets/agent",
+        {"parent_wallet_id": parent_id, "name": f"kid-{new_id('n')}", "initial_balance": initial_balance, **extra},
+        format="json",
+    )
+
+
+def _limited_agent(tenant: Tenant, **controls: Any) -> tuple[str, Any]:
+    """An agent wallet with spend controls, its own key and 100 credits, created by the sponsor."""
+    from tests import factories
+
+    factories.top_up(tenant.sponsor, 100)
+    r = tenant.sponsor_client.post(
+        "/v1/billing/wallets/agent",
+        {"parent_wallet_id": tenant.sponsor.wallet_id, "name": "limited", "initial_balance": "100", **controls},
+        format="json",
+    )
+    assert r.status_code == 201, r.content
+    wallet_id = r.json()["wallet_id"]
+    from billing.models import Wallet
+
+    return wallet_id, client_for(factories.make_key(Wallet.objects.get(pk=wallet_id)).secret)
+
+
+def test_budget_and_daily_limit_bound_the_children(tenant: Tenant) -> None:
+    agent_id, agent = _limited_agent(tenant, budget="5", daily_limit="5")
+    assert _charge(agent, agent_id, "10").status_code == 403
+    kid = _child(agent, agent_id, "45")
+    assert kid.status_code == 201, kid.content
+    kid_id = kid.json()["wallet_id"]
+    r = _charge(agent, kid_id, "40")
+    assert r.status_code == 403, r.content
+    assert r.json()["detail"]["error"] in ("budget_exceeded", "daily_limit_exceeded")
+    assert r.json()["detail"]["wallet_id"] == agent_id
+    # Small charges spread over the agent and its child stop at the agent's limit, together.
+    assert _charge(agent, kid_id, "3").status_code == 200
+    assert _charge(agent, agent_id, "2").status_code == 200
+    assert _charge(agent, kid_id, "1").status_code == 403
+    assert _charge(agent, agent_id, "1").status_code == 403
+    detail = agent.get(f"/v1/billing/wallets/{agent_id}").json()
+    assert detail["daily_spent"] == "5.00000000"
+    assert detail["total_spent"] == "5.00000000"
+    assert LedgerEntry.objects.filter(kind="charge", wallet__path__contains=agent_id).count() == 2
+
+
+def test_velocity_counts_the_subtree_and_freezes_the_agent(tenant: Tenant) -> None:
+    from billing.models import Wallet
+    from tests import factories
+
+    factories.top_up(tenant.agent, 3000)
+    accepted = 0
+    for _ in range(6):
+        kid = _child(tenant.agent_client, tenant.agent.wallet_id, "500")
+        if kid.status_code != 201:
+            assert kid.status_code == 403, kid.content
+            break
+        r = _charge(tenant.agent_client, kid.json()["wallet_id"], "400")
+        if r.status_code == 200:
+            accepted += 400
+        else:
+            assert r.status_code == 403, r.content
+            assert r.json()["detail"]["error"] == "wallet_frozen"
+            assert r.json()["detail"]["wallet_id"] == tenant.agent.wallet_id
+    assert accepted <= 1000
+    assert Wallet.objects.get(pk=tenant.agent.wallet_id).status == "frozen"
+    # The freeze covers the subtree: no child charges, funds or creates anything now.
+    kid_ids = list(Wallet.objects.filter(parent_id=tenant.agent.wallet_id).values_list("wallet_id", flat=True))
+    for kid_id in kid_ids:
+        assert _charge(tenant.agent_client, kid_id, "0.1", "tooling").status_code == 403
+    assert _child(tenant.agent_client, tenant.agent.wallet_id).status_code == 403
+
+
+def test_frozen_agent_cannot_charge_or_fund_its_child(tenant: Tenant, operator_client: Any) -> None:
+    from billing.models import Wallet
+    from billing.services import wallet_freeze
+    from tests import factories
+
+    factories.top_up(tenant.agent, 100)
+    kid_id = _child(tenant.agent_client, tenant.agent.wallet_id, "50").json()["wallet_id"]
+    kid_client = client_for(factories.make_key(Wallet.objects.get(pk=kid_id)).secret)
+    wallet_freeze(wallet=tenant.agent, reason="review")
+    for client in (tenant.agent_client, kid_client):
+        r = _charge(client, kid_id, "1")
+        assert r.status_code == 403, r.content
+        assert r.json()["detail"]["error"] == "wallet_frozen"
+        assert r.json()["detail"]["wallet_id"] == tenant.agent.wallet_id
+    r = tenant.agent_client.post(
+        "/v1/billing/wallets/agent", {"parent_wallet_id": tenant.agent.wallet_id, "name": "x"}, format="json"
+    )
+    assert r.status_code == 403
+    assert Wallet.objects.get(pk=kid_id).balance == 50
+
+
+def test_sponsor_funding_its_agents_freezes_nothing(tenant: Tenant) -> None:
+    from billing.models import Wallet
+    from tests import factories
+
+    factories.top_up(tenant.sponsor, 30_000)
+    for _ in range(3):
+        r = _child(tenant.sponsor_client, tenant.sponsor.wallet_id, "9000")
+        assert r.status_code == 201, r.content
+    assert Wallet.objects.get(pk=tenant.sponsor.wallet_id).status == "active"
+    # Agents funding their children move credits within the subtree: not spend either.
+    agent_id = r.json()["wallet_id"]
+    agent_client = client_for(factories.make_key(Wallet.objects.get(pk=agent_id)).secret)
+    for _ in range(3):
+        assert _child(agent_client, agent_id, "2000").status_code == 201
+    assert Wallet.objects.get(pk=agent_id).status == "active"
+
+
+def test_refunds_give_back_the_ancestor_window(tenant: Tenant) -> None:
+    from billing.models import Wallet
+    from billing.services import wallet_refund
+    from tests import factories
+
+    agent_id, agent = _limited_agent(tenant, daily_limit="10")
+    kid_id = _child(agent, agent_id, "50").json()["wallet_id"]
+    assert _charge(agent, kid_id, "10").status_code == 200
+    assert _charge(agent, kid_id, "1").status_code == 403
+    wallet_refund(amount=4, charge=LedgerEntry.objects.get(wallet_id=kid_id, kind="charge"))
+    assert _charge(agent, kid_id, "4").status_code == 200
+    assert _charge(agent, kid_id, "1").status_code == 403
+    assert Wallet.objects.get(pk=agent_id).total_spent == 10
+    del factories
+
+
+# --- 6. Charges refuse what they cannot honour ----------------------------------------------
+
+
+def test_unpayable_charge_is_402_and_freezes_nothing(tenant: Tenant) -> None:
+    from billing.models import Wallet
+    from tests import factories
+
+    factories.top_up(tenant.agent, 10)
+    r = _charge(tenant.agent_client, tenant.agent.wallet_id, "5000")
+    assert r.status_code == 402, r.content
+    assert r.json()["detail"]["error"] == "insufficient_funds"
+    assert Wallet.objects.get(pk=tenant.agent.wallet_id).status == "active"
+    assert _charge(tenant.agent_client, tenant.agent.wallet_id, "1").status_code == 200
+
+
+def test_charge_that_rounds_to_zero_is_422(tenant: Tenant) -> None:
+    from tests import factories
+
+    factories.top_up(tenant.agent, 10)
+    r = _charge(tenant.agent_client, tenant.agent.wallet_id, "0.00000001", "tooling")
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["type"] == "amount_too_small"
+    assert not LedgerEntry.objects.filter(kind="charge").exists()

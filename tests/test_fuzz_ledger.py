@@ -14,7 +14,15 @@ them and checks that a refusal changed nothing. After every step:
   ``balance_after`` matches the running sum;
 * each transaction's entries sum to zero;
 * a permit never has ``spent_credits`` above ``max_credits``, nor negative
-  spend or calls.
+  spend or calls;
+* no subtree ever spends beyond the limits of any of its agent ancestors
+  (budget, daily limit, hourly velocity), counted from the ledger itself;
+* no charge posts on a wallet while it or an ancestor is frozen (checked by the
+  charge rule against the state before the step).
+
+Agents have children with their own balances, so the machine tries what an agent
+would try to escape its limits: create a child, fund it, charge it, and charge a
+child whose parent was frozen.
 """
 
 from __future__ import annotations
@@ -88,10 +96,16 @@ class LedgerMachine(RuleBasedStateMachine):
 
     # -- wallets and money -------------------------------------------------------------------
 
-    @initialize(target=spenders, budget=st.none() | st.decimals(min_value=50, max_value=400, places=2))
-    def first_agents(self, budget: Decimal | None) -> Any:
+    @initialize(
+        target=spenders,
+        budget=st.none() | st.decimals(min_value=50, max_value=400, places=2),
+        daily_limit=st.none() | st.decimals(min_value=20, max_value=300, places=2),
+    )
+    def first_agents(self, budget: Decimal | None, daily_limit: Decimal | None) -> Any:
         """Two funded agents (one with refills from the sponsor) and a child, so every rule can fire from step one."""
-        a = billing.wallet_create_agent(parent=self.sponsor, name="a1", initial_balance=Decimal(300), budget=budget)
+        a = billing.wallet_create_agent(
+            parent=self.sponsor, name="a1", initial_balance=Decimal(300), budget=budget, daily_limit=daily_limit
+        )
         b = billing.wallet_create_agent(
             parent=self.sponsor,
             name="a2",
@@ -170,12 +184,17 @@ class LedgerMachine(RuleBasedStateMachine):
     )
     def charge(self, wallet: Wallet, units: Decimal, category: str) -> Any:
         before = self._state()
+        line = _fresh(wallet).ancestry
+        stopped = Wallet.objects.filter(wallet_id__in=line).exclude(status=WalletStatus.ACTIVE).exists()
         try:
             outcome = billing.wallet_charge(wallet=_fresh(wallet), service_category=category, units=units)
         except ApplicationError as exc:
             self._refused(exc, before)
+            if stopped:
+                STATS["refused_below_a_stopped_wallet"] += 1
             return multiple()
         assert outcome.status == 200
+        assert not stopped, f"{wallet.wallet_id} was charged while it or an ancestor was frozen or closed"
         STATS["charged"] += 1
         entry = (
             LedgerEntry.objects.filter(wallet_id=wallet.wallet_id, kind=LedgerKind.CHARGE)
@@ -305,6 +324,28 @@ class LedgerMachine(RuleBasedStateMachine):
                 for e in entries:
                     running += e.amount
                     assert e.balance_after == running, f"{e.entry_id}: balance_after {e.balance_after} != {running}"
+
+    @invariant()
+    def subtrees_within_agent_limits(self) -> None:
+        now = timezone.now()
+        midnight = now.replace(hour=0, minute=0, second=0, microsecond=0)
+        for agent in Wallet.objects.filter(tenant_id=self.sponsor.tenant_id, wallet_type="agent"):
+            spend = LedgerEntry.objects.filter(
+                wallet__path__startswith=agent.path, kind__in=[LedgerKind.CHARGE, LedgerKind.REFUND]
+            )
+            lifetime = -(spend.aggregate(t=Sum("amount"))["t"] or ZERO)
+            last_hour = -(
+                spend.filter(created_at__gte=now - timedelta(hours=1)).aggregate(t=Sum("amount"))["t"] or ZERO
+            )
+            today = -(spend.filter(created_at__gte=midnight).aggregate(t=Sum("amount"))["t"] or ZERO)
+            if agent.budget is not None:
+                assert lifetime <= agent.budget, (
+                    f"subtree of {agent.wallet_id} spent {lifetime} > budget {agent.budget}"
+                )
+            if agent.daily_limit is not None:
+                assert today <= agent.daily_limit, f"subtree of {agent.wallet_id} spent {today} today"
+            assert last_hour <= billing.VELOCITY_HOUR_LIMIT, f"subtree of {agent.wallet_id}: {last_hour} in an hour"
+            assert agent.total_spent == max(lifetime, ZERO), f"{agent.wallet_id}: total_spent != subtree spend"
 
     @invariant()
     def permits_within_allowance(self) -> None:
