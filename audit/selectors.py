@@ -1,8 +1,10 @@
 """Audit reads, each with the caller's scope applied.
 
-Scope: operator keys see every chain and event; wallet keys see their
-tenant's (the audit app knows tenants, not the wallet tree, which lives in
-billing above it). ``/v1/me/*`` narrows further to the caller's own wallet.
+Scope (DESIGN.md section 4): operator keys see every chain and event; a wallet
+key sees the events about its own wallet and the wallets below it, never its
+parent's or a sibling's (the audit app stores plain wallet ids; the wallet tree
+comes from billing through ``Principal.wallet_ids_in_reach``). Events about no
+wallet are operator-only. ``/v1/me/*`` narrows further to the caller's own wallet.
 """
 
 from __future__ import annotations
@@ -14,17 +16,17 @@ from django.db.models import Count, Q, QuerySet
 
 from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead, SigningKey, SigningKeyState
 from config.authentication import Principal
-from config.errors import NotFound, WalletKeyRequired
+from config.errors import NotFound, WalletAccessDenied, WalletKeyRequired
 
 EVENT_FILTERS = ("event", "wallet_id", "key_id", "tool", "endpoint", "policy_decision_id", "request_id", "ok")
 
 
 def audit_events_visible(principal: Principal) -> QuerySet[AuditEvent]:
-    """Events the caller may read: all for operators, the tenant's for wallet keys."""
+    """Events the caller may read: all for operators; for wallet keys, those about their subtree."""
     qs = AuditEvent.objects.all()
     if principal.is_operator:
         return qs
-    return qs.filter(tenant_id=principal.tenant_id)
+    return qs.filter(tenant_id=principal.tenant_id, wallet_id__in=principal.wallet_ids_in_reach())
 
 
 def _filtered(qs: QuerySet[AuditEvent], params: dict[str, Any]) -> QuerySet[AuditEvent]:
@@ -81,12 +83,21 @@ def audit_summary(
 def chain_for_caller(principal: Principal, chain: str | None) -> str:
     """The chain the caller asks to verify, if it may: 404 for a chain it cannot see or that does not exist.
 
-    Default: the caller's tenant chain (``system`` for operator keys).
+    Default: the caller's tenant chain (``system`` for operator keys). The tenant chain
+    holds every wallet's events, so among wallet keys only the tenant's root (sponsor)
+    key, whose reach is the whole tenant, may verify it; keys lower in the tree get 403
+    ``wallet_access_denied`` (their evidence bundles still report the chain check).
     """
     if not principal.is_operator:
         own = principal.tenant_id or SYSTEM_CHAIN
         if chain not in (None, own):
             raise NotFound("No such audit chain.", chain=chain)
+        if principal.wallet_id != principal.tenant_id:
+            raise WalletAccessDenied(
+                "Verifying the tenant's audit chain needs the sponsor wallet's key or an operator key: "
+                "the chain holds the events of wallets outside this key's reach.",
+                wallet_id=principal.wallet_id,
+            )
         return own
     if chain is None or chain == SYSTEM_CHAIN:
         return SYSTEM_CHAIN

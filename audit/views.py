@@ -40,7 +40,7 @@ class AuditEventListView(APIView):
         tags=AUDIT,
         parameters=[AuditEventQuery],
         responses={200: AuditEventListResponse, **error_responses(401, 422)},
-        summary="List audit events (wallet keys: their tenant's; operator keys: all)",
+        summary="List audit events (wallet keys: their wallet's and those below it; operator keys: all)",
     )
     def get(self, request: Request) -> Response:
         caller = principal(request)
@@ -71,7 +71,11 @@ class AuditChainVerifyView(APIView):
         operation_id="audit_verify_chain",
         tags=AUDIT,
         request=AuditChainVerifyRequest,
-        responses={200: AuditChainVerifyResponse, **error_responses(401, 404, 422), 503: _SIGNING_UNAVAILABLE},
+        responses={
+            200: AuditChainVerifyResponse,
+            **error_responses(401, 403, 404, 422),
+            503: _SIGNING_UNAVAILABLE,
+        },
         summary="Recompute an audit chain, report the first broken event and sign a checkpoint",
     )
     def post(self, request: Request) -> Response:

@@ -44,6 +44,15 @@ class Principal:
     def is_operator(self) -> bool:
         return self.key.wallet_id is None
 
+    def wallet_ids_in_reach(self) -> Any:
+        """The ids of the wallets a wallet key reaches (its own and its descendants), as a subquery.
+
+        For apps below billing (audit) that store plain wallet ids and cannot read the tree.
+        """
+        from billing.selectors import wallets_visible
+
+        return wallets_visible(self).values("wallet_id")
+
     # DRF and Django treat request.user as a user object.
     @property
     def is_authenticated(self) -> bool:

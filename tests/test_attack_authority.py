@@ -329,3 +329,34 @@ def test_charge_that_rounds_to_zero_is_422(tenant: Tenant) -> None:
     assert r.status_code == 422, r.content
     assert r.json()["detail"][0]["type"] == "amount_too_small"
     assert not LedgerEntry.objects.filter(kind="charge").exists()
+
+
+# --- 3. Siblings and parents stay invisible -------------------------------------------------
+
+
+def test_audit_listings_and_summary_cover_only_the_subtree(tenant: Tenant) -> None:
+    from audit.models import AuditEvent
+    from tests import factories
+
+    sibling = factories.make_wallet(tenant.sponsor, "sibling", balance=20)
+    factories.make_key(sibling)
+    factories.top_up(tenant.agent, 5)
+    child = factories.make_wallet(tenant.agent, "kid", balance=1)
+    sibling_events = AuditEvent.objects.filter(wallet_id=sibling.wallet_id).count()
+    assert sibling_events > 0
+    agent = tenant.agent_client
+    for params in ({"wallet_id": sibling.wallet_id}, {"wallet_id": tenant.sponsor.wallet_id}, {}):
+        body = agent.get("/v1/audit/events", {**params, "limit": 200}).json()
+        seen = {item["wallet_id"] for item in body["items"]}
+        assert seen <= {tenant.agent.wallet_id, child.wallet_id}, (params, seen)
+        assert sibling.wallet_id not in str(body.get("items"))
+    own = agent.get("/v1/audit/events", {"limit": 200}).json()
+    assert child.wallet_id in {item["wallet_id"] for item in own["items"]}
+    reachable = AuditEvent.objects.filter(wallet_id__in=[tenant.agent.wallet_id, child.wallet_id]).count()
+    assert own["total"] == reachable
+    summary = agent.get("/v1/audit/summary").json()
+    assert summary["total"] == reachable
+    assert tenant.sponsor_client.get("/v1/audit/summary").json()["total"] > reachable + sibling_events - 1
+    r = agent.post("/v1/audit/verify-chain", {}, format="json")
+    assert r.status_code == 403
+    assert r.json()["detail"]["error"] == "wallet_access_denied"

@@ -11,7 +11,8 @@ refund owed), and A's agent key at its parent's and a sibling's objects. The
 expected answers follow DESIGN.md section 4: wallet-addressed operations on a
 wallet outside the caller's reach are 403 ``wallet_access_denied``;
 object-addressed reads are 404 ``not_found``; list filters naming a foreign
-object return nothing. Every probe must also leave the target untouched
+object return nothing, and every unfiltered listing (audit events included)
+shows nothing of the parent, a sibling or another tenant. Every probe must also leave the target untouched
 (snapshots of its rows before and after) and must not echo any target
 identifier the attacker did not send.
 """
@@ -454,16 +455,20 @@ def _verify_chain(a: Attacker, t: Target) -> list[Probe]:
         probes.append(
             Probe("verify the target's chain", "post", "/v1/audit/verify-chain", NOT_FOUND, {"chain": t.tenant_id})
         )
+    else:
+        # The tenant chain holds the parent's and the siblings' events: only the sponsor's key verifies it.
+        probes += [
+            Probe("verify the tenant chain", "post", "/v1/audit/verify-chain", WALLET_DENIED, {"chain": t.tenant_id}),
+            Probe("verify the default chain", "post", "/v1/audit/verify-chain", WALLET_DENIED, {}),
+        ]
     return probes
 
 
 def _audit_events(a: Attacker, t: Target) -> list[Probe]:
-    # Documented decision (docs/decisions.md "Audit visibility"): wallet keys read their whole
-    # tenant's chain. Inside the tenant these filters may match; across tenants they never do.
-    check = status_in(200) if t.same_tenant else empty_list
-    shown = t.ids() if t.same_tenant else set()
+    # Reach is the subtree for every listing and filter (DESIGN.md section 4): a filter naming the
+    # parent's, a sibling's or another tenant's objects matches nothing.
     return [
-        Probe(f"audit events ?{name}", "get", f"/v1/audit/events?{name}={value}", check, may_show=shown, allow_2xx=True)
+        Probe(f"audit events ?{name}", "get", f"/v1/audit/events?{name}={value}", empty_list, allow_2xx=True)
         for name, value in (
             ("wallet_id", t.wallet_id),
             ("key_id", t.key_id),
@@ -817,13 +822,6 @@ def _list_operations(schema: dict[str, Any]) -> list[str]:
     return sorted(paths)
 
 
-# What a same-tenant target may show in a listing, by documented design.
-SAME_TENANT_VISIBLE: dict[str, str] = {
-    "/v1/audit/events": "wallet keys read their whole tenant's audit chain (docs/decisions.md, Audit visibility)",
-    "/v1/audit/summary": "counts over the tenant's chain (same decision); no identifiers, checked anyway",
-}
-
-
 def test_nothing_of_the_target_is_listed(world, schema):
     """Every GET without path parameters (lists, /v1/me views, catalogs, pages) shows none of the target's ids."""
     failures: list[str] = []
@@ -838,8 +836,6 @@ def test_nothing_of_the_target_is_listed(world, schema):
                 continue
             text = r.content.decode(errors="replace")
             allowed: set[str] = set()
-            if target.same_tenant and path in SAME_TENANT_VISIBLE:
-                allowed |= target.ids()
             if target.is_parent:
                 # The parent's wallet id is the caller's own tenant id, parent_wallet_id and permit issuer.
                 allowed.add(target.wallet_id)

@@ -28,7 +28,13 @@ def _events(client, **params):
 
 
 def _record(tenant, **kwargs):
-    defaults = {"event": "tool.called", "ok": True, "tenant_id": tenant.sponsor.tenant_id}
+    # About the tenant's agent wallet unless said otherwise: the sponsor's and the agent's keys both reach it.
+    defaults = {
+        "event": "tool.called",
+        "ok": True,
+        "tenant_id": tenant.sponsor.tenant_id,
+        "wallet_id": tenant.agent.wallet_id,
+    }
     return audit_record(**{**defaults, **kwargs})
 
 
@@ -175,7 +181,7 @@ def test_summary_counts(tenant, other_tenant):
 def test_verify_chain_round_trip_with_checkpoint(tenant):
     for i in range(10):
         _record(tenant, detail={"i": i})
-    r = tenant.agent_client.post("/v1/audit/verify-chain", {}, format="json")
+    r = tenant.sponsor_client.post("/v1/audit/verify-chain", {}, format="json")
     assert r.status_code == 200, r.content
     body = r.json()
     chain = tenant.sponsor.tenant_id
@@ -225,13 +231,14 @@ def test_verify_chain_reports_tampering_over_http(tenant):
 
 def test_verify_chain_scope(tenant, other_tenant, operator_client):
     other_chain = other_tenant.sponsor.tenant_id
-    for client in (tenant.sponsor_client, tenant.agent_client):
+    for client, own_status in ((tenant.sponsor_client, 200), (tenant.agent_client, 403)):
         for chain in (other_chain, "system", "nope"):
             r = client.post("/v1/audit/verify-chain", {"chain": chain}, format="json")
             assert r.status_code == 404, (chain, r.content)
             assert r.json()["detail"]["error"] == "not_found"
         own = client.post("/v1/audit/verify-chain", {"chain": tenant.sponsor.tenant_id}, format="json")
-        assert own.status_code == 200
+        # The tenant chain holds every wallet's events: the sponsor's key verifies it, an agent's may not.
+        assert own.status_code == own_status, own.content
     assert operator_client.post("/v1/audit/verify-chain", {}, format="json").json()["chain"] == "system"
     r = operator_client.post("/v1/audit/verify-chain", {"chain": other_chain}, format="json")
     assert r.status_code == 200
