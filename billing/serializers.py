@@ -64,6 +64,9 @@ class APIKeyResponse(serializers.Serializer):
     revoked_at = serializers.DateTimeField(allow_null=True)
     revoke_reason = serializers.CharField()
     rotated_from = serializers.CharField()
+    created_by_key_id = serializers.CharField(
+        help_text="The key that minted this one (empty: the operator or the console). Revoking it revokes this key."
+    )
 
 
 class APIKeyWithSecret(APIKeyResponse):
@@ -93,7 +96,7 @@ class RotationResponse(serializers.Serializer):
 
 
 class EmergencyKeyRevocationRequest(serializers.Serializer):
-    """Revoke every key of a wallet immediately."""
+    """Revoke every key of a wallet and of the wallets below it immediately, with the keys they minted."""
 
     wallet_id = serializers.CharField(max_length=40)
     reason = serializers.CharField(max_length=200, required=False, default="emergency")

@@ -360,3 +360,91 @@ def test_audit_listings_and_summary_cover_only_the_subtree(tenant: Tenant) -> No
     r = agent.post("/v1/audit/verify-chain", {}, format="json")
     assert r.status_code == 403
     assert r.json()["detail"]["error"] == "wallet_access_denied"
+
+
+# --- 4. Keys cannot outlive the key that minted them ----------------------------------------
+
+
+def _mint(client: Any, wallet_id: str) -> dict[str, Any]:
+    r = client.post("/v1/api-keys", {"wallet_id": wallet_id, "name": "spare"}, format="json")
+    assert r.status_code == 201, r.content
+    return dict(r.json())
+
+
+def _alive(secret: str, wallet_id: str) -> bool:
+    return client_for(secret).get(f"/v1/billing/wallets/{wallet_id}").status_code == 200
+
+
+def test_revoking_a_key_revokes_what_it_minted(tenant: Tenant, operator_client: Any) -> None:
+    agent_id = tenant.agent.wallet_id
+    spare = _mint(tenant.agent_client, agent_id)
+    assert spare["created_by_key_id"] == tenant.agent_key_id
+    grandchild = _mint(client_for(spare["secret"]), agent_id)
+    assert _alive(grandchild["secret"], agent_id)
+    r = operator_client.delete(f"/v1/api-keys/{agent_id}/{tenant.agent_key_id}")
+    assert r.status_code == 204
+    assert not _alive(spare["secret"], agent_id)
+    assert not _alive(grandchild["secret"], agent_id)
+    logs = tenant.sponsor_client.get(f"/v1/api-keys/{agent_id}/logs").json()
+    lineage = [entry for entry in logs if entry["reason"].startswith("lineage:")]
+    assert {entry["key_id"] for entry in lineage} == {spare["key_id"], grandchild["key_id"]}
+    created = {entry["key_id"]: entry["actor_key_id"] for entry in logs if entry["action"] == "created"}
+    assert created[spare["key_id"]] == tenant.agent_key_id
+    assert created[grandchild["key_id"]] == spare["key_id"]
+    # Keys the sponsor minted for the agent are of the sponsor's lineage, not the agent's: they live on.
+    sponsor_minted = _mint(tenant.sponsor_client, agent_id)
+    assert _alive(sponsor_minted["secret"], agent_id)
+
+
+def test_rotating_with_revoke_revokes_the_lineage_but_keeps_the_successor(tenant: Tenant) -> None:
+    agent_id = tenant.agent.wallet_id
+    spare = _mint(tenant.agent_client, agent_id)
+    r = tenant.agent_client.post(
+        "/v1/api-keys/rotate", {"wallet_id": agent_id, "key_id": tenant.agent_key_id}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    successor = r.json()["new_key"]["secret"]
+    assert _alive(successor, agent_id)
+    assert not _alive(spare["secret"], agent_id)
+
+
+def test_a_rotated_copy_does_not_escape_the_lineage(tenant: Tenant, operator_client: Any) -> None:
+    agent_id = tenant.agent.wallet_id
+    spare = _mint(tenant.agent_client, agent_id)
+    # The spare is rotated by the sponsor (another lineage as minter): it still replaced a key of the agent's lineage.
+    r = tenant.sponsor_client.post(
+        "/v1/api-keys/rotate", {"wallet_id": agent_id, "key_id": spare["key_id"], "revoke_old": False}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    copy = r.json()["new_key"]["secret"]
+    assert operator_client.delete(f"/v1/api-keys/{agent_id}/{tenant.agent_key_id}").status_code == 204
+    assert not _alive(copy, agent_id)
+
+
+def test_emergency_revocation_covers_the_subtree(tenant: Tenant) -> None:
+    from billing.models import Wallet
+    from tests import factories
+
+    child = factories.make_wallet(tenant.agent, "kid")
+    child_key = factories.make_key(Wallet.objects.get(pk=child.wallet_id))
+    minted_below = _mint(client_for(child_key.secret), child.wallet_id)
+    r = tenant.sponsor_client.post(
+        "/v1/api-keys/emergency-revoke", {"wallet_id": tenant.agent.wallet_id}, format="json"
+    )
+    assert r.status_code == 200, r.content
+    assert not _alive(tenant.agent_secret, tenant.agent.wallet_id)
+    assert not _alive(child_key.secret, child.wallet_id)
+    assert not _alive(minted_below["secret"], child.wallet_id)
+    assert _alive(tenant.sponsor_secret, tenant.sponsor.wallet_id)
+
+
+def test_a_revoked_minter_cannot_mint(tenant: Tenant) -> None:
+    from django.utils import timezone
+
+    from billing.models import APIKey
+    from billing.services import api_key_create
+    from config.errors import InvalidAPIKey
+
+    APIKey.objects.filter(key_id=tenant.agent_key_id).update(status="revoked", revoked_at=timezone.now())
+    with pytest.raises(InvalidAPIKey):
+        api_key_create(wallet=tenant.agent, actor_key_id=tenant.agent_key_id)
