@@ -345,12 +345,13 @@ def test_audit_listings_and_summary_cover_only_the_subtree(tenant: Tenant) -> No
     sibling_events = AuditEvent.objects.filter(wallet_id=sibling.wallet_id).count()
     assert sibling_events > 0
     agent = tenant.agent_client
-    for params in ({"wallet_id": sibling.wallet_id}, {"wallet_id": tenant.sponsor.wallet_id}, {}):
-        body = agent.get("/v1/audit/events", {**params, "limit": 200}).json()
+    filters: list[dict[str, str]] = [{"wallet_id": sibling.wallet_id}, {"wallet_id": tenant.sponsor.wallet_id}, {}]
+    for params in filters:
+        body = agent.get("/v1/audit/events", {**params, "limit": "200"}).json()
         seen = {item["wallet_id"] for item in body["items"]}
         assert seen <= {tenant.agent.wallet_id, child.wallet_id}, (params, seen)
         assert sibling.wallet_id not in str(body.get("items"))
-    own = agent.get("/v1/audit/events", {"limit": 200}).json()
+    own = agent.get("/v1/audit/events", {"limit": "200"}).json()
     assert child.wallet_id in {item["wallet_id"] for item in own["items"]}
     reachable = AuditEvent.objects.filter(wallet_id__in=[tenant.agent.wallet_id, child.wallet_id]).count()
     assert own["total"] == reachable
