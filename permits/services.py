@@ -69,6 +69,63 @@ def _permit_statement(permit: Permit) -> dict[str, Any]:
     }
 
 
+# The columns authorization and evidence read, each checked against the signed statement at use.
+PERMIT_SIGNED_FIELDS = (
+    "permit_id",
+    "tenant_id",
+    "wallet_id",
+    "subject_key_id",
+    "allowed_tools",
+    "max_credits",
+    "max_calls",
+    "expires_at",
+)
+
+
+def permit_statement_problem(permit: Permit) -> str | None:
+    """Why ``permit``'s stored columns cannot be trusted, or None: the one check of a permit at use.
+
+    The signature must verify over the signed statement, and every column that
+    authorization reads (``PERMIT_SIGNED_FIELDS``) must equal what was signed: a
+    column edited in the database after signing is a tampered permit. Returns a
+    reason (``bad_signature:<why>`` or ``statement_mismatch:<field>``).
+    """
+    result = verify_statement(permit.signed_statement, permit.signature, expected_type="permit")
+    if not result.valid:
+        return f"bad_signature:{result.reason or 'invalid'}"
+    signed = permit.signed_statement
+    stored = _permit_statement(permit)
+    for name in PERMIT_SIGNED_FIELDS:
+        if signed.get(name) != stored[name]:
+            return f"statement_mismatch:{name}"
+    return None
+
+
+def _quote_statement(quote: Quote) -> dict[str, Any]:
+    return {
+        "type": "quote",
+        "quote_id": quote.quote_id,
+        "tenant_id": quote.tenant_id,
+        "wallet_id": quote.wallet_id,
+        "tool": quote.tool,
+        "quoted_credits": money(quote.quoted_credits),
+        "created_at": iso_utc(quote.created_at),
+        "expires_at": iso_utc(quote.expires_at),
+    }
+
+
+def quote_statement_problem(quote: Quote) -> str | None:
+    """Why ``quote``'s columns (price, tool, wallet, expiry) disagree with its signed statement, or None."""
+    result = verify_statement(quote.signed_statement, quote.signature, expected_type="quote")
+    if not result.valid:
+        return f"bad_signature:{result.reason or 'invalid'}"
+    signed = quote.signed_statement
+    for name, value in _quote_statement(quote).items():
+        if signed.get(name) != value:
+            return f"statement_mismatch:{name}"
+    return None
+
+
 @dataclass(frozen=True)
 class PermitIssue:
     """The outcome of ``permit_issue``: the permit and whether this was a replay."""
@@ -325,6 +382,11 @@ def authorize(
         err.extra.setdefault("policy_decision_id", decision_id)
         return Decision(decision_id, False, err, policies or [])
 
+    if verify_signature:
+        # Every column read below must be what was signed (a column edited after signing is tampering).
+        problem = permit_statement_problem(permit)
+        if problem is not None:
+            return deny(exc.PermitSignatureInvalid(permit_id=permit.permit_id, reason=problem))
     if permit.wallet_id != wallet.wallet_id:
         return deny(exc.PermitWalletMismatch(permit_id=permit.permit_id))
     if permit.subject_key_id and permit.subject_key_id != key_id:
@@ -338,10 +400,6 @@ def authorize(
         return deny(exc.PermitExhausted(permit_id=permit.permit_id, required=money(price)))
     if not tool_allowed(list(permit.allowed_tools), tool):
         return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
-    if verify_signature:
-        result = verify_statement(permit.signed_statement, permit.signature, expected_type="permit")
-        if not result.valid or permit.signed_statement.get("permit_id") != permit.permit_id:
-            return deny(exc.PermitSignatureInvalid(permit_id=permit.permit_id, reason=result.reason))
 
     policies = [
         p for p in PolicyBundle.objects.filter(wallet_id__in=wallet.ancestry, enabled=True).order_by("created_at")
@@ -580,18 +638,7 @@ def quote_create(*, wallet: Wallet, tool: str, requested_by_key_id: str = "") ->
         expires_at=now + QUOTE_LIFETIME,
         requested_by_key_id=requested_by_key_id,
     )
-    signed = sign_statement(
-        {
-            "type": "quote",
-            "quote_id": quote.quote_id,
-            "tenant_id": quote.tenant_id,
-            "wallet_id": wallet.wallet_id,
-            "tool": tool,
-            "quoted_credits": money(price),
-            "created_at": iso_utc(now),
-            "expires_at": iso_utc(quote.expires_at),
-        }
-    )
+    signed = sign_statement(_quote_statement(quote))
     quote.signed_statement = signed.statement
     quote.signature = signed.signature
     quote.key_id = signed.kid
@@ -621,7 +668,12 @@ def quote_consume(*, quote_id: str, wallet: Wallet, tool: str, action_id: str, n
     ).update(status=QuoteStatus.CONSUMED, consumed_at=now, consumed_by=action_id)
     if updated != 1:
         raise exc.QuoteUnavailable(quote_id=quote_id)
-    return Quote.objects.get(quote_id=quote_id)
+    quote = Quote.objects.get(quote_id=quote_id)
+    # The price charged comes from this row: it must be the price that was signed.
+    problem = quote_statement_problem(quote)
+    if problem is not None:
+        raise exc.QuoteUnavailable(quote_id=quote_id, reason="quote_signature_invalid", problem=problem)
+    return quote
 
 
 # --- Policy bundles ------------------------------------------------------------------

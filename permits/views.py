@@ -195,8 +195,13 @@ class PermitVerifyView(APIView):
         if permit is None:
             reasons.append("unknown_permit")
         else:
-            if permit.signed_statement != statement and "bad_signature" not in reasons and result.valid:
-                # A validly signed document that is not this permit's statement.
+            if (
+                result.valid
+                and "bad_signature" not in reasons
+                and (permit.signed_statement != statement or services.permit_statement_problem(permit) is not None)
+            ):
+                # A validly signed document that is not this permit's statement, or stored columns
+                # that disagree with it (the permit would be refused at use).
                 reasons.append("bad_signature")
             current_status = permit.effective_status(now)
             if current_status in (PermitStatus.EXPIRED, PermitStatus.REVOKED, PermitStatus.EXHAUSTED):

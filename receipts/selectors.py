@@ -13,8 +13,9 @@ from audit.signing import verify_statement
 from billing.selectors import scope_to_caller
 from config.authentication import Principal
 from config.errors import NotFound
+from permits.services import permit_statement_problem
 from receipts.models import Receipt, RefundReconciliation
-from receipts.services import SIGNATURE_STATEMENT
+from receipts.services import SIGNATURE_STATEMENT, receipt_statement_problem
 from receipts.verify import FORMAT
 
 
@@ -60,16 +61,13 @@ def verification_map(receipt: Receipt, audit_event: AuditEvent | None) -> dict[s
     receipt_check = _signature_check(receipt.signed_statement, receipt.signature, "receipt")
     if receipt_check == "ok":
         # The columns served beside the statement must say what was signed.
-        statement = receipt.signed_statement
-        if statement.get("receipt_id") != receipt.receipt_id or statement.get("outcome") != receipt.outcome:
-            receipt_check = "statement_mismatch"
+        receipt_check = receipt_statement_problem(receipt) or "ok"
     checks["receipt_signature"] = receipt_check
     if receipt.permit is None:
         checks["permit_signature"] = "skipped"
     else:
-        checks["permit_signature"] = _signature_check(
-            receipt.permit.signed_statement, receipt.permit.signature, "permit"
-        )
+        # The signature over the statement and every column authorization reads (permits.services).
+        checks["permit_signature"] = permit_statement_problem(receipt.permit) or "ok"
     if audit_event is None:
         checks["audit_chain"] = "missing_event"
     else:

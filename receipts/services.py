@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from audit.canonical import iso_utc
 from audit.services import audit_record
-from audit.signing import sign_statement
+from audit.signing import sign_statement, verify_statement
 from billing.exceptions import money
 from billing.models import LedgerEntry, Wallet
 from billing.services import ledger_refund
@@ -57,6 +57,23 @@ def receipt_statement(receipt: Receipt) -> dict[str, Any]:
         "policy_decision_id": receipt.policy_decision_id or None,
         "created_at": iso_utc(receipt.created_at),
     }
+
+
+def receipt_statement_problem(receipt: Receipt) -> str | None:
+    """Why ``receipt``'s stored columns disagree with its signed statement, or None.
+
+    Evidence and every decision taken from a receipt (refund reconciliation: its
+    wallet, charge, permit and amounts) read the columns; a column edited after
+    signing must not be trusted. Checks the signature, then each signed field.
+    """
+    result = verify_statement(receipt.signed_statement, receipt.signature, expected_type="receipt")
+    if not result.valid:
+        return f"bad_signature:{result.reason or 'invalid'}"
+    signed = receipt.signed_statement
+    for name, value in receipt_statement(receipt).items():
+        if signed.get(name) != value:
+            return f"statement_mismatch:{name}"
+    return None
 
 
 def receipt_issue(
@@ -167,6 +184,7 @@ def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note
     Opens a pending refund item for the kept charge (post it with a retry).
     """
     receipt = Receipt.objects.select_for_update(no_key=True).get(receipt_id=receipt_id)
+    _require_signed_columns(receipt)
     if receipt.outcome != Outcome.DELIVERY_UNCERTAIN:
         raise RefundNotOwed("Only a delivery_uncertain receipt can be marked not executed.", receipt_id=receipt_id)
     if receipt.credits_charged <= 0:
@@ -186,6 +204,24 @@ def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note
         detail={"receipt_id": receipt.receipt_id, "actor": actor, "amount": money(item.amount)},
     )
     return item
+
+
+class ReceiptTampered(Conflict):
+    code = "receipt_statement_mismatch"
+    message = "The receipt's stored columns disagree with its signed statement; nothing was done."
+
+
+def _require_signed_columns(receipt: Receipt, *, amount: Decimal | None = None) -> None:
+    """Refuse (409) to act on a receipt whose columns were changed after signing, or to refund above its charge."""
+    problem = receipt_statement_problem(receipt)
+    if problem is not None:
+        raise ReceiptTampered(receipt_id=receipt.receipt_id, problem=problem)
+    if amount is not None and amount > receipt.credits_charged:
+        raise ReceiptTampered(
+            "The reconciliation amount is above what the signed receipt charged; nothing was done.",
+            receipt_id=receipt.receipt_id,
+            problem="amount_above_charge",
+        )
 
 
 def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundReconciliation:
@@ -208,15 +244,12 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
         if item.status == ReconciliationStatus.RESOLVED:
             return item
         receipt = item.receipt
+        _require_signed_columns(receipt, amount=item.amount)
         charge = receipt.ledger_entry
         try:
             with transaction.atomic():  # savepoint: a failed refund leaves the attempt recorded
-                # Lock order as in the governed call: the wallet row, then the permit row.
-                Wallet.objects.select_for_update(no_key=True).filter(wallet_id=receipt.wallet_id).values_list(
-                    "pk", flat=True
-                ).first()
-                if receipt.permit_id:
-                    permit_release(permit_id=receipt.permit_id, amount=item.amount)
+                # Lock order as in the governed call: the wallet row (and its agent ancestors, taken
+                # first by the refund), then the permit row.
                 refund = ledger_refund(
                     amount=item.amount,
                     charge=charge,
@@ -224,6 +257,8 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
                     description=f"refund for {receipt.receipt_id}",
                     correlation_id=receipt.action_id,
                 )
+                if receipt.permit_id:
+                    permit_release(permit_id=receipt.permit_id, amount=item.amount)
         except ApplicationError as err:
             item.attempts += 1
             item.last_error = err.detail_message[:500]
@@ -276,6 +311,7 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
 def reconciliation_record_executed(*, receipt_id: str, actor: str, note: str = "") -> Receipt:
     """Operator's external reconciliation result for a ``delivery_uncertain`` call: it ran; the charge stands."""
     receipt = Receipt.objects.select_for_update(no_key=True).get(receipt_id=receipt_id)
+    _require_signed_columns(receipt)
     if receipt.outcome != Outcome.DELIVERY_UNCERTAIN:
         raise RefundNotOwed("Only a delivery_uncertain receipt can be reconciled.", receipt_id=receipt_id)
     audit_record(

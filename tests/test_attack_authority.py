@@ -449,3 +449,128 @@ def test_a_revoked_minter_cannot_mint(tenant: Tenant) -> None:
     APIKey.objects.filter(key_id=tenant.agent_key_id).update(status="revoked", revoked_at=timezone.now())
     with pytest.raises(InvalidAPIKey):
         api_key_create(wallet=tenant.agent, actor_key_id=tenant.agent_key_id)
+
+
+# --- 5. Authorization reads the signed statement, not editable columns -----------------------
+
+
+def test_a_permit_column_edited_after_signing_is_refused_and_reported(tenant: Tenant, demo: str) -> None:
+    from billing.models import Wallet
+    from permits.models import Permit
+    from tests import factories
+
+    factories.top_up(tenant.agent, 10)
+    from tests.gateway_helpers import issue_permit
+
+    permit_id = issue_permit(tenant, tools=["clock.now"])
+    caller = Caller(tenant, permit_id)
+    ok = caller.invoke("clock.now")
+    assert ok.status_code == 200, ok.content
+    receipt_id = ok.json()["receipt_id"]
+    balance = Wallet.objects.get(pk=tenant.agent.wallet_id).balance
+    # Someone with write access to the permits table widens the permit; the signed statement still says clock.now.
+    with connection.cursor() as cur:
+        cur.execute("UPDATE permits_permit SET allowed_tools = '[\"*\"]'::jsonb WHERE permit_id = %s", [permit_id])
+    assert Permit.objects.get(pk=permit_id).allowed_tools == ["*"]
+    r = caller.invoke("math.add", {"a": 1, "b": 2})
+    assert r.status_code == 403, r.content
+    assert r.json()["outcome"] == "denied"
+    assert r.json()["reason_code"] == "permit_signature_invalid"
+    assert Wallet.objects.get(pk=tenant.agent.wallet_id).balance == balance
+    evidence = tenant.agent_client.get(f"/v1/evidence/{receipt_id}").json()
+    assert evidence["verification"]["permit_signature"] == "statement_mismatch:allowed_tools"
+    # Every column authorization reads is covered, not only the tools.
+    edits = {
+        "max_credits": "max_credits = 1000",
+        "max_calls": "max_calls = 1000",
+        "expires_at": "expires_at = now() + interval '9 days'",
+        "subject_key_id": f"subject_key_id = '{tenant.sponsor_key_id}'",
+    }
+    restore = (
+        "allowed_tools = '[\"clock.now\"]'::jsonb, max_credits = %s, max_calls = %s, expires_at = %s, "
+        "subject_key_id = %s"
+    )
+    original = Permit.objects.get(pk=permit_id)
+    for column, assignment in edits.items():
+        with connection.cursor() as cur:
+            cur.execute(
+                f"UPDATE permits_permit SET {restore} WHERE permit_id = %s",
+                [original.max_credits, original.max_calls, original.expires_at, original.subject_key_id, permit_id],
+            )
+            assert evidence_check(tenant, receipt_id) == "ok"
+            cur.execute(f"UPDATE permits_permit SET {assignment} WHERE permit_id = %s", [permit_id])
+        r = caller.invoke("clock.now")
+        assert r.json()["reason_code"] == "permit_signature_invalid", (column, r.content)
+        assert evidence_check(tenant, receipt_id).startswith("statement_mismatch:"), column
+
+
+def evidence_check(tenant: Tenant, receipt_id: str) -> str:
+    return str(tenant.agent_client.get(f"/v1/evidence/{receipt_id}").json()["verification"]["permit_signature"])
+
+
+def test_a_quote_price_edited_after_signing_is_not_honoured(tenant: Tenant, demo: str) -> None:
+    from billing.models import Wallet
+    from tests import factories
+    from tests.gateway_helpers import issue_permit
+
+    factories.top_up(tenant.agent, 10)
+    caller = Caller(tenant, issue_permit(tenant, tools=["clock.now"]))
+    quote = tenant.agent_client.post(
+        "/v1/quotes", {"wallet_id": tenant.agent.wallet_id, "tool": "clock.now"}, format="json"
+    )
+    assert quote.status_code == 201, quote.content
+    quote_id = quote.json()["quote_id"]
+    with connection.cursor() as cur:
+        cur.execute("UPDATE permits_quote SET quoted_credits = 0.00000001 WHERE quote_id = %s", [quote_id])
+    balance = Wallet.objects.get(pk=tenant.agent.wallet_id).balance
+    r = caller.invoke("clock.now", quote_id=quote_id)
+    assert r.status_code in (403, 409), r.content
+    assert r.json()["reason_code"] == "quote_unavailable"
+    assert Wallet.objects.get(pk=tenant.agent.wallet_id).balance == balance
+
+
+def test_a_receipt_edited_after_signing_is_not_refunded(tenant: Tenant, operator_client: Any) -> None:
+    from decimal import Decimal
+
+    from django.db import transaction
+
+    from billing.services import ledger_debit
+    from mcpgateway.models import Tool
+    from receipts.models import RefundReconciliation
+    from receipts.selectors import request_document_hash
+    from receipts.services import receipt_issue, refund_reconciliation_open
+    from tests import factories
+
+    del Tool
+    factories.top_up(tenant.agent, 20)
+    document = {"tool": "clock.now", "arguments": {}}
+    with transaction.atomic():
+        entry = ledger_debit(wallet=tenant.agent.wallet_id, amount=Decimal("2"), service_category="tooling").entry
+        receipt = receipt_issue(
+            action_id=new_id("act"),
+            wallet=tenant.agent,
+            api_key_id=tenant.agent_key_id,
+            tool="clock.now",
+            outcome="failed_unrefunded",
+            request_document=document,
+            request_hash=request_document_hash(document),
+            response_hash="ab" * 32,
+            credits_authorized=Decimal("2"),
+            credits_charged=Decimal("2"),
+            permit=None,
+            ledger_entry=entry,
+            policy_decision_id=new_id("pdec"),
+            endpoint="/mcp",
+        )
+        refund_reconciliation_open(receipt=receipt, amount=Decimal("2"), origin="failed_unrefunded")
+    # Redirect the refund to another wallet of the tenant through the receipt's column.
+    sibling = factories.make_wallet(tenant.sponsor, "sibling")
+    with connection.cursor() as cur:
+        cur.execute(
+            "UPDATE receipts_receipt SET wallet_id = %s WHERE receipt_id = %s", [sibling.wallet_id, receipt.receipt_id]
+        )
+    r = operator_client.post(f"/v1/receipts/reconciliation/refunds/{receipt.receipt_id}/retry")
+    assert r.status_code == 409, r.content
+    assert r.json()["detail"]["error"] == "receipt_statement_mismatch"
+    assert RefundReconciliation.objects.get(receipt_id=receipt.receipt_id).status == "pending"
+    assert not LedgerEntry.objects.filter(kind="refund").exists()

@@ -13,6 +13,7 @@ from django.db import connection, connections
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from audit.signing import sign_statement
 from billing import services as billing_services
 from billing.models import LedgerEntry, Wallet
 from permits import services
@@ -206,9 +207,17 @@ def test_expired_and_exhausted_permits(tenant):
     v = tenant.sponsor_client.post("/v1/permits/verify", {"permit_id": p["permit_id"]}, format="json").json()
     assert v["reasons"] == ["exhausted"]
     assert tenant.sponsor_client.get("/v1/permits?status=exhausted").json()["total"] == 1
+    # Expired for real: the expiry column and the signed statement agree (re-signed as issued).
     Permit.objects.filter(pk=permit.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    permit.refresh_from_db()
+    signed = sign_statement(services._permit_statement(permit))
+    Permit.objects.filter(pk=permit.pk).update(signed_statement=signed.statement, signature=signed.signature)
     v = tenant.sponsor_client.post("/v1/permits/verify", {"permit_id": p["permit_id"]}, format="json").json()
     assert v["reasons"] == ["expired"]
+    # The expiry column moved without the statement is tampering: refused at use, reported here.
+    Permit.objects.filter(pk=permit.pk).update(expires_at=timezone.now() + timedelta(days=30))
+    v = tenant.sponsor_client.post("/v1/permits/verify", {"permit_id": p["permit_id"]}, format="json").json()
+    assert "bad_signature" in v["reasons"]
 
 
 # --- Allowance reservation --------------------------------------------------------------
