@@ -127,13 +127,22 @@ class AuditSummaryResponse(serializers.Serializer):
 
 
 class AuditCheckpoint(serializers.Serializer):
-    """A signed statement of a chain's size and head hash at a moment; keep it to detect later rewrites.
+    """A signed statement that events ``first_seq``..``last_seq`` of a chain were checked, and its hash there.
 
+    Issued only by a verification that walked the chain from its first event, so
+    ``first_seq`` is 1 and ``size`` equals ``last_seq``: a checkpoint never claims
+    events that were not checked. Keep it to detect later rewrites or truncation.
     The signature covers the RFC 8785 bytes of every other field.
     """
 
     type = serializers.CharField(help_text='Always "audit_checkpoint".')
     chain = serializers.CharField()
+    first_seq = serializers.IntegerField(
+        min_value=1, required=False, help_text="The first event checked (always 1; absent on older checkpoints)."
+    )
+    last_seq = serializers.IntegerField(
+        min_value=0, required=False, help_text="The last event checked (absent on older checkpoints)."
+    )
     size = serializers.IntegerField(min_value=0, help_text="Number of events (the seq of the last one).")
     head_hash = serializers.CharField(max_length=64, min_length=64)
     kid = serializers.CharField(max_length=40)
@@ -161,7 +170,7 @@ class AuditChainVerifyRequest(serializers.Serializer):
 
 
 class AuditChainVerifyResponse(serializers.Serializer):
-    """The result of recomputing a chain, with a signed checkpoint when it is valid."""
+    """The result of recomputing a chain, with a signed checkpoint when it is valid and was checked from seq 1."""
 
     valid = serializers.BooleanField()
     chain = serializers.CharField()
@@ -182,7 +191,10 @@ class AuditChainVerifyResponse(serializers.Serializer):
     checkpoint_verified = serializers.BooleanField(
         allow_null=True, help_text="Whether the supplied checkpoint still matches (null: none supplied)."
     )
-    checkpoint = AuditCheckpoint(allow_null=True)
+    checkpoint = AuditCheckpoint(
+        allow_null=True,
+        help_text="Null when the chain is broken, or when the walk started after seq 1 (earlier events unchecked).",
+    )
 
 
 class AlertResponse(serializers.Serializer):

@@ -350,6 +350,12 @@ def _check_checkpoint(chain: str, checkpoint: Mapping[str, Any], from_seq: int, 
     size = statement.get("size")
     if type(size) is not int or size < 0:
         raise RequestValidationError.single(loc, "The checkpoint size is not a count.", "checkpoint_invalid")
+    if ("first_seq" in statement or "last_seq" in statement) and (
+        statement.get("first_seq") != 1 or statement.get("last_seq") != size
+    ):
+        raise RequestValidationError.single(
+            loc, "The checkpoint does not cover its chain from the first event.", "checkpoint_invalid"
+        )
     if from_seq != 1 or (to_seq is not None and to_seq < size):
         raise RequestValidationError.single(
             loc,
@@ -571,12 +577,13 @@ def audit_chain_verify(
 
     Reads one consistent snapshot (REPEATABLE READ, read only) when called
     outside a transaction, streaming rows in chunks. A range that does not
-    start at 1 trusts the ``prev_hash`` of its first event. A kept
-    ``checkpoint`` ({type, chain, size, head_hash, kid, issued_at, signature})
+    start at 1 trusts the ``prev_hash`` of its first event, so it issues no
+    checkpoint. A kept ``checkpoint`` ({type, chain, first_seq, last_seq, size,
+    head_hash, kid, issued_at, signature})
     must verify and is compared with the recomputed hash at its size: a chain
     now shorter than the checkpoint was truncated; a different hash means the
-    events below it were rewritten. A valid walk ends with a new signed
-    checkpoint at its last event. The caller has checked access to ``chain``.
+    events below it were rewritten. A valid walk from seq 1 ends with a new
+    signed checkpoint naming the range it covers. The caller has checked access to ``chain``.
     """
     from audit.signing import sign_statement
 
@@ -590,10 +597,14 @@ def audit_chain_verify(
                 cursor.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
             walk = _walk(chain, from_seq, to_seq, checkpoint)
     signed: dict[str, Any] | None = None
-    if walk.valid and walk.last_hash:
+    # A checkpoint never claims events that were not checked: only a walk from the first event
+    # issues one, naming the range it covers (a partial walk trusted the prev_hash it started from).
+    if walk.valid and walk.last_hash and from_seq == 1:
         statement = {
             "type": CHECKPOINT_TYPE,
             "chain": chain,
+            "first_seq": 1,
+            "last_seq": walk.last_seq,
             "size": walk.last_seq,
             "head_hash": walk.last_hash,
             "issued_at": iso_utc(timezone.now()),

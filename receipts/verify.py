@@ -1,12 +1,20 @@
-"""Offline verification of a portable receipt. Imports no Django and opens no socket.
+"""Offline verification of a portable receipt. Imports no Django; opens no socket unless asked to.
 
-    python -m receipts.verify PORTABLE.json [--keys JWKS.json]
+    python -m receipts.verify PORTABLE.json [--keys JWKS.json | --issuer https://gateway.example]
 
 Exit status: 0 when the receipt's signature verifies, 1 when it does not (the
-reason is printed), 2 when the input cannot be read. Without ``--keys`` the key
-snapshot embedded in the export is used; pass ``--keys`` with a JWKS you
-obtained through a trusted channel (for example the issuer's
-``/.well-known/jwks.json`` fetched over TLS) for the issuer identity to hold.
+reason is printed), 2 when the input or the key set cannot be read.
+
+Key ids are derived from the public key (``sig_`` + base62 of SHA-256 of the
+raw key), so every key used is checked against its kid: a key set that names
+an attacker's key with the issuer's kid is refused (``kid_key_mismatch``).
+
+Which keys are trusted decides what a valid signature proves. Without
+``--keys`` or ``--issuer`` the key snapshot embedded in the export is used, and
+a valid signature proves only that the receipt is intact and matches that
+snapshot, not who issued it. Pin the issuer with ``--keys`` (a JWKS obtained
+through a trusted channel) or ``--issuer URL`` (fetches ``URL/.well-known/jwks.json``,
+the only network access this module makes).
 
 The same check is importable: ``verify_portable(document, jwks=None)``.
 """
@@ -22,9 +30,10 @@ from pathlib import Path
 from typing import Any
 
 from audit.canonical import b64url_decode_strict
-from audit.evidence_core import verify_bytes_with_keys
+from audit.evidence_core import key_id_for_public_key, verify_bytes_with_keys
 
 FORMAT = "tollgate.portable-receipt/v1"
+JWKS_PATH = "/.well-known/jwks.json"
 
 
 @dataclass(frozen=True)
@@ -64,6 +73,30 @@ def keys_from_jwks(jwks: Any) -> dict[str, str]:
     return out
 
 
+def kid_matches_key(kid: str, public_key_b64: str) -> bool:
+    """True when ``kid`` is the id derived from the base64url public key it names."""
+    try:
+        return key_id_for_public_key(b64url_decode_strict(public_key_b64)) == kid
+    except ValueError:
+        return False
+
+
+def fetch_issuer_jwks(issuer: str, *, timeout: float = 10.0) -> Any:
+    """The JWKS an issuer publishes at ``issuer`` + ``/.well-known/jwks.json`` (``ValueError`` on any failure)."""
+    from urllib.error import URLError
+    from urllib.request import urlopen
+
+    base = issuer.rstrip("/")
+    if not base.startswith(("https://", "http://")):
+        raise ValueError("the issuer must be an http(s) URL")
+    url = base if base.endswith(JWKS_PATH) else base + JWKS_PATH
+    try:
+        with urlopen(url, timeout=timeout) as response:  # noqa: S310 - the scheme is checked above
+            return json.loads(response.read(1_000_000).decode("utf-8"))
+    except (URLError, OSError, ValueError) as err:
+        raise ValueError(f"cannot fetch the issuer's key set from {url}: {err}") from err
+
+
 def verify_portable(document: Any, jwks: Any = None) -> PortableVerification:
     """Verify a portable receipt against ``jwks`` (default: the snapshot it carries)."""
     if not isinstance(document, Mapping):
@@ -89,6 +122,9 @@ def verify_portable(document: Any, jwks: Any = None) -> PortableVerification:
         return PortableVerification(False, "no_key_set", **base)
     if document.get("kid") != kid:
         return PortableVerification(False, "kid_mismatch", **base)
+    if isinstance(kid, str) and kid in keys and not kid_matches_key(kid, keys[kid]):
+        # A key set naming some other key with this kid: the kid is derived from the key it names.
+        return PortableVerification(False, "kid_key_mismatch", **base)
     result = verify_bytes_with_keys(signed, signature, keys, expected_type="receipt")
     if not result.valid:
         return PortableVerification(False, result.reason, **base)
@@ -101,7 +137,9 @@ def verify_portable(document: Any, jwks: Any = None) -> PortableVerification:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m receipts.verify", description="Verify a portable receipt offline.")
     parser.add_argument("portable", help="the portable receipt JSON (GET /v1/receipts/{id}/portable)")
-    parser.add_argument("--keys", help="a JWKS obtained through a trusted channel (default: the embedded snapshot)")
+    pin = parser.add_mutually_exclusive_group()
+    pin.add_argument("--keys", help="a JWKS obtained through a trusted channel: pins the issuer")
+    pin.add_argument("--issuer", help="the issuer's base URL: fetches its /.well-known/jwks.json and pins it")
     args = parser.parse_args(argv)
     try:
         document = json.loads(Path(args.portable).read_text(encoding="utf-8"))
@@ -109,14 +147,27 @@ def main(argv: list[str] | None = None) -> int:
     except (OSError, ValueError) as err:
         print(f"error: cannot read input: {err}", file=sys.stderr)
         return 2
+    if args.issuer:
+        try:
+            jwks = fetch_issuer_jwks(args.issuer)
+        except ValueError as err:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
     verdict = verify_portable(document, jwks)
     print(json.dumps(verdict.as_dict(), indent=2))
-    if verdict.valid:
-        source = "the supplied key set" if args.keys else "the embedded key snapshot (authenticate it separately)"
-        print(f"VALID: receipt {verdict.receipt_id} ({verdict.outcome}) is signed by {verdict.kid} in {source}.")
-        return 0
-    print(f"INVALID: {verdict.reason}", file=sys.stderr)
-    return 1
+    if not verdict.valid:
+        print(f"INVALID: {verdict.reason}", file=sys.stderr)
+        return 1
+    if jwks is None:
+        print(
+            f"VALID against the receipt's own key snapshot only: receipt {verdict.receipt_id} ({verdict.outcome}) "
+            f"is intact and signed by the key the snapshot names {verdict.kid}. This does not prove who issued it; "
+            "pin the issuer with --keys JWKS or --issuer URL."
+        )
+    else:
+        source = f"the key set of {args.issuer}" if args.issuer else f"the key set in {args.keys}"
+        print(f"VALID: receipt {verdict.receipt_id} ({verdict.outcome}) is signed by {verdict.kid} of {source}.")
+    return 0
 
 
 if __name__ == "__main__":

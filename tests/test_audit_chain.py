@@ -336,8 +336,11 @@ def test_range_verification(chain):
     assert result.valid
     assert result.checked_events == 101
     assert result.to_seq == 300
-    assert result.checkpoint["size"] == 300
-    assert result.checkpoint["head_hash"] == chain[299].hash
+    # Events 1..199 were not checked: a partial range signs no checkpoint (it would claim them).
+    assert result.checkpoint is None
+    full = verify(to_seq=300)
+    assert (full.checkpoint["first_seq"], full.checkpoint["last_seq"], full.checkpoint["size"]) == (1, 300, 300)
+    assert full.checkpoint["head_hash"] == chain[299].hash
     with tampering() as cursor:
         cursor.execute("UPDATE audit_event SET ok = NOT ok WHERE chain = %s AND seq = 250", [CHAIN])
     assert verify(from_seq=200, to_seq=300).first_broken_seq == 250
@@ -433,3 +436,34 @@ def test_reference_fallback_when_the_fast_path_disagrees(chain, monkeypatch):
     with tampering() as cursor:
         cursor.execute("UPDATE audit_event SET ok = NOT ok WHERE chain = %s AND seq = 20", [CHAIN])
     assert (verify(to_seq=50).first_broken_seq, verify(to_seq=50).reason) == (20, "hash_mismatch")
+
+
+# --- A checkpoint states what was checked (adversarial review item 8) ------------------------
+
+
+def test_a_partial_verification_signs_no_checkpoint_and_a_full_one_names_its_range(db):
+    from audit.services import audit_chain_verify, audit_record
+
+    chain = "spn_checkpointrange"
+    events = [audit_record(event="test.range", ok=True, tenant_id=chain, detail={"i": i}) for i in range(5)]
+    with tampering() as cursor:
+        cursor.execute("UPDATE audit_event SET detail = '{\"i\": 99}'::jsonb WHERE event_id = %s", [events[1].event_id])
+    partial = audit_chain_verify(chain=chain, from_seq=3)
+    assert partial.valid is True  # events 3..5 are intact, taken on trust from event 2's hash
+    assert partial.checkpoint is None  # ... so nothing is signed about events 1..5
+    full = audit_chain_verify(chain=chain)
+    assert full.valid is False
+    assert full.first_broken_seq == 2
+    assert full.checkpoint is None
+
+
+def test_a_full_checkpoint_covers_seq_1_to_its_size(db):
+    from audit.services import audit_chain_verify, audit_record
+
+    chain = "spn_checkpointfull"
+    for i in range(3):
+        audit_record(event="test.range", ok=True, tenant_id=chain, detail={"i": i})
+    checkpoint = audit_chain_verify(chain=chain).checkpoint
+    assert checkpoint is not None
+    assert (checkpoint["first_seq"], checkpoint["last_seq"], checkpoint["size"]) == (1, 3, 3)
+    assert audit_chain_verify(chain=chain, checkpoint=checkpoint).checkpoint_verified is True

@@ -8,27 +8,66 @@ importable (the client installed on its own), it runs
 built on ``cryptography`` (Ed25519) and ``rfc8785`` (canonical JSON), with the
 same reason codes.
 
-Without ``jwks`` the key snapshot embedded in the export is used: a valid
-signature then proves only that the receipt matches that snapshot. Pass a JWKS
-obtained through a trusted channel (the issuer's ``/.well-known/jwks.json``
-over TLS) for the issuer identity to hold.
+Key ids are derived from the public key (``sig_`` + base62 of SHA-256 of the
+raw key): a key set naming another key under a kid is refused
+(``kid_key_mismatch``). Without ``jwks`` the key snapshot embedded in the
+export is used: a valid signature then proves only that the receipt matches
+that snapshot. Pass a JWKS obtained through a trusted channel (the issuer's
+``/.well-known/jwks.json`` over TLS) for the issuer identity to hold.
+
+Command line (installed as ``tollgate-verify`` with ``pip install ./client``)::
+
+    tollgate-verify PORTABLE.json [--keys JWKS.json | --issuer https://gateway.example]
+
+Exit status 0: valid; 1: invalid (reason printed); 2: unreadable input or key set.
 """
 
 from __future__ import annotations
 
+import argparse
 import base64
 import binascii
+import hashlib
 import json
 import re
+import sys
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any, cast
 
 from tollgate_client.models import PortableVerification
 
-__all__ = ["FORMAT", "keys_from_jwks", "verify_portable_offline", "verify_portable_standalone"]
+__all__ = [
+    "FORMAT",
+    "fetch_issuer_jwks",
+    "key_id_for_public_key",
+    "keys_from_jwks",
+    "main",
+    "verify_portable_offline",
+    "verify_portable_standalone",
+]
 
 FORMAT = "tollgate.portable-receipt/v1"
+JWKS_PATH = "/.well-known/jwks.json"
 _B64URL = re.compile(r"^[A-Za-z0-9_-]*$")
+_BASE62 = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+
+
+def key_id_for_public_key(raw_public_key: bytes) -> str:
+    """``sig_`` + 22 base62 characters of SHA-256(raw public key), as the gateway derives kids."""
+    number = int.from_bytes(hashlib.sha256(raw_public_key).digest(), "big")
+    chars = []
+    for _ in range(22):
+        number, rest = divmod(number, 62)
+        chars.append(_BASE62[rest])
+    return "sig_" + "".join(chars)
+
+
+def _kid_matches_key(kid: str, public_key_b64: str) -> bool:
+    try:
+        return key_id_for_public_key(_b64url_decode_strict(public_key_b64)) == kid
+    except ValueError:
+        return False
 
 
 def verify_portable_offline(portable: Any, jwks: Any = None) -> PortableVerification:
@@ -161,6 +200,8 @@ def verify_portable_standalone(portable: Any, jwks: Any = None) -> PortableVerif
         return verdict(False, "no_key_set")
     if portable.get("kid") != kid:
         return verdict(False, "kid_mismatch")
+    if isinstance(kid, str) and kid in keys and not _kid_matches_key(kid, keys[kid]):
+        return verdict(False, "kid_key_mismatch")
     valid, reason = _verify_signed_bytes(signed, signature, keys)
     if not valid:
         return verdict(False, reason)
@@ -168,3 +209,56 @@ def verify_portable_standalone(portable: Any, jwks: Any = None) -> PortableVerif
     if "receipt" in portable and portable["receipt"] != statement:
         return verdict(False, "receipt_differs_from_signed_bytes")
     return verdict(True, None)
+
+
+def fetch_issuer_jwks(issuer: str, *, timeout: float = 10.0) -> Any:
+    """The JWKS an issuer publishes at ``issuer`` + ``/.well-known/jwks.json`` (``ValueError`` on any failure)."""
+    import httpx
+
+    base = issuer.rstrip("/")
+    if not base.startswith(("https://", "http://")):
+        raise ValueError("the issuer must be an http(s) URL")
+    url = base if base.endswith(JWKS_PATH) else base + JWKS_PATH
+    try:
+        response = httpx.get(url, timeout=timeout)
+        response.raise_for_status()
+        return response.json()
+    except (httpx.HTTPError, ValueError) as err:
+        raise ValueError(f"cannot fetch the issuer's key set from {url}: {err}") from err
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``tollgate-verify``: the standalone offline verifier's command line."""
+    parser = argparse.ArgumentParser(prog="tollgate-verify", description="Verify a portable receipt offline.")
+    parser.add_argument("portable", help="the portable receipt JSON (GET /v1/receipts/{id}/portable)")
+    pin = parser.add_mutually_exclusive_group()
+    pin.add_argument("--keys", help="a JWKS obtained through a trusted channel: pins the issuer")
+    pin.add_argument("--issuer", help="the issuer's base URL: fetches its /.well-known/jwks.json and pins it")
+    args = parser.parse_args(argv)
+    try:
+        document = json.loads(Path(args.portable).read_text(encoding="utf-8"))
+        jwks = json.loads(Path(args.keys).read_text(encoding="utf-8")) if args.keys else None
+        if args.issuer:
+            jwks = fetch_issuer_jwks(args.issuer)
+    except (OSError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    verdict = verify_portable_standalone(document, jwks)
+    print(json.dumps({k: getattr(verdict, k) for k in ("valid", "reason", "receipt_id", "kid", "outcome")}, indent=2))
+    if not verdict.valid:
+        print(f"INVALID: {verdict.reason}", file=sys.stderr)
+        return 1
+    if jwks is None:
+        print(
+            f"VALID against the receipt's own key snapshot only: receipt {verdict.receipt_id} ({verdict.outcome}) "
+            f"is intact and signed by the key the snapshot names {verdict.kid}. This does not prove who issued it; "
+            "pin the issuer with --keys JWKS or --issuer URL."
+        )
+    else:
+        source = f"the key set of {args.issuer}" if args.issuer else f"the key set in {args.keys}"
+        print(f"VALID: receipt {verdict.receipt_id} ({verdict.outcome}) is signed by {verdict.kid} of {source}.")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
