@@ -7,9 +7,15 @@
   a window whatever keys it tries;
 * no burst allowance.
 
-The cache is local memory by default (one process) and Redis through
-``CACHE_URL`` when several processes or machines serve the gateway, which then
-share the windows. Every counted response carries ``X-RateLimit-Limit``,
+Windows are counted where every gunicorn worker and every instance looks
+already: by default an UNLOGGED PostgreSQL table (``billing_rate_limit_window``,
+one upsert per request, in autocommit, outside any transaction), so the limits
+hold across processes with no extra service. With ``CACHE_URL`` pointing at
+Redis the windows live there instead (``RATE_LIMIT_BACKEND=cache``), the faster
+option for large deployments. A per-process memory cache is never the limiter
+outside tests. Old windows are deleted now and then by the requests themselves.
+
+Every counted response carries ``X-RateLimit-Limit``,
 ``X-RateLimit-Remaining`` and ``X-RateLimit-Reset`` (seconds until the window
 resets); a refusal is 429 with ``Retry-After``.
 
@@ -22,11 +28,13 @@ from __future__ import annotations
 
 import logging
 import math
+import random
 import time
 from collections.abc import Callable
 
 from django.conf import settings
 from django.core.cache import cache
+from django.db import connection
 from django.http import HttpRequest, HttpResponse
 
 from config import metrics
@@ -47,19 +55,49 @@ def _client_address(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR") or "unknown")
 
 
-def _charge(bucket: str, cost: int, window: int, now: float) -> tuple[int, int]:
-    """Add ``cost`` to ``bucket`` in the current fixed window. Returns (count, seconds to reset)."""
+_UPSERT = (
+    "INSERT INTO billing_rate_limit_window (bucket, window_index, count) VALUES (%s, %s, %s) "
+    "ON CONFLICT (bucket, window_index) DO UPDATE SET count = billing_rate_limit_window.count + EXCLUDED.count "
+    "RETURNING count"
+)
+_PRUNE = "DELETE FROM billing_rate_limit_window WHERE window_index < %s"
+PRUNE_EVERY = 500  # requests per process between deletions of finished windows (on average)
+
+
+def bucket_charge(bucket: str, cost: int, window: int, *, now: float | None = None) -> tuple[int, int]:
+    """Add ``cost`` to ``bucket`` in the current fixed window of ``window`` seconds.
+
+    Returns (the window's count after this charge, seconds until the window resets).
+    Shared by every process (see the module docstring). Used for API keys, the
+    anonymous bucket, rejected credentials and failed console/approval logins.
+    """
+    now = time.time() if now is None else now
     window_index = int(now // window)
     reset = max(1, math.ceil((window_index + 1) * window - now))
+    if settings.RATE_LIMIT_BACKEND == "database":
+        return _database_charge(bucket, cost, window_index), reset
+    return _cache_charge(bucket, cost, window, window_index), reset
+
+
+def _database_charge(bucket: str, cost: int, window_index: int) -> int:
+    with connection.cursor() as cursor:
+        cursor.execute(_UPSERT, [bucket[:200], window_index, cost])
+        count = int(cursor.fetchone()[0])
+        if random.randrange(PRUNE_EVERY) == 0:
+            cursor.execute(_PRUNE, [window_index - 1])
+    return count
+
+
+def _cache_charge(bucket: str, cost: int, window: int, window_index: int) -> int:
     key = f"tollgate:rl:{bucket}:{window_index}"
     for _ in range(3):
         cache.add(key, 0, timeout=window + 5)
         try:
-            return int(cache.incr(key, cost)), reset
+            return int(cache.incr(key, cost))
         except ValueError:  # expired between add and incr
             continue
     cache.set(key, cost, timeout=window + 5)
-    return cost, reset
+    return cost
 
 
 def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
@@ -73,7 +111,7 @@ def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
         cost = settings.RATE_LIMIT_REJECTED_MULTIPLIER
     else:
         kind, bucket, cost = "anonymous", "anonymous", 1
-    count, reset = _charge(bucket, cost, settings.RATE_LIMIT_WINDOW_SECONDS, time.time())
+    count, reset = bucket_charge(bucket, cost, settings.RATE_LIMIT_WINDOW_SECONDS)
     return kind, count, settings.RATE_LIMIT_REQUESTS, reset
 
 

@@ -149,6 +149,14 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://tollgate")}
 
+# Where rate-limit windows are counted (billing/ratelimit.py): "database" (an UNLOGGED PostgreSQL
+# table every worker and instance shares, the default) or "cache" (CACHE_URL; used when it names
+# Redis). Tests default to the cache (cleared between tests) and exercise "database" explicitly.
+_shared_cache = env.str("CACHE_URL", default="").startswith(("redis://", "rediss://"))
+RATE_LIMIT_BACKEND = env.str("RATE_LIMIT_BACKEND", default="cache" if _shared_cache or TESTING else "database")
+if RATE_LIMIT_BACKEND not in ("database", "cache"):
+    raise ImproperlyConfigured("RATE_LIMIT_BACKEND must be 'database' or 'cache'.")
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
 ]

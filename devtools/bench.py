@@ -267,12 +267,31 @@ def receipt_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     return rows, []
 
 
+def ratelimit_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
+    rows = [
+        Row(
+            "rate limiter, PostgreSQL windows (the default): cost per request",
+            f"{f['database_us_per_request']} µs",
+            f"`SELECT 1` round trip: {f['select_one_us']} µs",
+            _ratio(f["database_us_per_request"], f["select_one_us"]),
+        ),
+        Row(
+            "rate limiter, per-process memory (not shared: tests only)",
+            f"{f['memory_cache_us_per_request']} µs",
+            f"`SELECT 1` round trip: {f['select_one_us']} µs",
+            _ratio(f["memory_cache_us_per_request"], f["select_one_us"]),
+        ),
+    ]
+    return rows, ["One upsert per request into an UNLOGGED table, shared by every worker and instance."]
+
+
 BENCHMARKS = (
     # name, script, title, rows
     ("governed_call", "governed_call.py", "Governed tool call through `/mcp`", governed_rows),
     ("charge", "charge.py", "Charge through HTTP", charge_rows),
     ("audit_verify", "audit_verify.py", "Audit chain verification", audit_rows),
     ("receipt_verify", "receipt_verify.py", "Offline receipt verification", receipt_rows),
+    ("ratelimit", "ratelimit.py", "Rate limiter", ratelimit_rows),
 )
 
 
@@ -372,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
         "charge": ["--seconds", seconds],
         "audit_verify": ["--events", str(args.events), "--runs", "3"],
         "receipt_verify": ["--seconds", "3"],
+        "ratelimit": ["--seconds", "3"],
     }
     runs: list[Run] = []
     try:

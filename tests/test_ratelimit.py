@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import httpx
 import pytest
 from rest_framework.test import APIClient
 
@@ -9,6 +14,13 @@ from audit.models import AuditEvent
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True, params=["database", "cache"])
+def backend(request: pytest.FixtureRequest, settings: Any) -> str:
+    """Every rule below holds with the PostgreSQL windows (the default) and with a cache (Redis in production)."""
+    settings.RATE_LIMIT_BACKEND = request.param
+    return str(request.param)
 
 
 def test_request_121_in_a_window_gets_429_with_headers(tenant):
@@ -71,3 +83,45 @@ def test_revoked_key_counts_as_rejected_credentials(tenant):
     event = AuditEvent.objects.filter(event="auth.credential_rejected").latest("created_at")
     assert event.key_id == tenant.agent_key_id
     assert event.ok is False
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_limits_hold_across_workers_and_instances_with_no_extra_service(tmp_path: Path, backend: str) -> None:
+    """Two gunicorn instances of two workers each, PostgreSQL only: request 121 of a window is refused."""
+    if backend != "database":
+        pytest.skip("the shared-cache case is tests/test_scale_out.py (Redis)")
+    import time
+
+    from billing.ratelimit import bucket_charge
+    from tests.conftest import make_tenant
+    from tests.live import running_gateway
+
+    tenant = make_tenant("limits")
+    env = {"RATE_LIMIT_BACKEND": "database", "RATE_LIMIT_WINDOW_SECONDS": "60"}
+    # Start early in a window, so that all 150 requests land in one.
+    if 60 - time.time() % 60 < 25:
+        time.sleep(60 - time.time() % 60 + 0.5)
+    with (
+        running_gateway(tmp_path, workers=2, threads=4, extra_env=env) as a,
+        running_gateway(tmp_path, workers=2, threads=4, extra_env=env) as b,
+    ):
+        url = f"/v1/api-keys/{tenant.sponsor.wallet_id}"
+
+        def get(i: int) -> int:
+            base = (a, b)[i % 2].url
+            headers = {"X-API-Key": tenant.sponsor_secret, "Connection": "close"}
+            return httpx.get(base + url, headers=headers, timeout=30).status_code
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = list(pool.map(get, range(150)))
+        assert statuses.count(200) == 120, statuses
+        assert statuses.count(429) == 30
+
+        bad = {"X-API-Key": "tg_key_" + "A" * 22 + "_" + "B" * 40, "Connection": "close"}
+        rejected = [httpx.get((a, b)[i % 2].url + url, headers=bad, timeout=30).status_code for i in range(20)]
+        assert rejected.count(401) == 12, rejected
+        assert rejected.count(429) == 8
+    # The counters are rows every process shares.
+    count, _ = bucket_charge(f"key:{tenant.sponsor_key_id}", 0, 60)
+    assert count == 150
