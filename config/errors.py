@@ -53,6 +53,12 @@ class NotAuthenticated(ApplicationError):
     message = "An API key is required: send it in the X-API-Key header or as Authorization: Bearer <key>."
 
 
+class PayloadTooLarge(ApplicationError):
+    code = "payload_too_large"
+    http_status = status.HTTP_413_REQUEST_ENTITY_TOO_LARGE
+    message = "The request body is larger than this service accepts."
+
+
 class InvalidAPIKey(ApplicationError):
     code = "invalid_api_key"
     http_status = status.HTTP_401_UNAUTHORIZED

@@ -44,6 +44,7 @@ from config.errors import (
     json_error,
 )
 from config.idempotency import validate_idempotency_key
+from config.jsonbody import JSONBodyError, loads_bounded
 from mcpgateway import services
 from mcpgateway.models import McpSession, Tool
 
@@ -349,7 +350,10 @@ def _check_stateless_headers(ex: Exchange, method: str, params: dict[str, Any]) 
 
 def _read_message(request: HttpRequest) -> Any:
     try:
-        return json.loads(request.body or b"null")
+        return loads_bounded(request.body or b"null")
+    except JSONBodyError as err:
+        # JSON, but outside the bounds every body is held to (config/jsonbody.py): not a parse error.
+        raise RpcError(INVALID_REQUEST, str(err), {"error": err.type}, http_status=422) from err
     except (ValueError, UnicodeDecodeError) as err:
         raise RpcError(PARSE_ERROR, "Parse error: the body is not JSON.", http_status=400) from err
 
@@ -413,7 +417,7 @@ def mcp_streamable(request: HttpRequest) -> HttpResponse:
     try:
         message = _read_message(request)
     except RpcError as err:
-        return _json(_rpc_error(None, err), 400)
+        return _json(_rpc_error(None, err), err.http_status)
     if isinstance(message, list):
         return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "Batches are not supported.")), 400)
     ex = Exchange(request, "mcp", "/mcp", principal, stateless, STATELESS_VERSION if stateless else "")
@@ -501,7 +505,7 @@ def mcp_public(request: HttpRequest) -> HttpResponse:
     try:
         message = _read_message(request)
     except RpcError as err:
-        return _json(_rpc_error(None, err), 400)
+        return _json(_rpc_error(None, err), err.http_status)
     if isinstance(message, list):
         return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "Batches are not supported.")), 400)
     ex = Exchange(request, "mcp_public", "/mcp/public", principal, stateless, "")
@@ -531,7 +535,7 @@ def mcp_messages(request: HttpRequest) -> HttpResponse:
     try:
         message = _read_message(request)
     except RpcError as err:
-        return _json(_rpc_error(None, err), 400, deprecation)
+        return _json(_rpc_error(None, err), err.http_status, deprecation)
     ex = Exchange(request, "mcp_messages", "/mcp/messages", principal, False, "")
     status, body = _answer(ex, message, HANDSHAKE_METHODS)
     headers = {**deprecation, **ex.headers}

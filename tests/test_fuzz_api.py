@@ -434,6 +434,36 @@ def test_huge_offset_is_a_validation_error_not_a_500(tenant_keys):
     assert not failures, "\n".join(failures)
 
 
+# Hostile bodies every operation that takes one must answer with a 4xx (adversarial review item 10).
+HOSTILE_BODIES = {
+    "nested 100,000 deep": "[" * 100_000 + "]" * 100_000,
+    "nested 65 deep": '{"a": ' + "[" * 65 + "]" * 65 + "}",
+    "NaN": '{"a": NaN}',
+    "1e400": '{"a": 1e400}',
+    "2**53+1": '{"a": 9007199254740993}',
+    "-Infinity in arguments": '{"arguments": {"x": -Infinity}, "permit_id": "pmt_x", "idempotency_key": "k"}',
+    "2 MiB": '{"a": "' + "x" * (2 * 1024 * 1024) + '"}',
+}
+
+
+@pytest.mark.django_db(transaction=True)  # each request commits: one failure must not abort the next
+def test_hostile_bodies_are_4xx_on_every_operation(tenant_keys):
+    client = client_for(tenant_keys["sponsor"])
+    failures = []
+    count = 0
+    for method, path, _op in _operations():
+        if method not in ("post", "put", "patch") and path not in ("/mcp", "/mcp/public", "/mcp/messages"):
+            continue
+        url = _fill_path(path, "pmt_x")
+        for label, body in HOSTILE_BODIES.items():
+            count += 1
+            r = client.generic(method.upper(), url, body.encode(), content_type="application/json")
+            if not 400 <= r.status_code < 500:
+                failures.append(f"{method.upper()} {url} [{label}]: {r.status_code} {r.content[:120]!r}")
+    assert count > 100
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.django_db
 def test_public_catalogs_declare_optional_auth():
     anon = APIClient()
