@@ -32,12 +32,24 @@ ASSETS
     crawl targets (the documents the published manifest lists under ``docs``)
     answer 2xx. No content source at all is a warning.
 
+Who sees what. The deployment's own configuration (``SECRET_KEY``,
+``PAYMENT_SECRET_KEY``, ``PUBLIC_BASE_URL``, ``AGENT_DIRECTORY_URLS``,
+``CONTENT_SOURCE_URLS``) is checked and reported only to operator keys. A
+wallet key gets only the checks of the values it sent: nothing falls back to
+the settings, and ORACLE (configuration only) is ``skipped``, so a wallet key
+learns nothing about the operator's setup. The verdict is computed over the
+checks that ran.
+
 Every network read goes through one injectable *fetcher*, a callable
 ``(url) -> (status, body)`` that raises on a transport failure, so tests can run
 the whole check against a fake. The default :class:`HttpxFetcher` fetches https
 only, follows no redirects, reads at most 512 KiB, times out quickly and refuses
 hosts that resolve to non-public addresses (a preflight must not become a way
-to probe the gateway's private network). Preflight writes nothing.
+to probe the gateway's private network). It resolves a name once, checks every
+address, and connects to the address it checked (TLS still verifies the name),
+so a second lookup cannot point the connection elsewhere; its refusals read the
+same whether a name does not resolve or resolves to a private address. Preflight
+writes nothing.
 """
 
 from __future__ import annotations
@@ -56,7 +68,7 @@ from django.conf import settings
 from django.utils import timezone
 
 Fetcher = Callable[[str], tuple[int, str]]
-Status = Literal["pass", "warn", "fail"]
+Status = Literal["pass", "warn", "fail", "skipped"]
 
 MAX_URLS: Final = 20
 MAX_BODY_BYTES: Final = 512 * 1024
@@ -113,6 +125,10 @@ class CheckResult:
         self.details.append(detail)
 
     def ok(self, detail: str) -> None:
+        self.details.append(detail)
+
+    def skip(self, detail: str) -> None:
+        self.status = "skipped"
         self.details.append(detail)
 
 
@@ -189,28 +205,43 @@ class HttpxFetcher:
         self.timeout = timeout
         self.allow_private = allow_private
 
-    def _check_destination(self, url: str) -> None:
+    def _destination(self, url: str) -> str | None:
+        """The one public address to connect to for ``url`` (None: connect by name, private allowed)."""
         parts = urlsplit(url)
         if parts.scheme != "https" and not self.allow_private:
             raise FetchRefused("only https addresses are fetched")
         if self.allow_private:
-            return
+            return None
         host = parts.hostname or ""
         try:
             infos = socket.getaddrinfo(host, parts.port or 443, proto=socket.IPPROTO_TCP)
-        except OSError as exc:
-            raise FetchRefused(f"DNS lookup failed ({type(exc).__name__})") from exc
-        for info in infos:
-            address = ipaddress.ip_address(str(info[4][0]).split("%", 1)[0])
-            if not address.is_global:
-                raise FetchRefused("the host resolves to a non-public address")
+            addresses = [ipaddress.ip_address(str(info[4][0]).split("%", 1)[0]) for info in infos]
+        except (OSError, ValueError):
+            addresses = []
+        # One answer for "does not resolve" and "resolves to a private address": the refusal
+        # must not tell a caller which internal names exist.
+        if not addresses or not all(address.is_global for address in addresses):
+            raise FetchRefused("not fetched: the host is not reachable at a public address")
+        return str(addresses[0])
 
     def __call__(self, url: str) -> tuple[int, str]:
-        self._check_destination(url)
+        address = self._destination(url)
+        parts = urlsplit(url)
         headers = {"User-Agent": f"tollgate-preflight/{settings.SERVICE_VERSION}", "Accept": "*/*"}
+        extensions: dict[str, Any] = {}
+        target = url
+        if address is not None:
+            # Connect to the address that was checked; the Host header and TLS (SNI and certificate
+            # verification) still use the name.
+            host = parts.hostname or ""
+            literal = f"[{address}]" if ":" in address else address
+            netloc = f"{literal}:{parts.port}" if parts.port else literal
+            target = parts._replace(netloc=netloc).geturl()
+            headers["Host"] = parts.netloc.rsplit("@", 1)[-1]
+            extensions["sni_hostname"] = host
         with (
             httpx.Client(timeout=self.timeout, follow_redirects=False, trust_env=False) as client,
-            client.stream("GET", url, headers=headers) as response,
+            client.stream("GET", target, headers=headers, extensions=extensions) as response,
         ):
             body = bytearray()
             for chunk in response.iter_bytes():
@@ -238,9 +269,13 @@ def _fetch(fetcher: Fetcher, url: str) -> tuple[int | None, str, str | None]:
 # -- the checks ----------------------------------------------------------------------------------
 
 
-def check_keys(*, payment_secret_key: str, django_secret_key: str) -> CheckResult:
+def check_keys(*, payment_secret_key: str, django_secret_key: str | None) -> CheckResult:
+    """KEYS: the payment key, and ``SECRET_KEY`` when given (operators only)."""
     result = CheckResult("KEYS")
     key = payment_secret_key.strip()
+    if not key and django_secret_key is None:
+        result.skip("payment secret key: not checked (send payment_secret_key)")
+        return result
     if not key:
         result.fail("payment secret key: none given (request payment_secret_key or setting PAYMENT_SECRET_KEY)")
     elif "_test_" in key.lower():
@@ -257,6 +292,8 @@ def check_keys(*, payment_secret_key: str, django_secret_key: str) -> CheckResul
     else:
         kind = "secret" if match.group(1) == "sk" else "restricted"
         result.ok(f"payment secret key: live {kind} key format ({match.group(1)}_live_, {len(key)} characters)")
+    if django_secret_key is None:
+        return result
     if (reason := placeholder_reason(django_secret_key)) is not None:
         result.fail(f"SECRET_KEY: looks like a placeholder ({reason})")
     elif len(django_secret_key) < 50:
@@ -345,7 +382,7 @@ def check_assets(
     result = CheckResult("ASSETS")
     sources = list(dict.fromkeys(u.strip() for u in content_urls if u.strip()))
     if not sources:
-        result.warn("no content source address configured (request campaign_source_url or CONTENT_SOURCE_URLS)")
+        result.warn("no content source address given (campaign_source_url, or the operator's content sources)")
 
     def reachable(kind: str, url: str) -> None:
         problem = url_problem(url)
@@ -383,26 +420,42 @@ def launch_preflight_run(
     fetcher: Fetcher,
     directory_urls: Sequence[str] | None = None,
     content_source_urls: Sequence[str] | None = None,
+    include_configuration: bool = True,
 ) -> PreflightReport:
     """Run KEYS, DOMAIN, ORACLE and ASSETS. Writes nothing; every network read goes through ``fetcher``.
 
-    Empty arguments fall back to the settings (``PAYMENT_SECRET_KEY``, ``PUBLIC_BASE_URL``,
-    ``AGENT_DIRECTORY_URLS``, ``CONTENT_SOURCE_URLS``).
+    With ``include_configuration`` (operator keys), empty arguments fall back to the
+    settings (``PAYMENT_SECRET_KEY``, ``PUBLIC_BASE_URL``, ``AGENT_DIRECTORY_URLS``,
+    ``CONTENT_SOURCE_URLS``) and ``SECRET_KEY`` is checked. Without it (wallet keys),
+    only the values sent are checked and configuration-only checks are ``skipped``.
     """
-    base = (base_url.strip() or settings.PUBLIC_BASE_URL).rstrip("/")
-    keys = check_keys(
-        payment_secret_key=payment_secret_key or settings.PAYMENT_SECRET_KEY,
-        django_secret_key=settings.SECRET_KEY,
-    )
-    domain, manifest = check_domain(base_url=base, fetcher=fetcher)
-    oracle = check_oracle(
-        directory_urls=settings.AGENT_DIRECTORY_URLS if directory_urls is None else directory_urls,
-    )
-    content = [
-        campaign_source_url,
-        *(settings.CONTENT_SOURCE_URLS if content_source_urls is None else content_source_urls),
-    ]
-    assets = check_assets(base_url=base, manifest=manifest, content_urls=content, fetcher=fetcher)
+    if include_configuration:
+        base = (base_url.strip() or settings.PUBLIC_BASE_URL).rstrip("/")
+        keys = check_keys(
+            payment_secret_key=payment_secret_key or settings.PAYMENT_SECRET_KEY,
+            django_secret_key=settings.SECRET_KEY,
+        )
+        oracle = check_oracle(
+            directory_urls=settings.AGENT_DIRECTORY_URLS if directory_urls is None else directory_urls,
+        )
+        configured_sources = settings.CONTENT_SOURCE_URLS if content_source_urls is None else content_source_urls
+    else:
+        base = base_url.strip().rstrip("/")
+        keys = check_keys(payment_secret_key=payment_secret_key, django_secret_key=None)
+        oracle = CheckResult("ORACLE")
+        oracle.skip("not checked: directory registrations are the operator's configuration")
+        configured_sources = list(content_source_urls or [])
+    if base:
+        domain, manifest = check_domain(base_url=base, fetcher=fetcher)
+    else:
+        domain, manifest = CheckResult("DOMAIN"), None
+        domain.skip("not checked (send base_url)")
+    content = [campaign_source_url, *configured_sources]
+    if include_configuration or base or campaign_source_url.strip():
+        assets = check_assets(base_url=base, manifest=manifest, content_urls=content, fetcher=fetcher)
+    else:
+        assets = CheckResult("ASSETS")
+        assets.skip("not checked (send campaign_source_url or base_url)")
     checks = [keys, domain, oracle, assets]
     verdict: Literal["GO", "NO-GO"] = "NO-GO" if any(c.status == "fail" for c in checks) else "GO"
     return PreflightReport(verdict=verdict, base_url=base, checked_at=timezone.now(), checks=checks)

@@ -25,7 +25,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.authentication import AllowAnyone, optional_principal
+from config.authentication import AllowAnyone, optional_principal, principal
 from config.pagination import parse_body, parse_query
 from config.schema import error_responses
 from mcpgateway import discovery, health, preflight
@@ -279,7 +279,8 @@ class HealthDependenciesQuery(serializers.Serializer):
 
 
 class PreflightRequest(serializers.Serializer):
-    """Optional overrides; an empty field falls back to the deployment's settings."""
+    """Values to check. For operator keys an empty field falls back to the deployment's settings;
+    a wallet key gets only the checks of the values it sends."""
 
     base_url = serializers.CharField(required=False, allow_blank=True, default="", max_length=2000)
     payment_secret_key = serializers.CharField(
@@ -292,7 +293,10 @@ class PreflightCheck(serializers.Serializer):
     """One readiness check and what it found."""
 
     name = serializers.ChoiceField(choices=["KEYS", "DOMAIN", "ORACLE", "ASSETS"])
-    status = serializers.ChoiceField(choices=["pass", "warn", "fail"])
+    status = serializers.ChoiceField(
+        choices=["pass", "warn", "fail", "skipped"],
+        help_text="skipped: nothing to check (a value was not sent, or the check is the operator's configuration).",
+    )
     details = serializers.ListField(child=serializers.CharField())
 
 
@@ -392,6 +396,8 @@ class LaunchPreflightView(APIView):
             payment_secret_key=data["payment_secret_key"],
             campaign_source_url=data["campaign_source_url"],
             fetcher=preflight.default_fetcher(),
+            # The deployment's configuration is the operator's business (adversarial review item 11).
+            include_configuration=principal(request).is_operator,
         )
         return Response(PreflightResponse(report).data)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import httpx
 import pytest
 from django.core.management.utils import get_random_secret_key
 from django.test import override_settings
@@ -68,11 +69,11 @@ def check(report: preflight.PreflightReport, name: str) -> preflight.CheckResult
     return next(c for c in report.checks if c.name == name)
 
 
-def test_go_over_http_with_no_side_effects(tenant, published, monkeypatch):
+def test_go_over_http_with_no_side_effects(operator_client, published, monkeypatch):
     monkeypatch.setattr(preflight, "default_fetcher", lambda: published)
     counts = (AuditEvent.objects.count(), LedgerEntry.objects.count())
     with override_settings(**GOOD_SETTINGS):
-        r = tenant.agent_client.post(
+        r = operator_client.post(
             "/v1/launch/preflight",
             {"payment_secret_key": LIVE_KEY, "campaign_source_url": CAMPAIGN},
             format="json",
@@ -92,10 +93,10 @@ def test_go_over_http_with_no_side_effects(tenant, published, monkeypatch):
     assert (AuditEvent.objects.count(), LedgerEntry.objects.count()) == counts
 
 
-def test_empty_body_uses_the_settings(tenant, published, monkeypatch):
+def test_empty_body_uses_the_settings(operator_client, published, monkeypatch):
     monkeypatch.setattr(preflight, "default_fetcher", lambda: published)
     with override_settings(**{**GOOD_SETTINGS, "PAYMENT_SECRET_KEY": LIVE_KEY, "CONTENT_SOURCE_URLS": [CAMPAIGN]}):
-        r = tenant.agent_client.post("/v1/launch/preflight")
+        r = operator_client.post("/v1/launch/preflight")
     assert r.status_code == 200, r.content
     assert r.json()["verdict"] == "GO", r.json()
 
@@ -276,10 +277,66 @@ def test_default_fetcher_refuses_private_and_plain_http():
     fetcher = HttpxFetcher(timeout=1.0)
     with pytest.raises(FetchRefused, match="https"):
         fetcher("http://gateway.tollgate-launch.dev/llms.txt")
-    with pytest.raises(FetchRefused, match="non-public"):
-        fetcher("https://localhost/llms.txt")
-    with pytest.raises(FetchRefused, match="non-public"):
-        fetcher("https://127.0.0.1/llms.txt")
+    # One answer whether a name resolves to a private address, is an IP literal or does not resolve at all.
+    refusals = set()
+    for url in ("https://localhost/llms.txt", "https://127.0.0.1/llms.txt", "https://no-such-host.invalid/x"):
+        with pytest.raises(FetchRefused) as refused:
+            fetcher(url)
+        refusals.add(str(refused.value))
+    assert refusals == {"not fetched: the host is not reachable at a public address"}
+
+
+def test_wallet_keys_learn_nothing_about_the_operators_configuration(tenant, published, monkeypatch):
+    monkeypatch.setattr(preflight, "default_fetcher", lambda: published)
+    for secret_key in ("django-insecure-placeholder", "x" * 60 + "a-real-looking-secret"):
+        bad = {**GOOD_SETTINGS, "SECRET_KEY": secret_key, "PAYMENT_SECRET_KEY": ""}
+        with override_settings(**bad):
+            r = tenant.agent_client.post("/v1/launch/preflight", {}, format="json")
+        assert r.status_code == 200, r.content
+        text = r.content.decode()
+        assert "SECRET_KEY" not in text
+        assert "PAYMENT_SECRET_KEY" not in text
+        assert "setting" not in text
+        assert "CONTENT_SOURCE_URLS" not in text
+        assert BASE not in text  # PUBLIC_BASE_URL is the operator's too
+        statuses = {c["name"]: c["status"] for c in r.json()["checks"]}
+        assert set(statuses.values()) == {"skipped"}, statuses
+        assert r.json()["verdict"] == "GO"  # nothing it sent failed
+    # What it sends is checked.
+    with override_settings(**GOOD_SETTINGS):
+        r = tenant.agent_client.post(
+            "/v1/launch/preflight", {"payment_secret_key": "sk_test_abc", "base_url": BASE}, format="json"
+        )
+    checks = {c["name"]: c for c in r.json()["checks"]}
+    assert checks["KEYS"]["status"] == "fail"
+    assert checks["DOMAIN"]["status"] == "pass"
+    assert not any("SECRET_KEY" in d for d in checks["KEYS"]["details"])
+
+
+def test_the_fetcher_connects_to_the_address_it_checked(monkeypatch):
+    """DNS rebinding: the name is resolved once; the connection goes to that checked address."""
+    import socket
+
+    answers = iter([[(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("93.184.215.14", 443))]])
+
+    def fake_getaddrinfo(host, port, *args, **kwargs):
+        return next(answers)  # a second lookup would raise StopIteration
+
+    seen = {}
+
+    def fake_stream(self, method, url, headers=None, extensions=None, **kwargs):
+        seen.update(url=str(url), host=headers.get("Host"), sni=(extensions or {}).get("sni_hostname"))
+        raise httpx.ConnectError("stop here")
+
+    monkeypatch.setattr(socket, "getaddrinfo", fake_getaddrinfo)
+    monkeypatch.setattr(httpx.Client, "stream", fake_stream)
+    with pytest.raises(httpx.ConnectError):
+        HttpxFetcher(timeout=1.0)("https://gateway.tollgate-launch.dev/llms.txt")
+    assert seen == {
+        "url": "https://93.184.215.14/llms.txt",
+        "host": "gateway.tollgate-launch.dev",
+        "sni": "gateway.tollgate-launch.dev",
+    }
 
 
 @pytest.mark.django_db(transaction=True)
