@@ -164,6 +164,11 @@ JUSTIFIED: dict[str, Matcher] = {
         and f.kind == "RejectedPositiveData"
         and "service is an alias of service_category; they differ." in f.report
     ),
+    "free-form documents: numbers outside ±(2**53-1) or non-finite, or nesting past 64, are 422 (config/jsonbody.py;"
+    " JSON Schema cannot bound every number inside a free-form object)": lambda f: (
+        f.kind == "RejectedPositiveData"
+        and ('"type":"number_out_of_range"' in f.report or '"type":"json_too_deep"' in f.report)
+    ),
     "agent wallet: refill_threshold and refill_amount together (dependentRequired, not generated)": lambda f: (
         f.operation == "POST /v1/billing/wallets/agent"
         and f.kind == "RejectedPositiveData"
