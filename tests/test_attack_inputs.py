@@ -16,7 +16,7 @@ DEEP = "[" * 100_000 + "]" * 100_000
 
 
 def _post_raw(client: APIClient, path: str, body: str, **headers: Any) -> Any:
-    return client.generic("POST", path, body.encode(), content_type="application/json", **headers)
+    return client.generic("POST", path, body, content_type="application/json", **headers)
 
 
 def test_deep_nesting_on_the_public_mcp_endpoint_is_422() -> None:

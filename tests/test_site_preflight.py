@@ -322,7 +322,7 @@ def test_the_fetcher_connects_to_the_address_it_checked(monkeypatch):
     def fake_getaddrinfo(host, port, *args, **kwargs):
         return next(answers)  # a second lookup would raise StopIteration
 
-    seen = {}
+    seen: dict[str, Any] = {}
 
     def fake_stream(self, method, url, headers=None, extensions=None, **kwargs):
         seen.update(url=str(url), host=headers.get("Host"), sni=(extensions or {}).get("sni_hostname"))
