@@ -13,6 +13,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import csrf_protect_m
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
@@ -62,6 +63,16 @@ class ServiceSavedAdmin(admin.ModelAdmin):
 
 def _actor(request: HttpRequest) -> str:
     return f"admin:{request.user.get_username()}" if request.user.is_authenticated else "admin"
+
+
+def console_actor(request: HttpRequest) -> str:
+    """The actor every console change is audited with: ``admin:<username>``."""
+    return _actor(request)
+
+
+def has_perm(request: HttpRequest, permission: str) -> bool:
+    """Django's model permission check (``app_label.codename``); never ``is_staff`` alone."""
+    return bool(request.user.is_active and request.user.has_perm(permission))
 
 
 def _failure(exc: Exception) -> str:
@@ -123,7 +134,19 @@ class WalletAdmin(admin.ModelAdmin):
         for line in failed:
             self.message_user(request, line, messages.ERROR)
 
-    @admin.action(description="Provision credits (mint -> sponsor)")
+    def has_provision_credits_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.provision_credits")
+
+    def has_fund_wallet_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.fund_wallet")
+
+    def has_freeze_wallet_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.freeze_wallet")
+
+    def has_close_wallet_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.close_wallet")
+
+    @admin.action(description="Provision credits (mint -> sponsor)", permissions=["provision_credits"])
     def provision_credits(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
         form = AmountForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
@@ -146,7 +169,7 @@ class WalletAdmin(admin.ModelAdmin):
         )
         return None
 
-    @admin.action(description="Fund from parent")
+    @admin.action(description="Fund from parent", permissions=["fund_wallet"])
     def fund_from_parent(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
         form = AmountForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
@@ -170,7 +193,7 @@ class WalletAdmin(admin.ModelAdmin):
         self._apply(request, queryset, "Funded", fund)
         return None
 
-    @admin.action(description="Freeze")
+    @admin.action(description="Freeze", permissions=["freeze_wallet"])
     def freeze_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
         form = ReasonForm(request.POST if "apply" in request.POST else None)
         if not form.is_valid():
@@ -186,7 +209,7 @@ class WalletAdmin(admin.ModelAdmin):
         )
         return None
 
-    @admin.action(description="Unfreeze")
+    @admin.action(description="Unfreeze", permissions=["freeze_wallet"])
     def unfreeze_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> None:
         self._apply(
             request,
@@ -195,7 +218,7 @@ class WalletAdmin(admin.ModelAdmin):
             lambda w: services.wallet_unfreeze(wallet=w, actor=_actor(request)),
         )
 
-    @admin.action(description="Close (remaining balance returns to the parent)")
+    @admin.action(description="Close (remaining balance returns to the parent)", permissions=["close_wallet"])
     def close_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> None:
         # Deepest first, so a selected parent closes after its selected children.
         wallets = sorted(queryset, key=lambda w: -len(w.ancestry))
@@ -288,12 +311,22 @@ class ToolPriceAdmin(ServiceSavedAdmin):
 
 
 class APIKeyCreateForm(forms.ModelForm):
-    """Create a key: choose a wallet, or none for an operator key."""
+    """Create a key: choose a wallet; none (an operator key) only with ``billing.create_operator_key``."""
+
+    may_create_operator_key = False
 
     class Meta:
         model = APIKey
         fields = ["wallet", "name"]
-        help_texts = {"wallet": "Leave empty to create an operator key (full access)."}
+        help_texts = {"wallet": "The wallet the key acts for. Operator (full-access) keys need their own permission."}
+
+    def clean_wallet(self) -> Wallet | None:
+        wallet = self.cleaned_data.get("wallet")
+        if wallet is None and not self.may_create_operator_key:
+            raise forms.ValidationError(
+                "Choose a wallet. An operator (full-access) key needs the 'create operator key' permission."
+            )
+        return wallet
 
 
 @admin.register(APIKey)
@@ -328,7 +361,10 @@ class APIKeyAdmin(ServiceSavedAdmin):
     def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
         if obj is None:
             kwargs["form"] = APIKeyCreateForm
-        return super().get_form(request, obj, change, **kwargs)
+        form = super().get_form(request, obj, change, **kwargs)
+        if obj is None:
+            form.may_create_operator_key = has_perm(request, "billing.create_operator_key")  # type: ignore[attr-defined]
+        return form
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -339,9 +375,11 @@ class APIKeyAdmin(ServiceSavedAdmin):
         wallet = form.cleaned_data.get("wallet")
         name = form.cleaned_data.get("name") or ""
         if wallet is None:
-            issued = services.operator_key_create(name=name or "operator")
+            if not has_perm(request, "billing.create_operator_key"):  # the form refuses it first
+                raise PermissionDenied
+            issued = services.operator_key_create(name=name or "operator", actor=_actor(request))
         else:
-            issued = services.api_key_create(wallet=wallet, name=name)
+            issued = services.api_key_create(wallet=wallet, name=name, actor=_actor(request))
         # Let the admin's change log and redirect use the real row.
         obj.pk = issued.key.pk
         obj.key_id = issued.key.key_id
@@ -363,20 +401,24 @@ class APIKeyAdmin(ServiceSavedAdmin):
         response["Cache-Control"] = "no-store"
         return response
 
-    @admin.action(description="Revoke selected keys")
+    def has_revoke_key_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.revoke_key")
+
+    @admin.action(description="Revoke selected keys", permissions=["revoke_key"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> None:
         count = 0
         for key in queryset.filter(status=APIKeyStatus.ACTIVE):
             if key.wallet is None:
-                from django.db import transaction
-                from django.utils import timezone
-
-                with transaction.atomic():
-                    APIKey.objects.filter(pk=key.pk, status=APIKeyStatus.ACTIVE).update(
-                        status=APIKeyStatus.REVOKED, revoked_at=timezone.now(), revoke_reason="operator_console"
+                if not has_perm(request, "billing.create_operator_key"):
+                    self.message_user(
+                        request, f"{key.key_id}: operator keys need the operator-key permission.", messages.ERROR
                     )
+                    continue
+                services.operator_key_revoke(key_id=key.key_id, reason="operator_console", actor=_actor(request))
             else:
-                services.api_key_revoke(wallet=key.wallet, key_id=key.key_id, reason="operator_console")
+                services.api_key_revoke(
+                    wallet=key.wallet, key_id=key.key_id, reason="operator_console", actor=_actor(request)
+                )
             count += 1
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
 

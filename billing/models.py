@@ -78,6 +78,13 @@ class Wallet(models.Model):
 
     class Meta:
         db_table = "billing_wallet"
+        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        permissions = [
+            ("provision_credits", "Can provision credits from mint to sponsor wallets"),
+            ("fund_wallet", "Can fund wallets from their parent"),
+            ("freeze_wallet", "Can freeze and unfreeze wallets"),
+            ("close_wallet", "Can close wallets"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(balance__gte=0), name="wallet_balance_non_negative"),
             models.CheckConstraint(condition=Q(total_spent__gte=0), name="wallet_total_spent_non_negative"),
@@ -371,6 +378,11 @@ class APIKey(models.Model):
 
     class Meta:
         db_table = "billing_api_key"
+        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        permissions = [
+            ("revoke_key", "Can revoke API keys"),
+            ("create_operator_key", "Can create operator (full-access) API keys"),
+        ]
         verbose_name = "API key"
         constraints = [
             models.CheckConstraint(

@@ -135,7 +135,7 @@ def _new_key(*, wallet: Wallet | None, name: str, rotated_from: str = "", actor_
 
 
 @transaction.atomic(durable=True)
-def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "") -> IssuedKey:
+def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "", actor: str = "") -> IssuedKey:
     """Create a wallet-scoped key. The secret is returned once and only its hash is stored.
 
     ``actor_key_id`` (the minting key) is recorded as the new key's creator: revoking the
@@ -160,17 +160,36 @@ def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "") ->
         wallet_id=wallet.wallet_id,
         key_id=actor_key_id or None,
         endpoint="/v1/api-keys",
-        detail={"new_key_id": issued.key.key_id},
+        detail={"new_key_id": issued.key.key_id, **({"actor": actor} if actor else {})},
     )
     return issued
 
 
 @transaction.atomic(durable=True)
-def operator_key_create(*, name: str = "operator") -> IssuedKey:
+def operator_key_create(*, name: str = "operator", actor: str = "") -> IssuedKey:
     """Create an operator key (no wallet). Only ``manage.py`` and the admin console call this."""
     issued = _new_key(wallet=None, name=name)
-    audit_record(event="api_key.operator_created", ok=True, detail={"new_key_id": issued.key.key_id})
+    audit_record(
+        event="api_key.operator_created",
+        ok=True,
+        detail={"new_key_id": issued.key.key_id, **({"actor": actor} if actor else {})},
+    )
     return issued
+
+
+@transaction.atomic(durable=True)
+def operator_key_revoke(*, key_id: str, reason: str = "operator_console", actor: str = "") -> APIKey:
+    """Revoke an operator key (the console), audited on the system chain. Revoking a revoked key changes nothing."""
+    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet__isnull=True).first()
+    if key is None:
+        raise NotFound("No such operator key.", key_id=key_id)
+    if _revoke(key, reason):
+        audit_record(
+            event="api_key.operator_revoked",
+            ok=True,
+            detail={"revoked_key_id": key.key_id, "reason": reason, **({"actor": actor} if actor else {})},
+        )
+    return key
 
 
 def _lock_wallet(wallet: Wallet) -> None:
@@ -328,7 +347,9 @@ def api_key_rotate(
 
 
 @transaction.atomic(durable=True)
-def api_key_revoke(*, wallet: Wallet, key_id: str, reason: str = "user_request", actor_key_id: str = "") -> APIKey:
+def api_key_revoke(
+    *, wallet: Wallet, key_id: str, reason: str = "user_request", actor_key_id: str = "", actor: str = ""
+) -> APIKey:
     """Revoke one key immediately and for good, with every key it minted (``_revoke_lineage``).
 
     Revoking a revoked key changes nothing but still sweeps its lineage, so a key that
@@ -360,7 +381,7 @@ def api_key_revoke(*, wallet: Wallet, key_id: str, reason: str = "user_request",
             wallet_id=wallet.wallet_id,
             key_id=actor_key_id or None,
             endpoint="/v1/api-keys/{wallet_id}/{key_id}",
-            detail={"revoked_key_id": key.key_id, "reason": reason},
+            detail={"revoked_key_id": key.key_id, "reason": reason, **({"actor": actor} if actor else {})},
         )
     return key
 

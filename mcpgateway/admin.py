@@ -8,7 +8,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from billing.admin import ServiceSavedAdmin
+from billing.admin import ServiceSavedAdmin, console_actor, has_perm
 from billing.selectors import tool_price
 from config.errors import ApplicationError
 from mcpgateway import services
@@ -83,24 +83,32 @@ class ActionAdmin(admin.ModelAdmin):
     def _uncertain(self, queryset: QuerySet[Action]) -> QuerySet[Action]:
         return queryset.filter(state=ActionState.DELIVERY_UNCERTAIN, receipt__isnull=False)
 
-    @admin.action(description="External reconciliation: the call WAS executed (keep the charge)")
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # actions are the gateway's record; reconciliation results have their own permission
+
+    def has_reconcile_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "receipts.reconcile")
+
+    @admin.action(
+        description="External reconciliation: the call WAS executed (keep the charge)", permissions=["reconcile"]
+    )
     def reconciled_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> None:
         done = 0
         for action in self._uncertain(queryset):
             assert action.receipt_id is not None
-            reconciliation_record_executed(receipt_id=action.receipt_id, actor=f"admin:{request.user.get_username()}")
+            reconciliation_record_executed(receipt_id=action.receipt_id, actor=console_actor(request))
             done += 1
         self.message_user(request, f"{done} delivery_uncertain action(s) recorded as executed.", messages.SUCCESS)
 
-    @admin.action(description="External reconciliation: the call was NOT executed (refund owed)")
+    @admin.action(
+        description="External reconciliation: the call was NOT executed (refund owed)", permissions=["reconcile"]
+    )
     def reconciled_not_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> None:
         done = 0
         for action in self._uncertain(queryset):
             assert action.receipt_id is not None
             try:
-                refund_reconciliation_mark_not_executed(
-                    receipt_id=action.receipt_id, actor=f"admin:{request.user.get_username()}"
-                )
+                refund_reconciliation_mark_not_executed(receipt_id=action.receipt_id, actor=console_actor(request))
                 done += 1
             except ApplicationError as err:
                 self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)

@@ -11,7 +11,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from billing.admin import ServiceSavedAdmin
+from billing.admin import ServiceSavedAdmin, console_actor, has_perm
 from permits import services
 from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
 
@@ -34,17 +34,16 @@ class PermitAdmin(ReadOnlyAdmin):
     search_fields = ["permit_id", "wallet__wallet_id", "tenant_id"]
     actions = ["revoke_selected"]
 
-    @admin.action(description="Revoke selected permits")
+    def has_revoke_permit_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "permits.revoke_permit")
+
+    @admin.action(description="Revoke selected permits", permissions=["revoke_permit"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Permit]) -> None:
         count = 0
         for permit in queryset.exclude(status=PermitStatus.REVOKED):
-            services.permit_revoke(permit_id=permit.permit_id, reason=f"operator_console:{request.user}")
+            services.permit_revoke(permit_id=permit.permit_id, reason="operator_console", actor=console_actor(request))
             count += 1
         self.message_user(request, f"Revoked {count} permit(s).", messages.SUCCESS)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        # Needed for the revoke action to be offered; every field stays read-only.
-        return bool(request.user.is_staff)
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in Permit._meta.fields]
@@ -105,15 +104,34 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         if rules.get("denied_tools") is None:
             rules["denied_tools"] = []
         if change:
-            updated = services.policy_update(policy_id=obj.policy_id, **rules)
+            updated = services.policy_update(policy_id=obj.policy_id, actor=console_actor(request), **rules)
         else:
-            updated = services.policy_create(wallet=form.cleaned_data["wallet"], **rules)
+            updated = services.policy_create(wallet=form.cleaned_data["wallet"], actor=console_actor(request), **rules)
         obj.pk = updated.pk
         obj.policy_id = updated.policy_id
         obj._state.adding = False
 
 
 @admin.register(TenantApprover)
-class TenantApproverAdmin(admin.ModelAdmin):
+class TenantApproverAdmin(ServiceSavedAdmin):
+    """Who approves a tenant's permit requests; adding and removing go through audited services."""
+
     list_display = ["user", "tenant", "created_at"]
     search_fields = ["user__username", "tenant__wallet_id"]
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False if obj is not None else super().has_change_permission(request, obj)
+
+    def save_model(self, request: HttpRequest, obj: TenantApprover, form: Any, change: bool) -> None:
+        approver = services.tenant_approver_add(
+            user=form.cleaned_data["user"], tenant=form.cleaned_data["tenant"], actor=console_actor(request)
+        )
+        obj.pk = approver.pk
+        obj._state.adding = False
+
+    def delete_model(self, request: HttpRequest, obj: TenantApprover) -> None:
+        services.tenant_approver_remove(approver=obj, actor=console_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[TenantApprover]) -> None:
+        for approver in queryset:
+            services.tenant_approver_remove(approver=approver, actor=console_actor(request))

@@ -59,6 +59,10 @@ class Permit(models.Model):
 
     class Meta:
         db_table = "permits_permit"
+        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        permissions = [
+            ("revoke_permit", "Can revoke permits"),
+        ]
         constraints = [
             models.CheckConstraint(condition=Q(spent_credits__gte=0), name="permit_spent_non_negative"),
             models.CheckConstraint(

@@ -273,7 +273,7 @@ def _created_before(model: type[M], scope: str, key: str, request_hash: str) -> 
 
 
 @transaction.atomic(durable=True)
-def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str = "") -> Permit:
+def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str = "", actor: str = "") -> Permit:
     """Revoke a permit for good. Revoking a revoked permit changes nothing."""
     permit = Permit.objects.select_for_update(no_key=True).get(permit_id=permit_id)
     if permit.status == PermitStatus.REVOKED:
@@ -289,7 +289,7 @@ def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str 
         wallet_id=permit.wallet_id,
         key_id=actor_key_id or None,
         endpoint="/v1/permits/{permit_id}/revoke",
-        detail={"permit_id": permit.permit_id, "reason": reason},
+        detail={"permit_id": permit.permit_id, "reason": reason, **({"actor": actor} if actor else {})},
     )
     return permit
 
@@ -699,7 +699,9 @@ def _policy_snapshot(policy: PolicyBundle) -> dict[str, Any]:
 
 
 @transaction.atomic(durable=True)
-def policy_create(*, wallet: Wallet, actor_key_id: str = "", actor_wallet_id: str = "", **rules: Any) -> PolicyBundle:
+def policy_create(
+    *, wallet: Wallet, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **rules: Any
+) -> PolicyBundle:
     """Attach a policy bundle to ``wallet``; it applies to the wallet and every wallet below it.
 
     ``actor_wallet_id`` is the wallet of the creating key (empty for the operator): it
@@ -722,13 +724,17 @@ def policy_create(*, wallet: Wallet, actor_key_id: str = "", actor_wallet_id: st
         wallet_id=wallet.wallet_id,
         key_id=actor_key_id or None,
         endpoint="/v1/policies",
-        detail={"policy_id": policy.policy_id, "rules": _policy_snapshot(policy)},
+        detail={
+            "policy_id": policy.policy_id,
+            "rules": _policy_snapshot(policy),
+            **({"actor": actor} if actor else {}),
+        },
     )
     return policy
 
 
 @transaction.atomic(durable=True)
-def policy_update(*, policy_id: str, actor_key_id: str = "", **changes: Any) -> PolicyBundle:
+def policy_update(*, policy_id: str, actor_key_id: str = "", actor: str = "", **changes: Any) -> PolicyBundle:
     """Change some rules of a policy bundle; bumps its version. Locks the row first."""
     policy = PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
     before = _policy_snapshot(policy)
@@ -744,6 +750,44 @@ def policy_update(*, policy_id: str, actor_key_id: str = "", **changes: Any) -> 
         wallet_id=policy.wallet_id,
         key_id=actor_key_id or None,
         endpoint="/v1/policies/{policy_id}",
-        detail={"policy_id": policy.policy_id, "before": before, "after": _policy_snapshot(policy)},
+        detail={
+            "policy_id": policy.policy_id,
+            "before": before,
+            "after": _policy_snapshot(policy),
+            **({"actor": actor} if actor else {}),
+        },
     )
     return policy
+
+
+# --- Approvers --------------------------------------------------------------------------
+
+
+@transaction.atomic(durable=True)
+def tenant_approver_add(*, user: Any, tenant: Wallet, actor: str) -> TenantApprover:
+    """Make ``user`` an approver of ``tenant``'s permit requests (the console), audited. Idempotent."""
+    approver, created = TenantApprover.objects.get_or_create(user=user, tenant=tenant)
+    if created:
+        audit_record(
+            event="approver.added",
+            ok=True,
+            tenant_id=tenant.tenant_id,
+            wallet_id=tenant.wallet_id,
+            detail={"user": user.get_username(), "actor": actor},
+        )
+    return approver
+
+
+@transaction.atomic(durable=True)
+def tenant_approver_remove(*, approver: TenantApprover, actor: str) -> None:
+    """Stop ``approver`` approving for its tenant (the console), audited."""
+    tenant = approver.tenant
+    username = approver.user.get_username()
+    if TenantApprover.objects.filter(pk=approver.pk).delete()[0]:
+        audit_record(
+            event="approver.removed",
+            ok=True,
+            tenant_id=tenant.tenant_id,
+            wallet_id=tenant.wallet_id,
+            detail={"user": username, "actor": actor},
+        )

@@ -8,6 +8,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from billing.admin import console_actor, has_perm
+from config.errors import ApplicationError
 from receipts import services
 from receipts.models import Outcome, Receipt, RefundReconciliation
 
@@ -29,15 +31,24 @@ class ReceiptAdmin(admin.ModelAdmin):
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return bool(request.user.is_staff)  # read-only view; needed for the action below
+        return False  # receipts are signed and immutable; the reconciliation action has its own permission
 
-    @admin.action(description="External reconciliation: the call was NOT executed (refund owed)")
+    def has_reconcile_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "receipts.reconcile")
+
+    @admin.action(
+        description="External reconciliation: the call was NOT executed (refund owed)", permissions=["reconcile"]
+    )
     def mark_not_executed(self, request: HttpRequest, queryset: QuerySet[Receipt]) -> None:
         done = 0
         for receipt in queryset.filter(outcome=Outcome.DELIVERY_UNCERTAIN):
-            services.refund_reconciliation_mark_not_executed(
-                receipt_id=receipt.receipt_id, actor=f"console:{request.user}"
-            )
+            try:
+                services.refund_reconciliation_mark_not_executed(
+                    receipt_id=receipt.receipt_id, actor=console_actor(request)
+                )
+            except ApplicationError as err:
+                self.message_user(request, f"{receipt.receipt_id}: {err.detail_message}", messages.ERROR)
+                continue
             done += 1
         self.message_user(
             request, f"{done} receipt(s) marked not executed; retry their refunds under reconciliation.", messages.INFO
@@ -59,13 +70,23 @@ class RefundReconciliationAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
-    @admin.action(description="Retry: post the owed refund (at most once)")
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # changed only by the retry action, which has its own permission
+
+    def has_reconcile_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "receipts.reconcile")
+
+    @admin.action(description="Retry: post the owed refund (at most once)", permissions=["reconcile"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[RefundReconciliation]) -> None:
         resolved = 0
         for item in queryset:
-            if (
-                services.refund_reconciliation_retry(receipt_id=item.receipt_id, actor=f"console:{request.user}").status
-                == "resolved"
-            ):
+            try:
+                status = services.refund_reconciliation_retry(
+                    receipt_id=item.receipt_id, actor=console_actor(request)
+                ).status
+            except ApplicationError as err:
+                self.message_user(request, f"{item.receipt_id}: {err.detail_message}", messages.ERROR)
+                continue
+            if status == "resolved":
                 resolved += 1
         self.message_user(request, f"{resolved} of {queryset.count()} item(s) resolved.", messages.INFO)

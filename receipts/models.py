@@ -62,6 +62,10 @@ class Receipt(models.Model):
 
     class Meta:
         db_table = "receipts_receipt"
+        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        permissions = [
+            ("reconcile", "Can record reconciliation results and post owed refunds"),
+        ]
         indexes = [
             models.Index(fields=["tenant_id", "created_at"], name="receipt_tenant_created"),
             models.Index(fields=["wallet", "created_at"], name="receipt_wallet_created"),

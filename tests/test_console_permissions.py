@@ -1,0 +1,199 @@
+"""Console permissions (issue: the operator console, item 1): Django model permissions, never is_staff alone.
+
+Every admin action is tried by a staff user who can see the list but lacks the action's permission
+(refused, nothing changed) and by one who holds it (done, audited with ``actor: admin:<username>``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Group, Permission
+from django.test import Client
+
+from audit.models import AuditEvent
+from billing.models import APIKey, Wallet
+from permits.models import Permit, TenantApprover
+from receipts.models import Receipt, RefundReconciliation
+from tests import factories
+from tests.conftest import Tenant
+
+pytestmark = pytest.mark.django_db
+_users = iter(range(1, 10_000))
+
+
+def staff(*permissions: str) -> tuple[Client, Any]:
+    user = get_user_model().objects.create_user(f"staff{next(_users)}", password="pw-for-tests-only", is_staff=True)
+    for label in permissions:
+        app_label, codename = label.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    client = Client()
+    client.force_login(user)
+    return client, user
+
+
+@dataclass
+class World:
+    tenant: Tenant
+    permit_id: str
+    receipt_id: str
+    owed_receipt_id: str
+
+
+def _world(tenant: Tenant) -> World:
+    from tests.test_receipts import make_receipt
+
+    factories.top_up(tenant.sponsor, 100)
+    receipt = make_receipt(tenant, outcome="delivery_uncertain")
+    owed = make_receipt(tenant, outcome="failed_unrefunded", owed=True)
+    permit = Permit.objects.get(permit_id=receipt.permit_id)
+    return World(tenant, permit.permit_id, receipt.receipt_id, owed.receipt_id)
+
+
+@dataclass
+class Case:
+    name: str
+    changelist: str
+    action: str
+    permission: str
+    selected: Callable[[World], list[str]]
+    form: dict[str, str]
+    state: Callable[[World], Any]  # what the action changes
+
+
+CASES = [
+    Case("provision", "/admin/billing/wallet/", "provision_credits", "billing.provision_credits",
+         lambda w: [w.tenant.sponsor.wallet_id], {"apply": "1", "amount": "1000000"},
+         lambda w: Wallet.objects.get(pk=w.tenant.sponsor.wallet_id).balance),
+    Case("fund", "/admin/billing/wallet/", "fund_from_parent", "billing.fund_wallet",
+         lambda w: [w.tenant.agent.wallet_id], {"apply": "1", "amount": "5"},
+         lambda w: Wallet.objects.get(pk=w.tenant.agent.wallet_id).balance),
+    Case("freeze", "/admin/billing/wallet/", "freeze_wallets", "billing.freeze_wallet",
+         lambda w: [w.tenant.agent.wallet_id], {"apply": "1", "reason": "x"},
+         lambda w: Wallet.objects.get(pk=w.tenant.agent.wallet_id).status),
+    Case("close", "/admin/billing/wallet/", "close_wallets", "billing.close_wallet",
+         lambda w: [w.tenant.agent.wallet_id], {"apply": "1", "post": "yes"},
+         lambda w: Wallet.objects.get(pk=w.tenant.agent.wallet_id).status),
+    Case("revoke key", "/admin/billing/apikey/", "revoke_selected", "billing.revoke_key",
+         lambda w: [w.tenant.agent_key_id], {"apply": "1", "post": "yes"},
+         lambda w: APIKey.objects.get(pk=w.tenant.agent_key_id).status),
+    Case("revoke permit", "/admin/permits/permit/", "revoke_selected", "permits.revoke_permit",
+         lambda w: [w.permit_id], {"apply": "1", "post": "yes"},
+         lambda w: Permit.objects.get(pk=w.permit_id).status),
+    Case("mark not executed", "/admin/receipts/receipt/", "mark_not_executed", "receipts.reconcile",
+         lambda w: [w.receipt_id], {"apply": "1", "post": "yes"},
+         lambda w: RefundReconciliation.objects.filter(receipt_id=w.receipt_id).count()),
+    Case("retry refund", "/admin/receipts/refundreconciliation/", "retry_selected", "receipts.reconcile",
+         lambda w: [str(RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).pk)], {"apply": "1", "post": "yes"},
+         lambda w: RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).status),
+]  # fmt: skip
+
+
+def _view_permission(changelist: str) -> str:
+    app_label, model = changelist.strip("/").split("/")[1:3]
+    return f"{app_label}.view_{model}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])
+def test_an_action_needs_its_permission(tenant: Tenant, case: Case) -> None:
+    world = _world(tenant)
+    before = case.state(world)
+    client, _ = staff(_view_permission(case.changelist))
+    listing = client.get(case.changelist)
+    assert listing.status_code == 200
+    assert f'value="{case.action}"'.encode() not in listing.content  # not offered
+    data = {"action": case.action, "_selected_action": case.selected(world), **case.form}
+    client.post(case.changelist, data)
+    assert case.state(world) == before, f"{case.name} ran without {case.permission}"
+
+    allowed, user = staff(_view_permission(case.changelist), case.permission)
+    assert f'value="{case.action}"'.encode() in allowed.get(case.changelist).content
+    allowed.post(case.changelist, data)
+    assert case.state(world) != before, f"{case.name} did not run with {case.permission}"
+    actors = [e.detail.get("actor") for e in AuditEvent.objects.order_by("-created_at")[:5]]
+    assert f"admin:{user.get_username()}" in actors, actors
+
+
+def test_view_wallet_alone_cannot_provision_the_exact_attack(tenant: Tenant) -> None:
+    client, _ = staff("billing.view_wallet")
+    client.post(
+        "/admin/billing/wallet/",
+        {
+            "action": "provision_credits",
+            "_selected_action": [tenant.sponsor.wallet_id],
+            "apply": "1",
+            "amount": "1000000",
+        },
+    )
+    assert Wallet.objects.get(pk=tenant.sponsor.wallet_id).balance == 0
+
+
+def test_staff_without_permissions_sees_no_tenant_data(tenant: Tenant) -> None:
+    world = _world(tenant)
+    client, _ = staff()
+    for path in (
+        "/admin/permits/permit/",
+        "/admin/receipts/receipt/",
+        "/admin/billing/wallet/",
+        "/admin/billing/apikey/",
+        "/admin/mcpgateway/action/",
+        "/admin/audit/auditevent/",
+        f"/admin/receipts/receipt/{world.receipt_id}/change/",
+    ):
+        assert client.get(path).status_code == 403, path
+    index = client.get("/admin/").content.decode()
+    assert world.receipt_id not in index
+    assert Receipt.objects.get(pk=world.receipt_id).outcome == "delivery_uncertain"
+
+
+def test_operator_keys_need_their_own_permission(tenant: Tenant) -> None:
+    client, _ = staff("billing.view_apikey", "billing.add_apikey")
+    before = APIKey.objects.filter(wallet__isnull=True).count()
+    r = client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root"})
+    assert r.status_code == 200
+    assert b"needs the" in r.content
+    assert APIKey.objects.filter(wallet__isnull=True).count() == before
+    # A wallet key is fine with add_apikey.
+    r = client.post("/admin/billing/apikey/add/", {"wallet": tenant.agent.wallet_id, "name": "bot"})
+    assert r.status_code in (200, 302)
+    assert APIKey.objects.filter(wallet=tenant.agent, name="bot").exists()
+
+
+def test_revoking_an_operator_key_in_the_console_is_audited(tenant: Tenant) -> None:
+    operator = factories.make_operator_key()
+    client, user = staff("billing.view_apikey", "billing.revoke_key", "billing.create_operator_key")
+    client.post("/admin/billing/apikey/", {"action": "revoke_selected", "_selected_action": [operator.key.key_id],
+                                           "apply": "1", "post": "yes"})  # fmt: skip
+    assert APIKey.objects.get(pk=operator.key.key_id).status == "revoked"
+    event = AuditEvent.objects.get(event="api_key.operator_revoked")
+    assert event.detail["actor"] == f"admin:{user.get_username()}"
+    assert event.detail["revoked_key_id"] == operator.key.key_id
+
+
+def test_approver_changes_are_audited_with_the_console_user(tenant: Tenant) -> None:
+    approver_user = get_user_model().objects.create_user("alice", password="pw-for-tests-only")
+    client, user = staff("permits.view_tenantapprover", "permits.add_tenantapprover")
+    r = client.post(
+        "/admin/permits/tenantapprover/add/", {"user": approver_user.pk, "tenant": tenant.sponsor.wallet_id}
+    )
+    assert r.status_code == 302, r.content[:500]
+    assert TenantApprover.objects.filter(user=approver_user, tenant=tenant.sponsor).exists()
+    event = AuditEvent.objects.get(event="approver.added")
+    assert event.detail == {"user": "alice", "actor": f"admin:{user.get_username()}"}
+
+
+def test_roles_ship_as_groups() -> None:
+    groups = {
+        g.name: {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()} for g in Group.objects.all()
+    }
+    assert {"Operator", "Finance", "Approver admin", "Read-only auditor"} <= set(groups)
+    assert "billing.provision_credits" in groups["Operator"]
+    assert "billing.provision_credits" in groups["Finance"]
+    assert "billing.provision_credits" not in groups["Read-only auditor"]
+    assert all(p.split(".")[1].startswith("view_") for p in groups["Read-only auditor"])
+    assert "permits.add_tenantapprover" in groups["Approver admin"]
+    assert not any("create_operator_key" in perms for perms in groups.values())
