@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from billing.ratelimit import throttle_failed_logins
 from permits import approvals, views
 
 urlpatterns = [
@@ -26,7 +27,9 @@ urlpatterns = [
     # Human approval surface (Django session login; API keys cannot reach it).
     path(
         "approvals/login",
-        auth_views.LoginView.as_view(template_name="permits/login.html", redirect_authenticated_user=True),
+        throttle_failed_logins(
+            auth_views.LoginView.as_view(template_name="permits/login.html", redirect_authenticated_user=True)
+        ),
         name="approvals-login",
     ),
     path("approvals/logout", auth_views.LogoutView.as_view(next_page="/approvals/login"), name="approvals-logout"),

@@ -88,7 +88,8 @@ CASES = [
          lambda w: [w.receipt_id], {"apply": "1", "post": "yes"},
          lambda w: RefundReconciliation.objects.filter(receipt_id=w.receipt_id).count()),
     Case("retry refund", "/admin/receipts/refundreconciliation/", "retry_selected", "receipts.reconcile",
-         lambda w: [str(RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).pk)], {"apply": "1", "post": "yes"},
+         lambda w: [str(RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).pk)],
+         {"apply": "1", "post": "yes"},
          lambda w: RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).status),
 ]  # fmt: skip
 
