@@ -15,8 +15,9 @@ from django.contrib import admin, messages
 from django.contrib.admin.options import csrf_protect_m
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 
 from billing import services
 from billing.models import (
@@ -31,6 +32,9 @@ from billing.models import (
     WalletStatus,
 )
 from config.errors import ApplicationError, RequestValidationError
+
+# Session key under which a new API key's secret waits for its single reveal.
+SECRET_SESSION_PREFIX = "tollgate:new-key-secret:"
 
 
 class AmountForm(forms.Form):
@@ -311,22 +315,38 @@ class ToolPriceAdmin(ServiceSavedAdmin):
 
 
 class APIKeyCreateForm(forms.ModelForm):
-    """Create a key: choose a wallet; none (an operator key) only with ``billing.create_operator_key``."""
+    """Create a key for a wallet; an operator (full-access) key is a separate, confirmed choice.
 
+    Operator keys need ``billing.create_operator_key`` and a superuser, the box ticked and
+    the confirmation given; otherwise a wallet is required.
+    """
+
+    operator_key = forms.BooleanField(
+        required=False, label="Operator key", help_text="Full access to every tenant. Superusers only."
+    )
+    confirm_operator_key = forms.BooleanField(
+        required=False, label="I understand that an operator key can move money and revoke keys in every tenant"
+    )
     may_create_operator_key = False
 
     class Meta:
         model = APIKey
         fields = ["wallet", "name"]
-        help_texts = {"wallet": "The wallet the key acts for. Operator (full-access) keys need their own permission."}
+        help_texts = {"wallet": "The wallet the key acts for (and, through it, the wallets below it)."}
 
-    def clean_wallet(self) -> Wallet | None:
-        wallet = self.cleaned_data.get("wallet")
-        if wallet is None and not self.may_create_operator_key:
-            raise forms.ValidationError(
-                "Choose a wallet. An operator (full-access) key needs the 'create operator key' permission."
-            )
-        return wallet
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        wallet, operator = data.get("wallet"), data.get("operator_key")
+        if operator:
+            if not self.may_create_operator_key:
+                raise forms.ValidationError("An operator (full-access) key needs a superuser with that permission.")
+            if wallet is not None:
+                self.add_error("wallet", "An operator key has no wallet: leave it empty.")
+            if not data.get("confirm_operator_key"):
+                self.add_error("confirm_operator_key", "Confirm that this key has full access.")
+        elif wallet is None:
+            self.add_error("wallet", "Choose a wallet (operator keys are a separate choice below).")
+        return data
 
 
 @admin.register(APIKey)
@@ -352,6 +372,8 @@ class APIKeyAdmin(ServiceSavedAdmin):
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
+            if has_perm(request, "billing.create_operator_key") and request.user.is_superuser:
+                return ["wallet", "name", "operator_key", "confirm_operator_key"]
             return ["wallet", "name"]
         return list(self.readonly_fields)
 
@@ -363,7 +385,9 @@ class APIKeyAdmin(ServiceSavedAdmin):
             kwargs["form"] = APIKeyCreateForm
         form = super().get_form(request, obj, change, **kwargs)
         if obj is None:
-            form.may_create_operator_key = has_perm(request, "billing.create_operator_key")  # type: ignore[attr-defined]
+            form.may_create_operator_key = bool(  # type: ignore[attr-defined]
+                request.user.is_superuser and has_perm(request, "billing.create_operator_key")
+            )
         return form
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
@@ -375,8 +399,8 @@ class APIKeyAdmin(ServiceSavedAdmin):
         wallet = form.cleaned_data.get("wallet")
         name = form.cleaned_data.get("name") or ""
         if wallet is None:
-            if not has_perm(request, "billing.create_operator_key"):  # the form refuses it first
-                raise PermissionDenied
+            if not (request.user.is_superuser and has_perm(request, "billing.create_operator_key")):
+                raise PermissionDenied  # the form refuses it first
             issued = services.operator_key_create(name=name or "operator", actor=_actor(request))
         else:
             issued = services.api_key_create(wallet=wallet, name=name, actor=_actor(request))
@@ -387,13 +411,31 @@ class APIKeyAdmin(ServiceSavedAdmin):
         request._tollgate_new_secret = issued.secret  # type: ignore[attr-defined]
 
     def response_add(self, request: HttpRequest, obj: APIKey, post_url_continue: str | None = None) -> HttpResponse:
+        """Post/redirect/get: the secret waits in the session for one GET of the reveal page."""
         secret = getattr(request, "_tollgate_new_secret", None)
         if secret is None:
             return super().response_add(request, obj, post_url_continue)
+        request.session[f"{SECRET_SESSION_PREFIX}{obj.pk}"] = secret
+        return HttpResponseRedirect(reverse("admin:billing_apikey_secret", args=[obj.pk]))
+
+    def get_urls(self) -> list[Any]:
+        reveal = path(
+            "<str:key_id>/secret/",
+            self.admin_site.admin_view(self.secret_view),
+            name="billing_apikey_secret",
+        )
+        return [reveal, *super().get_urls()]
+
+    def secret_view(self, request: HttpRequest, key_id: str) -> HttpResponse:
+        """Show a new key's secret once: the first GET takes it out of the session; a reload says so."""
+        key = APIKey.objects.filter(pk=key_id).first()
+        if key is None or not self.has_add_permission(request):
+            raise PermissionDenied
+        secret = request.session.pop(f"{SECRET_SESSION_PREFIX}{key_id}", None)
         context = {
             **self.admin_site.each_context(request),
-            "title": "API key created",
-            "key": APIKey.objects.get(pk=obj.pk),
+            "title": "API key created" if secret else "API key secret already shown",
+            "key": key,
             "secret": secret,
             "opts": self.model._meta,
         }

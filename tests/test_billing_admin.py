@@ -104,6 +104,41 @@ def test_admin_creates_api_keys_through_the_service(admin_client):
 
     sponsor = factories.make_sponsor("acme")
     r = admin_client.post("/admin/billing/apikey/add/", {"wallet": sponsor.pk, "name": "console"})
-    assert r.status_code == 200, r.content[:300]
-    assert b"api-key-secret" in r.content
-    assert APIKey.objects.filter(wallet=sponsor, name="console").count() == 1
+    assert r.status_code == 302, r.content[:300]  # post/redirect/get
+    key = APIKey.objects.get(wallet=sponsor, name="console")
+    assert r["Location"] == f"/admin/billing/apikey/{key.key_id}/secret/"
+    reveal = admin_client.get(r["Location"])
+    assert reveal.status_code == 200
+    assert "no-store" in reveal["Cache-Control"]
+    assert b"api-key-secret" in reveal.content
+    assert b"copy-secret" in reveal.content
+    secret = reveal.content.decode().split('id="api-key-secret"', 1)[1].split(">", 1)[1].split("<", 1)[0]
+    assert secret.startswith(f"tg_{key.key_id}_")
+    # Reloading shows nothing and mints nothing.
+    again = admin_client.get(r["Location"])
+    assert b"already shown" in again.content
+    assert secret.encode() not in again.content
+    assert APIKey.objects.filter(wallet=sponsor).count() == 1
+    # The stored key works with the secret shown once.
+    from tests.conftest import client_for
+
+    assert client_for(secret).get(f"/v1/billing/wallets/{sponsor.pk}").status_code == 200
+
+
+@pytest.mark.django_db
+def test_operator_keys_are_an_explicit_confirmed_choice(admin_client):
+    from billing.models import APIKey
+
+    before = APIKey.objects.filter(wallet__isnull=True).count()
+    r = admin_client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root"})
+    assert r.status_code == 200
+    assert b"Choose a wallet" in r.content
+    r = admin_client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root", "operator_key": "on"})
+    assert b"Confirm that this key has full access" in r.content
+    assert APIKey.objects.filter(wallet__isnull=True).count() == before
+    r = admin_client.post(
+        "/admin/billing/apikey/add/",
+        {"wallet": "", "name": "root", "operator_key": "on", "confirm_operator_key": "on"},
+    )
+    assert r.status_code == 302
+    assert APIKey.objects.filter(wallet__isnull=True).count() == before + 1

@@ -154,9 +154,10 @@ def test_staff_without_permissions_sees_no_tenant_data(tenant: Tenant) -> None:
 def test_operator_keys_need_their_own_permission(tenant: Tenant) -> None:
     client, _ = staff("billing.view_apikey", "billing.add_apikey")
     before = APIKey.objects.filter(wallet__isnull=True).count()
-    r = client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root"})
+    r = client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root", "operator_key": "on",
+                                                   "confirm_operator_key": "on"})  # fmt: skip
     assert r.status_code == 200
-    assert b"needs the" in r.content
+    assert b"needs a superuser" in r.content
     assert APIKey.objects.filter(wallet__isnull=True).count() == before
     # A wallet key is fine with add_apikey.
     r = client.post("/admin/billing/apikey/add/", {"wallet": tenant.agent.wallet_id, "name": "bot"})
