@@ -42,6 +42,59 @@ class AmountForm(forms.Form):
     description = forms.CharField(max_length=200, required=False)
 
 
+class WalletCreateForm(forms.Form):
+    """Create a sponsor wallet (a tenant) or an agent wallet under a sponsor, as the API does."""
+
+    KINDS = [("sponsor", "Sponsor wallet (a new tenant)"), ("agent", "Agent wallet under a parent wallet")]
+
+    kind = forms.ChoiceField(choices=KINDS, widget=forms.RadioSelect, initial="sponsor")
+    parent = forms.ModelChoiceField(
+        queryset=Wallet.objects.none(),
+        required=False,
+        help_text="For an agent wallet: the sponsor (or agent) it is funded from.",
+    )
+    name = forms.CharField(max_length=200, required=False)
+    amount = forms.DecimalField(
+        max_digits=20,
+        decimal_places=8,
+        min_value=Decimal(0),
+        initial=Decimal(0),
+        label="Initial credits",
+        help_text="Sponsor: provisioned from mint. Agent: moved from the parent's balance.",
+    )
+    budget = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal(0), required=False)
+    daily_limit = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal(0), required=False)
+    refill_threshold = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal(0), required=False)
+    refill_amount = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal("0.00000001"), required=False)
+    expires_at = forms.DateTimeField(required=False, help_text="YYYY-MM-DD HH:MM (UTC); empty: never.")
+
+    def __init__(self, *args: Any, request: HttpRequest, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.request = request
+        parents = Wallet.objects.exclude(status=WalletStatus.CLOSED).exclude(wallet_type="child")
+        self.fields["parent"].queryset = parents.order_by("path")  # type: ignore[attr-defined]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        kind, parent, amount = data.get("kind"), data.get("parent"), data.get("amount") or Decimal(0)
+        if kind == "sponsor":
+            if parent is not None:
+                self.add_error("parent", "A sponsor wallet has no parent.")
+            for name in ("budget", "refill_threshold", "refill_amount"):
+                if data.get(name) is not None:
+                    self.add_error(name, "Set this on agent wallets.")
+            if amount > 0 and not has_perm(self.request, "billing.provision_credits"):
+                self.add_error("amount", "Provisioning credits needs the 'provision credits' permission.")
+        elif kind == "agent":
+            if parent is None:
+                self.add_error("parent", "Choose the parent wallet.")
+            if amount > 0 and not has_perm(self.request, "billing.fund_wallet"):
+                self.add_error("amount", "Funding a wallet needs the 'fund wallet' permission.")
+            if (data.get("refill_threshold") is None) != (data.get("refill_amount") is None):
+                self.add_error("refill_amount", "Set both refill threshold and refill amount, or neither.")
+        return data
+
+
 class ReasonForm(forms.Form):
     reason = forms.CharField(max_length=200, required=False, initial="frozen by operator")
 
@@ -96,13 +149,62 @@ class WalletAdmin(admin.ModelAdmin):
     actions = ["provision_credits", "fund_from_parent", "freeze_wallets", "unfreeze_wallets", "close_wallets"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
+        return has_perm(request, "billing.add_wallet")
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def add_view(
+        self, request: HttpRequest, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """Create a wallet through the same services as the API (same ledger entries and audit events)."""
+        if not self.has_add_permission(request):
+            raise PermissionDenied
+        form = WalletCreateForm(request.POST if request.method == "POST" else None, request=request)
+        if request.method == "POST" and form.is_valid():
+            data = form.cleaned_data
+            try:
+                if data["kind"] == "sponsor":
+                    wallet = services.wallet_create_sponsor(
+                        name=data["name"],
+                        initial_credits=data["amount"],
+                        daily_limit=data["daily_limit"],
+                        expires_at=data["expires_at"],
+                        actor=_actor(request),
+                    )
+                else:
+                    wallet = services.wallet_create_agent(
+                        parent=data["parent"],
+                        name=data["name"],
+                        initial_balance=data["amount"],
+                        budget=data["budget"],
+                        daily_limit=data["daily_limit"],
+                        refill_threshold=data["refill_threshold"],
+                        refill_amount=data["refill_amount"],
+                        expires_at=data["expires_at"],
+                        actor=_actor(request),
+                    )
+            except (ApplicationError, RequestValidationError) as exc:
+                form.add_error(None, _failure(exc))
+            else:
+                self.log_addition(request, wallet, [{"added": {}}])
+                self.message_user(
+                    request,
+                    f"Created {wallet.wallet_type} wallet {wallet.wallet_id} ({wallet.name}).",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(reverse("admin:billing_wallet_change", args=[wallet.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Create a wallet",
+            "form": form,
+            "opts": self.model._meta,
+            **(extra_context or {}),
+        }
+        return TemplateResponse(request, "admin/billing/wallet_create.html", context)
 
     def _form_page(
         self,

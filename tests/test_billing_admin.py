@@ -142,3 +142,67 @@ def test_operator_keys_are_an_explicit_confirmed_choice(admin_client):
     )
     assert r.status_code == 302
     assert APIKey.objects.filter(wallet__isnull=True).count() == before + 1
+
+
+@pytest.mark.django_db
+def test_console_creates_a_sponsor_and_an_agent_through_the_services(admin_client):
+    from billing.models import Wallet
+
+    r = admin_client.get("/admin/billing/wallet/add/")
+    assert r.status_code == 200
+    assert b"Create a wallet" in r.content
+    r = admin_client.post("/admin/billing/wallet/add/", {"kind": "sponsor", "name": "acme", "amount": "1000"})
+    assert r.status_code == 302, r.content[:800]
+    sponsor = Wallet.objects.get(name="acme")
+    assert sponsor.wallet_type == "sponsor"
+    assert sponsor.balance == D("1000")
+    assert r["Location"] == f"/admin/billing/wallet/{sponsor.pk}/change/"
+    r = admin_client.post(
+        "/admin/billing/wallet/add/",
+        {"kind": "agent", "parent": sponsor.pk, "name": "bot", "amount": "100", "budget": "500",
+         "daily_limit": "50", "refill_threshold": "10", "refill_amount": "25"},
+    )  # fmt: skip
+    assert r.status_code == 302, r.content[:800]
+    agent = Wallet.objects.get(name="bot")
+    assert (agent.parent_id, agent.balance, agent.budget, agent.daily_limit) == (
+        sponsor.pk,
+        D("100"),
+        D("500"),
+        D("50"),
+    )
+    assert (agent.refill_threshold, agent.refill_amount) == (D("10"), D("25"))
+    sponsor.refresh_from_db()
+    assert sponsor.balance == D("900")
+    kinds = sorted(LedgerEntry.objects.filter(wallet__in=[sponsor, agent]).values_list("kind", flat=True))
+    assert kinds == ["fund", "fund", "provision"]
+    created = AuditEvent.objects.filter(event="wallet.created").order_by("seq")
+    assert [e.detail.get("actor") for e in created] == ["admin:root", "admin:root"]
+    # A refused creation (the parent cannot cover it) shows the reason and writes nothing.
+    r = admin_client.post(
+        "/admin/billing/wallet/add/", {"kind": "agent", "parent": sponsor.pk, "name": "big", "amount": "5000"}
+    )
+    assert r.status_code == 200
+    assert b"insufficient_funds" in r.content
+    assert not Wallet.objects.filter(name="big").exists()
+
+
+@pytest.mark.django_db
+def test_wallet_creation_needs_its_permissions(client):
+    from django.contrib.auth.models import Permission
+
+    from billing.models import Wallet
+
+    user = get_user_model().objects.create_user("clerk", password="pw-for-tests-only", is_staff=True)
+    client.force_login(user)
+    assert client.get("/admin/billing/wallet/add/").status_code == 403
+    user.user_permissions.add(
+        Permission.objects.get(codename="add_wallet"), Permission.objects.get(codename="view_wallet")
+    )
+    client.force_login(get_user_model().objects.get(pk=user.pk))
+    r = client.post("/admin/billing/wallet/add/", {"kind": "sponsor", "name": "rich", "amount": "1000000"})
+    assert r.status_code == 200
+    assert b"provision credits" in r.content
+    assert not Wallet.objects.filter(name="rich").exists()
+    r = client.post("/admin/billing/wallet/add/", {"kind": "sponsor", "name": "empty", "amount": "0"})
+    assert r.status_code == 302
+    assert Wallet.objects.get(name="empty").balance == 0
