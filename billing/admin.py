@@ -99,6 +99,42 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(max_length=200, required=False, initial="frozen by operator")
 
 
+def confirmation_page(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Any],
+    *,
+    action: str,
+    title: str,
+    warning: str,
+    headings: list[str],
+    row: Any,
+    confirm_label: str,
+) -> HttpResponse | None:
+    """An intermediate confirmation page like Django's delete confirmation, or None once confirmed.
+
+    Destructive console actions (close, revoke, reconciliation results and refunds) list the
+    objects and their balances or effects, and act only on the POST that carries ``post=yes``.
+    """
+    if request.POST.get("post") == "yes":
+        return None
+    objects = list(queryset)
+    opts = modeladmin.model._meta
+    context = {
+        **modeladmin.admin_site.each_context(request),
+        "title": title,
+        "warning": warning,
+        "headings": headings,
+        "rows": [row(obj) for obj in objects],
+        "selected": [obj.pk for obj in objects],
+        "action": action,
+        "confirm_label": confirm_label,
+        "cancel_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"),
+        "opts": opts,
+    }
+    return TemplateResponse(request, "admin/confirm_action.html", context)
+
+
 class ServiceSavedAdmin(admin.ModelAdmin):
     """A change form whose ``save_model`` calls a service.
 
@@ -132,6 +168,14 @@ def has_perm(request: HttpRequest, permission: str) -> bool:
     return bool(request.user.is_active and request.user.has_perm(permission))
 
 
+def money_display(value: Decimal | None) -> str:
+    """Credits for people: thousands separators, no trailing zeros beyond what matters."""
+    if value is None:
+        return "—"
+    text = f"{value:,.8f}".rstrip("0").rstrip(".")
+    return text if "." in text else f"{text}"
+
+
 def _failure(exc: Exception) -> str:
     if isinstance(exc, ApplicationError):
         return f"{exc.code}: {exc.detail_message}"
@@ -146,7 +190,14 @@ class WalletAdmin(admin.ModelAdmin):
     list_filter = ["wallet_type", "status"]
     search_fields = ["wallet_id", "name", "tenant_id"]
     readonly_fields = [f.name for f in Wallet._meta.fields]
-    actions = ["provision_credits", "fund_from_parent", "freeze_wallets", "unfreeze_wallets", "close_wallets"]
+    actions = [
+        "provision_credits",
+        "fund_from_parent",
+        "freeze_wallets",
+        "unfreeze_wallets",
+        "emergency_revoke_keys",
+        "close_wallets",
+    ]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "billing.add_wallet")
@@ -252,6 +303,9 @@ class WalletAdmin(admin.ModelAdmin):
     def has_close_wallet_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "billing.close_wallet")
 
+    def has_revoke_key_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.revoke_key")
+
     @admin.action(description="Provision credits (mint -> sponsor)", permissions=["provision_credits"])
     def provision_credits(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
         form = AmountForm(request.POST if "apply" in request.POST else None)
@@ -324,8 +378,22 @@ class WalletAdmin(admin.ModelAdmin):
             lambda w: services.wallet_unfreeze(wallet=w, actor=_actor(request)),
         )
 
-    @admin.action(description="Close (remaining balance returns to the parent)", permissions=["close_wallet"])
-    def close_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> None:
+    @admin.action(description="Close wallets for good…", permissions=["close_wallet"])
+    def close_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
+        page = confirmation_page(
+            self,
+            request,
+            queryset.order_by("path"),
+            action="close_wallets",
+            title="Close these wallets?",
+            warning="Closing cannot be undone. Each wallet's balance returns to its parent (a sponsor's to mint), "
+            "and the wallet can never spend or be funded again.",
+            headings=["Wallet", "Type", "Name", "Balance", "Returns to"],
+            row=lambda w: [w.wallet_id, w.wallet_type, w.name, money_display(w.balance), w.parent_id or "mint"],
+            confirm_label="Yes, close them",
+        )
+        if page is not None:
+            return page
         # Deepest first, so a selected parent closes after its selected children.
         wallets = sorted(queryset, key=lambda w: -len(w.ancestry))
         done, failed = 0, []
@@ -339,6 +407,37 @@ class WalletAdmin(admin.ModelAdmin):
             self.message_user(request, f"Closed {done} wallet(s).", messages.SUCCESS)
         for line in failed:
             self.message_user(request, line, messages.ERROR)
+        return None
+
+    @admin.action(description="Emergency: revoke every API key of the wallets and below…", permissions=["revoke_key"])
+    def emergency_revoke_keys(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
+        def row(wallet: Wallet) -> list[str]:
+            keys = APIKey.objects.filter(
+                wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE
+            ).count()
+            return [wallet.wallet_id, wallet.wallet_type, wallet.name, str(keys)]
+
+        page = confirmation_page(
+            self,
+            request,
+            queryset.order_by("path"),
+            action="emergency_revoke_keys",
+            title="Revoke every API key of these wallets and of the wallets below them?",
+            warning="Every active key of each wallet, of its descendants and every key they minted stops working "
+            "at once. This cannot be undone.",
+            headings=["Wallet", "Type", "Name", "Active keys in the subtree"],
+            row=row,
+            confirm_label="Yes, revoke them all",
+        )
+        if page is not None:
+            return page
+        revoked = 0
+        for wallet in queryset.order_by("path"):
+            revoked += len(
+                services.api_key_emergency_revoke(wallet=wallet, reason="emergency (console)", actor=_actor(request))
+            )
+        self.message_user(request, f"Revoked {revoked} key(s).", messages.WARNING)
+        return None
 
 
 class _ReadOnlyAdmin(admin.ModelAdmin):
@@ -548,8 +647,26 @@ class APIKeyAdmin(ServiceSavedAdmin):
     def has_revoke_key_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "billing.revoke_key")
 
-    @admin.action(description="Revoke selected keys", permissions=["revoke_key"])
-    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> None:
+    @admin.action(description="Revoke selected keys…", permissions=["revoke_key"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> HttpResponse | None:
+        page = confirmation_page(
+            self,
+            request,
+            queryset.filter(status=APIKeyStatus.ACTIVE).order_by("key_id"),
+            action="revoke_selected",
+            title="Revoke these API keys?",
+            warning="Revoked keys stop working at once, with every key they minted. This cannot be undone.",
+            headings=["Key", "Wallet", "Name", "Keys it minted"],
+            row=lambda k: [
+                k.key_id,
+                k.wallet_id or "operator (all tenants)",
+                k.name,
+                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
+            ],
+            confirm_label="Yes, revoke them",
+        )
+        if page is not None:
+            return page
         count = 0
         for key in queryset.filter(status=APIKeyStatus.ACTIVE):
             if key.wallet is None:
@@ -565,6 +682,7 @@ class APIKeyAdmin(ServiceSavedAdmin):
                 )
             count += 1
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
+        return None
 
 
 @admin.register(KeyRotationLog)

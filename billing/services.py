@@ -387,7 +387,9 @@ def api_key_revoke(
 
 
 @transaction.atomic(durable=True)
-def api_key_emergency_revoke(*, wallet: Wallet, reason: str = "emergency", actor_key_id: str = "") -> list[str]:
+def api_key_emergency_revoke(
+    *, wallet: Wallet, reason: str = "emergency", actor_key_id: str = "", actor: str = ""
+) -> list[str]:
     """Revoke every active key of ``wallet`` and of every wallet below it at once, with their lineage.
 
     Returns the ids revoked now. Holds the wallet row lock, which key creation also
@@ -430,7 +432,7 @@ def api_key_emergency_revoke(*, wallet: Wallet, reason: str = "emergency", actor
         wallet_id=wallet.wallet_id,
         key_id=actor_key_id or None,
         endpoint="/v1/api-keys/emergency-revoke",
-        detail={"revoked_key_ids": revoked, "reason": reason},
+        detail={"revoked_key_ids": revoked, "reason": reason, **({"actor": actor} if actor else {})},
     )
     return revoked
 

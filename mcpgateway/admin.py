@@ -6,9 +6,9 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
-from billing.admin import ServiceSavedAdmin, console_actor, has_perm
+from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
 from billing.selectors import tool_price
 from config.errors import ApplicationError
 from mcpgateway import services
@@ -92,18 +92,45 @@ class ActionAdmin(admin.ModelAdmin):
     @admin.action(
         description="External reconciliation: the call WAS executed (keep the charge)", permissions=["reconcile"]
     )
-    def reconciled_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> None:
+    def _confirm(
+        self, request: HttpRequest, queryset: QuerySet[Action], action: str, executed: bool
+    ) -> HttpResponse | None:
+        effect = (
+            "The charge stands: the receipts are reconciled as executed."
+            if executed
+            else "Each charge becomes owed back to its wallet (post the refunds under Refund reconciliations)."
+        )
+        return confirmation_page(
+            self,
+            request,
+            self._uncertain(queryset).order_by("action_id"),
+            action=action,
+            title=f"Record that these calls WERE {'' if executed else 'NOT '}executed?",
+            warning=f"{effect} Record this only after confirming with the upstream.",
+            headings=["Action", "Wallet", "Tool", "Charged", "Receipt"],
+            row=lambda a: [a.action_id, a.wallet_id, a.tool, money_display(a.price), a.receipt_id],
+            confirm_label="Yes, record it",
+        )
+
+    def reconciled_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
+        page = self._confirm(request, queryset, "reconciled_executed", executed=True)
+        if page is not None:
+            return page
         done = 0
         for action in self._uncertain(queryset):
             assert action.receipt_id is not None
             reconciliation_record_executed(receipt_id=action.receipt_id, actor=console_actor(request))
             done += 1
         self.message_user(request, f"{done} delivery_uncertain action(s) recorded as executed.", messages.SUCCESS)
+        return None
 
     @admin.action(
         description="External reconciliation: the call was NOT executed (refund owed)", permissions=["reconcile"]
     )
-    def reconciled_not_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> None:
+    def reconciled_not_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
+        page = self._confirm(request, queryset, "reconciled_not_executed", executed=False)
+        if page is not None:
+            return page
         done = 0
         for action in self._uncertain(queryset):
             assert action.receipt_id is not None
@@ -117,3 +144,4 @@ class ActionAdmin(admin.ModelAdmin):
             f"{done} action(s) marked not executed: retry their refunds under Refund reconciliations.",
             messages.SUCCESS,
         )
+        return None

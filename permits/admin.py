@@ -9,9 +9,9 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
-from billing.admin import ServiceSavedAdmin, console_actor, has_perm
+from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
 from permits import services
 from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
 
@@ -37,13 +37,33 @@ class PermitAdmin(ReadOnlyAdmin):
     def has_revoke_permit_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "permits.revoke_permit")
 
-    @admin.action(description="Revoke selected permits", permissions=["revoke_permit"])
-    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Permit]) -> None:
+    @admin.action(description="Revoke selected permits…", permissions=["revoke_permit"])
+    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Permit]) -> HttpResponse | None:
+        page = confirmation_page(
+            self,
+            request,
+            queryset.exclude(status=PermitStatus.REVOKED).order_by("permit_id"),
+            action="revoke_selected",
+            title="Revoke these permits?",
+            warning="Calls under a revoked permit are denied from now on. This cannot be undone.",
+            headings=["Permit", "Wallet", "Tools", "Spent / allowance", "Expires"],
+            row=lambda p: [
+                p.permit_id,
+                p.wallet_id,
+                ", ".join(p.allowed_tools),
+                f"{money_display(p.spent_credits)} / {money_display(p.max_credits)}",
+                p.expires_at,
+            ],
+            confirm_label="Yes, revoke them",
+        )
+        if page is not None:
+            return page
         count = 0
         for permit in queryset.exclude(status=PermitStatus.REVOKED):
             services.permit_revoke(permit_id=permit.permit_id, reason="operator_console", actor=console_actor(request))
             count += 1
         self.message_user(request, f"Revoked {count} permit(s).", messages.SUCCESS)
+        return None
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in Permit._meta.fields]

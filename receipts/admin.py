@@ -6,9 +6,9 @@ from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse
 
-from billing.admin import console_actor, has_perm
+from billing.admin import confirmation_page, console_actor, has_perm, money_display
 from config.errors import ApplicationError
 from receipts import services
 from receipts.models import Outcome, Receipt, RefundReconciliation
@@ -37,9 +37,23 @@ class ReceiptAdmin(admin.ModelAdmin):
         return has_perm(request, "receipts.reconcile")
 
     @admin.action(
-        description="External reconciliation: the call was NOT executed (refund owed)", permissions=["reconcile"]
+        description="External reconciliation: the call was NOT executed (refund owed)…", permissions=["reconcile"]
     )
-    def mark_not_executed(self, request: HttpRequest, queryset: QuerySet[Receipt]) -> None:
+    def mark_not_executed(self, request: HttpRequest, queryset: QuerySet[Receipt]) -> HttpResponse | None:
+        page = confirmation_page(
+            self,
+            request,
+            queryset.filter(outcome=Outcome.DELIVERY_UNCERTAIN).order_by("receipt_id"),
+            action="mark_not_executed",
+            title="Record that these calls were NOT executed?",
+            warning="Each receipt's charge becomes owed back to its wallet (a pending refund item; post it with a "
+            "retry). Record this only after confirming with the upstream that the call did not run.",
+            headings=["Receipt", "Wallet", "Tool", "Credits to refund"],
+            row=lambda r: [r.receipt_id, r.wallet_id, r.tool, money_display(r.credits_charged)],
+            confirm_label="Yes, they were not executed",
+        )
+        if page is not None:
+            return page
         done = 0
         for receipt in queryset.filter(outcome=Outcome.DELIVERY_UNCERTAIN):
             try:
@@ -53,6 +67,7 @@ class ReceiptAdmin(admin.ModelAdmin):
         self.message_user(
             request, f"{done} receipt(s) marked not executed; retry their refunds under reconciliation.", messages.INFO
         )
+        return None
 
 
 @admin.register(RefundReconciliation)
@@ -76,8 +91,21 @@ class RefundReconciliationAdmin(admin.ModelAdmin):
     def has_reconcile_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "receipts.reconcile")
 
-    @admin.action(description="Retry: post the owed refund (at most once)", permissions=["reconcile"])
-    def retry_selected(self, request: HttpRequest, queryset: QuerySet[RefundReconciliation]) -> None:
+    @admin.action(description="Retry: post the owed refund (at most once)…", permissions=["reconcile"])
+    def retry_selected(self, request: HttpRequest, queryset: QuerySet[RefundReconciliation]) -> HttpResponse | None:
+        page = confirmation_page(
+            self,
+            request,
+            queryset.filter(status="pending").select_related("receipt").order_by("receipt_id"),
+            action="retry_selected",
+            title="Post these owed refunds?",
+            warning="Each refund moves credits from revenue back to the wallet, at most once per receipt.",
+            headings=["Receipt", "Wallet", "Amount", "Attempts", "Last error"],
+            row=lambda i: [i.receipt_id, i.receipt.wallet_id, money_display(i.amount), i.attempts, i.last_error or "—"],
+            confirm_label="Yes, post them",
+        )
+        if page is not None:
+            return page
         resolved = 0
         for item in queryset:
             try:
@@ -90,3 +118,4 @@ class RefundReconciliationAdmin(admin.ModelAdmin):
             if status == "resolved":
                 resolved += 1
         self.message_user(request, f"{resolved} of {queryset.count()} item(s) resolved.", messages.INFO)
+        return None

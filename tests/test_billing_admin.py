@@ -53,7 +53,13 @@ def test_admin_provision_fund_freeze_unfreeze_close(admin_client):
     act(admin_client, "unfreeze_wallets", [agent])
     agent.refresh_from_db()
     assert agent.status == "active"
-    act(admin_client, "close_wallets", [agent])
+    page = act(admin_client, "close_wallets", [agent])
+    assert page.status_code == 200  # the confirmation page, listing balances
+    assert b"Close these wallets?" in page.content
+    assert b"120" in page.content
+    agent.refresh_from_db()
+    assert agent.status == "active"
+    act(admin_client, "close_wallets", [agent], post="yes")
     agent.refresh_from_db()
     sponsor.refresh_from_db()
     assert agent.status == "closed"

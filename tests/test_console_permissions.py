@@ -199,3 +199,37 @@ def test_roles_ship_as_groups() -> None:
     assert all(p.split(".")[1].startswith("view_") for p in groups["Read-only auditor"])
     assert "permits.add_tenantapprover" in groups["Approver admin"]
     assert not any("create_operator_key" in perms for perms in groups.values())
+
+
+DESTRUCTIVE = ["close", "revoke key", "revoke permit", "mark not executed", "retry refund"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c.name in DESTRUCTIVE], ids=DESTRUCTIVE)
+def test_destructive_actions_confirm_first(tenant: Tenant, case: Case) -> None:
+    world = _world(tenant)
+    before = case.state(world)
+    client, _ = staff(_view_permission(case.changelist), case.permission)
+    form = {k: v for k, v in case.form.items() if k != "post"}
+    page = client.post(case.changelist, {"action": case.action, "_selected_action": case.selected(world), **form})
+    assert page.status_code == 200
+    text = page.content.decode()
+    assert 'id="confirm-action"' in text
+    assert "No, take me back" in text
+    assert all(obj_id in text for obj_id in case.selected(world) if not obj_id.isdigit())
+    assert case.state(world) == before  # nothing happened on one click
+
+
+def test_emergency_revocation_from_the_console_covers_the_subtree(tenant: Tenant) -> None:
+    child = factories.make_wallet(tenant.agent, "kid")
+    child_key = factories.make_key(child)
+    client, user = staff("billing.view_wallet", "billing.revoke_key")
+    data = {"action": "emergency_revoke_keys", "_selected_action": [tenant.agent.wallet_id]}
+    page = client.post("/admin/billing/wallet/", data)
+    assert b"Revoke every API key" in page.content
+    assert APIKey.objects.get(pk=tenant.agent_key_id).status == "active"
+    client.post("/admin/billing/wallet/", {**data, "post": "yes"})
+    assert APIKey.objects.get(pk=tenant.agent_key_id).status == "revoked"
+    assert APIKey.objects.get(pk=child_key.key.key_id).status == "revoked"
+    assert APIKey.objects.get(pk=tenant.sponsor_key_id).status == "active"
+    event = AuditEvent.objects.get(event="api_key.emergency_revoked")
+    assert event.detail["actor"] == f"admin:{user.get_username()}"

@@ -48,13 +48,24 @@ def test_reconciliation_actions_on_uncertain_actions(staff, settings, tenant):
     first, second = Action.objects.filter(state="delivery_uncertain").order_by("created_at")
     page = staff.get("/admin/mcpgateway/action/")
     assert page.status_code == 200
+    # First an intermediate confirmation page listing the calls and their effect; nothing recorded yet.
     r = staff.post(
         "/admin/mcpgateway/action/",
         {"action": "reconciled_not_executed", "_selected_action": [first.pk]},
     )
+    assert r.status_code == 200
+    assert b"Record that these calls WERE NOT executed?" in r.content
+    assert first.action_id.encode() in r.content
+    assert not RefundReconciliation.objects.filter(receipt_id=first.receipt_id).exists()
+    r = staff.post(
+        "/admin/mcpgateway/action/",
+        {"action": "reconciled_not_executed", "_selected_action": [first.pk], "post": "yes"},
+    )
     assert r.status_code == 302
     item = RefundReconciliation.objects.get(receipt_id=first.receipt_id)
     assert item.status == "pending"
-    staff.post("/admin/mcpgateway/action/", {"action": "reconciled_executed", "_selected_action": [second.pk]})
+    staff.post(
+        "/admin/mcpgateway/action/", {"action": "reconciled_executed", "_selected_action": [second.pk], "post": "yes"}
+    )
     assert AuditEvent.objects.filter(event="reconciliation.marked_executed").count() == 1
     assert not RefundReconciliation.objects.filter(receipt_id=second.receipt_id).exists()
