@@ -89,6 +89,7 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "config.middleware.RequestIdMiddleware",
+    "config.middleware.SecurityHeadersMiddleware",
     # Oversized bodies are refused before anything reads them (413).
     "config.jsonbody.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
@@ -121,6 +122,7 @@ TEMPLATES = [
                 "django.template.context_processors.request",
                 "django.contrib.auth.context_processors.auth",
                 "django.contrib.messages.context_processors.messages",
+                "config.middleware.csp_nonce",
             ],
         },
     },
@@ -190,6 +192,17 @@ CSRF_COOKIE_HTTPONLY = False
 SESSION_COOKIE_SECURE = PRODUCTION
 CSRF_COOKIE_SECURE = PRODUCTION
 X_FRAME_OPTIONS = "DENY"
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+# Production: HTTPS only. Behind a TLS-terminating proxy set SECURE_PROXY_SSL_HEADER to the header
+# it sets (for example HTTP_X_FORWARDED_PROTO); only do so when the proxy strips it from clients.
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=PRODUCTION)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=31_536_000 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=False)
+_proxy_header = env.str("SECURE_PROXY_SSL_HEADER", default="")
+SECURE_PROXY_SSL_HEADER = (_proxy_header, "https") if _proxy_header else None
+# The health probe answers over plain HTTP too (load balancers probe the backend directly).
+SECURE_REDIRECT_EXEMPT = [r"^health$"]
 LOGIN_URL = "/approvals/login"
 LOGIN_REDIRECT_URL = "/approvals/"
 

@@ -2,7 +2,7 @@
 
 from django.contrib import admin
 from django.urls import include, path
-from drf_spectacular.views import SpectacularJSONAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularJSONAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
 from mcpgateway import views as gateway_views
 
@@ -13,7 +13,7 @@ admin.site.index_title = "Operations"
 urlpatterns = [
     path("health", gateway_views.health, name="health"),
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
-    path("docs", SpectacularSwaggerView.as_view(url_name="openapi"), name="docs"),
+    path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
     path("redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
     path("admin/", admin.site.urls),
     path("", include("audit.urls")),
