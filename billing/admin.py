@@ -27,7 +27,6 @@ from billing.models import (
     KeyRotationLog,
     LedgerEntry,
     ServicePrice,
-    ToolPrice,
     Wallet,
     WalletStatus,
 )
@@ -488,31 +487,6 @@ class ServicePriceAdmin(ServiceSavedAdmin):
         services.category_price_set(
             category=obj.category, credits_per_unit=form.cleaned_data["credits_per_unit"], actor=_actor(request)
         )
-
-
-class ToolPriceForm(forms.ModelForm):
-    class Meta:
-        model = ToolPrice
-        fields = ["tool", "credits"]
-        help_texts = {"credits": "Credits per call. Leave empty for 'price not set'."}
-
-
-@admin.register(ToolPrice)
-class ToolPriceAdmin(ServiceSavedAdmin):
-    """Tool prices; saving goes through ``tool_price_set`` (audited). Clear the price instead of deleting."""
-
-    list_display = ["tool", "credits", "updated_at"]
-    search_fields = ["tool"]
-    form = ToolPriceForm
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["tool"] if obj is not None else []
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def save_model(self, request: HttpRequest, obj: ToolPrice, form: Any, change: bool) -> None:
-        services.tool_price_set(tool=obj.tool, credits=form.cleaned_data["credits"], actor=_actor(request))
 
 
 class APIKeyCreateForm(forms.ModelForm):

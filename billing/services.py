@@ -1412,6 +1412,24 @@ def category_price_set(
     return row
 
 
+@transaction.atomic  # not durable: the console's delete view runs inside its own transaction
+def tool_price_remove(*, tool: str, actor_key_id: str = "", actor: str = "") -> bool:
+    """Remove ``tool``'s price (the tool is no longer callable or listed in the pricing table), audited.
+
+    Returns False when there was no price.
+    """
+    deleted, _ = ToolPrice.objects.filter(tool=tool).delete()
+    if deleted:
+        audit_record(
+            event="pricing.tool_price_removed",
+            ok=True,
+            key_id=actor_key_id or None,
+            tool=tool,
+            detail={**({"actor": actor} if actor else {})},
+        )
+    return bool(deleted)
+
+
 @transaction.atomic(durable=True)
 def tool_price_set(*, tool: str, credits: Decimal | None, actor_key_id: str = "", actor: str = "") -> ToolPrice:
     """Set the credits per call of ``tool`` (None: price not set). Quotes and the gateway read it.

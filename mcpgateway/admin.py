@@ -4,16 +4,73 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
+from billing import services as billing_services
 from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
+from billing.models import ToolPrice
 from billing.selectors import tool_price
 from config.errors import ApplicationError
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed
+
+
+class ToolPriceForm(forms.ModelForm):
+    """A price for a tool the gateway knows: chosen from the synced tools, never typed."""
+
+    tool = forms.ChoiceField(choices=(), help_text="One of the tools synced from the upstream (manage.py sync_tools).")
+
+    class Meta:
+        model = ToolPrice
+        fields = ["tool", "credits"]
+        help_texts = {
+            "credits": "Credits per call (0 for a free tool). Remove the price to stop the tool being called."
+        }
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        priced = set(ToolPrice.objects.values_list("tool", flat=True))
+        if self.instance and self.instance.pk:
+            priced.discard(self.instance.pk)
+        tools = Tool.objects.exclude(service_id__in=priced).order_by("service_id")
+        self.fields["tool"].choices = [("", "---------")] + [  # type: ignore[attr-defined]
+            (t.service_id, f"{t.service_id} ({t.category})") for t in tools
+        ]
+
+
+@admin.register(ToolPrice)
+class ToolPriceAdmin(ServiceSavedAdmin):
+    """Tool prices (``billing.ToolPrice``, published in the pricing table); registered here, where the synced
+    tools are known. Setting and removing go through ``tool_price_set`` / ``tool_price_remove`` (audited)."""
+
+    list_display = ["tool", "credits", "updated_at"]
+    search_fields = ["tool"]
+    ordering = ["tool"]
+    form = ToolPriceForm
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["tool"] if obj is not None else []
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return ["tool", "credits"]
+
+    def save_model(self, request: HttpRequest, obj: ToolPrice, form: Any, change: bool) -> None:
+        tool = obj.tool if change else form.cleaned_data["tool"]
+        row = billing_services.tool_price_set(
+            tool=tool, credits=form.cleaned_data["credits"], actor=console_actor(request)
+        )
+        obj.pk = row.pk
+
+    def delete_model(self, request: HttpRequest, obj: ToolPrice) -> None:
+        billing_services.tool_price_remove(tool=obj.tool, actor=console_actor(request))
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ToolPrice]) -> None:
+        for row in queryset:
+            billing_services.tool_price_remove(tool=row.tool, actor=console_actor(request))
 
 
 @admin.register(Tool)

@@ -778,7 +778,7 @@ def tenant_approver_add(*, user: Any, tenant: Wallet, actor: str) -> TenantAppro
     return approver
 
 
-@transaction.atomic(durable=True)
+@transaction.atomic  # not durable: the console's delete view runs inside its own transaction
 def tenant_approver_remove(*, approver: TenantApprover, actor: str) -> None:
     """Stop ``approver`` approving for its tenant (the console), audited."""
     tenant = approver.tenant

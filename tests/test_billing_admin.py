@@ -88,13 +88,29 @@ def test_admin_refusal_is_reported_not_applied(admin_client):
 
 @pytest.mark.django_db
 def test_admin_prices_and_read_only_ledger(admin_client):
-    r = admin_client.post("/admin/billing/toolprice/add/", {"tool": "partner.notes.write", "credits": "0.5"})
+    from billing.models import ToolPrice
+    from mcpgateway.services import tools_sync
+
+    tools_sync(remote_tools=[{"name": "notes.append", "description": "append", "inputSchema": {"type": "object"}}])
+    # A typo is not a tool: nothing is priced or published.
+    r = admin_client.post("/admin/billing/toolprice/add/", {"tool": "notes.apend", "credits": "0.5"})
+    assert r.status_code == 200
+    assert b"Select a valid choice" in r.content
+    assert not ToolPrice.objects.filter(tool="notes.apend").exists()
+    r = admin_client.post("/admin/billing/toolprice/add/", {"tool": "notes.append", "credits": "0.5"})
     assert r.status_code == 302, r.content[:500]
-    assert selectors.tool_price("partner.notes.write") == D("0.5")
+    assert selectors.tool_price("notes.append") == D("0.5")
+    # Prices can be removed (through the audited service).
+    r = admin_client.post("/admin/billing/toolprice/notes.append/delete/", {"post": "yes"})
+    assert r.status_code == 302, r.content[:500]
+    assert selectors.tool_price("notes.append") is None
+    assert AuditEvent.objects.filter(event="pricing.tool_price_removed", tool="notes.append").count() == 1
+    r = admin_client.post("/admin/billing/toolprice/add/", {"tool": "notes.append", "credits": "0.5"})
+    assert r.status_code == 302
     r = admin_client.post("/admin/billing/serviceprice/compute/change/", {"credits_per_unit": "2"})
     assert r.status_code == 302, r.content[:500]
     assert selectors.price_for_category("compute") == D("2")
-    assert AuditEvent.objects.filter(event__startswith="pricing.").count() == 2
+    assert AuditEvent.objects.filter(event__startswith="pricing.").count() == 4
 
     factories.make_sponsor("acme", 10)
     entry = LedgerEntry.objects.first()

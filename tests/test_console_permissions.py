@@ -233,3 +233,14 @@ def test_emergency_revocation_from_the_console_covers_the_subtree(tenant: Tenant
     assert APIKey.objects.get(pk=tenant.sponsor_key_id).status == "active"
     event = AuditEvent.objects.get(event="api_key.emergency_revoked")
     assert event.detail["actor"] == f"admin:{user.get_username()}"
+
+
+def test_removing_an_approver_is_audited(tenant: Tenant) -> None:
+    alice = get_user_model().objects.create_user("alice", password="pw-for-tests-only")
+    approver = TenantApprover.objects.create(user=alice, tenant=tenant.sponsor)
+    client, user = staff("permits.view_tenantapprover", "permits.delete_tenantapprover")
+    r = client.post(f"/admin/permits/tenantapprover/{approver.pk}/delete/", {"post": "yes"})
+    assert r.status_code == 302, r.content[:300]
+    assert not TenantApprover.objects.filter(pk=approver.pk).exists()
+    event = AuditEvent.objects.get(event="approver.removed")
+    assert event.detail == {"user": "alice", "actor": f"admin:{user.get_username()}"}
