@@ -14,9 +14,11 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth.views import redirect_to_login
 from django.db.models import Count
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_safe
 from drf_spectacular.utils import OpenApiResponse, extend_schema
@@ -26,6 +28,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from config.authentication import AllowAnyone, optional_principal, principal
+from config.errors import NotFound, json_error
 from config.pagination import parse_body, parse_query
 from config.schema import error_responses
 from mcpgateway import discovery, health, preflight
@@ -574,7 +577,8 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     report = health.dependency_report(tool=None)
     outcomes = _outcome_counts(now - timedelta(hours=24))
-    is_staff = bool(request.user.is_authenticated and request.user.is_staff)
+    # The evidence index lists every tenant's receipts: staff with the receipts view permission only.
+    is_staff = _may_inspect_evidence(request)
     context: dict[str, Any] = {
         "version": settings.SERVICE_VERSION,
         "report": report,
@@ -590,3 +594,72 @@ def dashboard(request: HttpRequest) -> HttpResponse:
     response = render(request, "site/dashboard.html", context)
     response["Cache-Control"] = "no-store" if is_staff else "no-cache"
     return response
+
+
+def _may_inspect_evidence(request: HttpRequest) -> bool:
+    user = request.user
+    return bool(user.is_authenticated and user.is_staff and user.has_perm("receipts.view_receipt"))
+
+
+def _staff_receipt(request: HttpRequest, receipt_id: str) -> Any:
+    from receipts.models import Receipt
+
+    if not _may_inspect_evidence(request):
+        return None
+    return Receipt.objects.filter(receipt_id=receipt_id).first()
+
+
+def _evidence_json(request: HttpRequest, receipt_id: str, build: Any) -> HttpResponse:
+    if not request.user.is_authenticated:
+        return redirect_to_login(request.get_full_path(), login_url=reverse("approvals-login"))
+    receipt = _staff_receipt(request, receipt_id)
+    if receipt is None:
+        return json_error(request, NotFound("No such receipt.", receipt_id=receipt_id))
+    response = JsonResponse(build(receipt), json_dumps_params={"indent": 2})
+    response["Cache-Control"] = "no-store"
+    return response
+
+
+@require_safe
+def dashboard_evidence(request: HttpRequest, receipt_id: str) -> HttpResponse:
+    """The evidence bundle of ``GET /v1/evidence/{id}``, for a staff session (the dashboard's links)."""
+    from receipts.selectors import evidence_bundle
+    from receipts.serializers import EvidenceBundleResponse
+
+    return _evidence_json(request, receipt_id, lambda r: EvidenceBundleResponse(evidence_bundle(r)).data)
+
+
+@require_safe
+def dashboard_portable(request: HttpRequest, receipt_id: str) -> HttpResponse:
+    """The portable receipt of ``GET /v1/receipts/{id}/portable``, for a staff session."""
+    from receipts.selectors import portable_receipt
+
+    return _evidence_json(request, receipt_id, portable_receipt)
+
+
+LANDING_LINKS = [
+    ("Dashboard", "/dashboard", "Status of the gateway and its dependencies; the evidence index for staff."),
+    ("API reference", "/docs", "Interactive OpenAPI documentation (also /redoc and /openapi.json)."),
+    ("Approvals", "/approvals/", "For people who approve agents' permit requests."),
+    ("Operator console", "/admin/", "Wallets, credits, keys, prices, permits and reconciliation."),
+    ("Agent manifest", "/.well-known/agent.json", "Where an agent starts: the bootstrap sequence."),
+    ("llms.txt", "/llms.txt", "The service described for language models."),
+]
+
+
+@require_safe
+def landing(request: HttpRequest) -> HttpResponse:
+    """``/``: an HTML page for browsers, JSON for API clients (content negotiation on ``Accept``)."""
+    accept = request.headers.get("Accept", "")
+    html, json_ = accept.find("text/html"), accept.find("application/json")
+    wants_html = html != -1 and (json_ == -1 or html < json_)  # browsers list text/html first
+    if wants_html:
+        return render(request, "site/landing.html", {"links": LANDING_LINKS, "version": settings.SERVICE_VERSION})
+    return JsonResponse(
+        {
+            "name": "Tollgate",
+            "version": settings.SERVICE_VERSION,
+            "description": "Transaction-integrity gateway for consequential actions taken by autonomous AI agents.",
+            "links": {title.lower().replace(" ", "_"): href for title, href, _ in LANDING_LINKS},
+        }
+    )

@@ -23,7 +23,10 @@ def site_urlpatterns(*, proof_surfaces: bool) -> list[URLPattern]:
         path("v1/discover", site.DiscoverView.as_view(), name="discover"),
         path("v1/launch/preflight", site.LaunchPreflightView.as_view(), name="launch-preflight"),
         path("health/dependencies", site.HealthDependenciesView.as_view(), name="health-dependencies"),
+        path("", site.landing, name="landing"),
         path("dashboard", site.dashboard, name="dashboard"),
+        path("dashboard/evidence/<str:receipt_id>", site.dashboard_evidence, name="dashboard-evidence"),
+        path("dashboard/portable/<str:receipt_id>", site.dashboard_portable, name="dashboard-portable"),
     ]
     if proof_surfaces:
         patterns.append(path("proof/", site.ProofSurfaceIndexView.as_view(), name="proof-index"))

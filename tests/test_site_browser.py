@@ -5,6 +5,7 @@ Every request a page makes must stay on loopback: the pages use local assets onl
 
 from __future__ import annotations
 
+import json
 from urllib.parse import urlparse
 
 import pytest
@@ -31,7 +32,10 @@ def test_dashboard_anonymous_and_staff(live_server):
     tenant = make_tenant("dash")
     receipt = make_receipt(tenant)
     make_receipt(tenant, outcome="delivery_uncertain")
-    get_user_model().objects.create_user(username="ops", password="pw-ops-correct-horse", is_staff=True)
+    from django.contrib.auth.models import Group
+
+    ops = get_user_model().objects.create_user(username="ops", password="pw-ops-correct-horse", is_staff=True)
+    ops.groups.add(Group.objects.get(name="Read-only auditor"))
 
     with browser_page() as page:
         page.goto(f"{live_server.url}/dashboard")
@@ -56,8 +60,19 @@ def test_dashboard_anonymous_and_staff(live_server):
         index = page.inner_text("#evidence-index")
         assert receipt.receipt_id in index
         assert "delivery_uncertain" in index
-        assert page.query_selector(f'a[href="/v1/evidence/{receipt.receipt_id}"]') is not None
-        assert page.query_selector(f'a[href="/v1/receipts/{receipt.receipt_id}/portable"]') is not None
+        # The evidence links work with the console session (no API key in a browser).
+        page.click(f'a[href="/dashboard/evidence/{receipt.receipt_id}"]')
+        page.wait_for_load_state("load")
+        bundle = json.loads(page.inner_text("body"))
+        assert bundle["receipt"]["receipt_id"] == receipt.receipt_id
+        assert bundle["verification"]["receipt_signature"] == "ok"
+        screenshot(page, "dashboard-evidence-with-session")
+        page.go_back()
+        page.click(f'a[href="/dashboard/portable/{receipt.receipt_id}"]')
+        page.wait_for_load_state("load")
+        assert json.loads(page.inner_text("body"))["receipt_id"] == receipt.receipt_id
+        page.go_back()
+        page.wait_for_selector("#evidence-index")
         assert page.inner_text("#signing-key-id").startswith("sig_")
         assert page.query_selector("#chain-heads") is not None
         screenshot(page, "dashboard-staff")

@@ -73,7 +73,10 @@ def test_logged_in_non_staff_sees_aggregates_only(receipts, tenant):
 
 
 def test_staff_sees_the_evidence_index(receipts, tenant):
+    from django.contrib.auth.models import Permission
+
     staff = get_user_model().objects.create_user(username="ops", password="pw-ops-12345", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_receipt"))
     client = Client()
     client.force_login(staff)
     r = client.get("/dashboard")
@@ -81,8 +84,12 @@ def test_staff_sees_the_evidence_index(receipts, tenant):
     assert 'id="evidence-index"' in html
     for receipt in receipts:
         assert receipt.receipt_id in html
-        assert f'href="/v1/evidence/{receipt.receipt_id}"' in html
-        assert f'href="/v1/receipts/{receipt.receipt_id}/portable"' in html
+        assert f'href="/dashboard/evidence/{receipt.receipt_id}"' in html
+        assert f'href="/dashboard/portable/{receipt.receipt_id}"' in html
+        evidence = client.get(f"/dashboard/evidence/{receipt.receipt_id}")
+        assert evidence.status_code == 200
+        assert evidence.json()["receipt"]["receipt_id"] == receipt.receipt_id
+        assert client.get(f"/dashboard/portable/{receipt.receipt_id}").json()["receipt_id"] == receipt.receipt_id
     assert tenant.agent.wallet_id in html
     assert '<span class="badge warn">delivery_uncertain</span>' in html
     active = SigningKey.objects.get(state=SigningKeyState.ACTIVE)
@@ -97,3 +104,33 @@ def test_staff_sees_the_evidence_index(receipts, tenant):
 def test_dashboard_is_linked_in_the_nav():
     html = Client().get("/dashboard").content.decode()
     assert '<span class="brand">Tollgate</span>\n    <a href="/dashboard">Dashboard</a>' in html
+
+
+def test_evidence_links_need_a_staff_session_with_the_permission(receipts):
+    receipt_id = receipts[0].receipt_id
+    anonymous = Client().get(f"/dashboard/evidence/{receipt_id}")
+    assert anonymous.status_code == 302
+    assert anonymous["Location"].startswith("/approvals/login")
+    staff = get_user_model().objects.create_user(username="clerk", password="pw-clerk-12345", is_staff=True)
+    client = Client()
+    client.force_login(staff)
+    for path in (f"/dashboard/evidence/{receipt_id}", f"/dashboard/portable/{receipt_id}"):
+        r = client.get(path)
+        assert r.status_code == 404
+        assert receipt_id not in r.content.decode().replace(f'"receipt_id": "{receipt_id}"', "").replace(
+            f'"receipt_id":"{receipt_id}"', ""
+        )
+    assert 'id="evidence-index"' not in client.get("/dashboard").content.decode()
+
+
+def test_root_is_a_landing_page_for_browsers_and_json_for_clients():
+    page = Client().get("/", HTTP_ACCEPT="text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8")
+    assert page.status_code == 200
+    assert page["Content-Type"].startswith("text/html")
+    html = page.content.decode()
+    for href in ("/dashboard", "/docs", "/approvals/", "/admin/"):
+        assert f'href="{href}"' in html
+    api = Client().get("/", HTTP_ACCEPT="application/json")
+    assert api.json()["name"] == "Tollgate"
+    assert api.json()["links"]["operator_console"] == "/admin/"
+    assert Client().get("/").json()["version"] == "1.3.0"
