@@ -1,8 +1,9 @@
 """A governed tool call through a local gateway with the official MCP Python SDK.
 
-    .venv/bin/python examples/sdk_call.py [--gateway http://127.0.0.1:8000]
+    .venv/bin/python examples/sdk_call.py [--gateway http://127.0.0.1:8000] [--credentials FILE]
 
-Uses the demo agent key and permit that `make run` writes to .data/demo-credentials.json.
+Uses the demo agent key and permit that `make run` writes to .data/demo-credentials.json, and the
+gateway address written there (the port `make run` serves on); --gateway overrides it.
 """
 
 from __future__ import annotations
@@ -10,8 +11,10 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import sys
 import uuid
 from pathlib import Path
+from typing import Any
 
 import httpx
 import httpx2
@@ -19,7 +22,7 @@ from mcp.client import Client
 from mcp.client.streamable_http import streamable_http_client
 
 
-async def main(gateway: str, creds: dict[str, str]) -> None:
+async def call(gateway: str, creds: dict[str, Any]) -> None:
     http = httpx2.AsyncClient(headers={"X-API-Key": creds["agent_api_key"]})
     async with Client(streamable_http_client(f"{gateway}/mcp", http_client=http)) as client:
         tools = await client.list_tools()
@@ -40,9 +43,29 @@ async def main(gateway: str, creds: dict[str, str]) -> None:
     print("evidence verification:", evidence["verification"])
 
 
-if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--gateway", default="http://127.0.0.1:8000")
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="A governed tool call through the gateway with the MCP SDK.")
+    parser.add_argument("--gateway", help="the gateway's address (default: the one in the credentials file)")
     parser.add_argument("--credentials", default=".data/demo-credentials.json")
-    args = parser.parse_args()
-    asyncio.run(main(args.gateway, json.loads(Path(args.credentials).read_text())))
+    args = parser.parse_args(argv)
+    try:
+        creds = json.loads(Path(args.credentials).read_text())
+    except (OSError, ValueError) as err:
+        print(f"error: cannot read {args.credentials} ({err}); `make run` writes it on first start.", file=sys.stderr)
+        return 1
+    gateway = (args.gateway or creds.get("gateway") or "http://127.0.0.1:8000").rstrip("/")
+    try:
+        httpx.get(f"{gateway}/health", timeout=5).raise_for_status()
+    except httpx.HTTPError as err:
+        print(f"error: no gateway answers at {gateway} ({type(err).__name__}); is `make run` running?", file=sys.stderr)
+        return 1
+    try:
+        asyncio.run(call(gateway, creds))
+    except Exception as err:  # one readable line, not the SDK's task-group traceback
+        print(f"error: the governed call failed: {type(err).__name__}: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
