@@ -20,6 +20,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 
 from billing import services
+from billing.exceptions import money_display
 from billing.models import (
     APIKey,
     APIKeyStatus,
@@ -165,14 +166,6 @@ def console_actor(request: HttpRequest) -> str:
 def has_perm(request: HttpRequest, permission: str) -> bool:
     """Django's model permission check (``app_label.codename``); never ``is_staff`` alone."""
     return bool(request.user.is_active and request.user.has_perm(permission))
-
-
-def money_display(value: Decimal | None) -> str:
-    """Credits for people: thousands separators, no trailing zeros beyond what matters."""
-    if value is None:
-        return "—"
-    text = f"{value:,.8f}".rstrip("0").rstrip(".")
-    return text if "." in text else f"{text}"
 
 
 def _failure(exc: Exception) -> str:

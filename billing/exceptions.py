@@ -15,6 +15,14 @@ def money(value: Decimal) -> str:
     return f"{Decimal(value).quantize(Decimal('0.00000001')):f}"
 
 
+def money_display(value: Decimal | None) -> str:
+    """Credits for people (pages, the console): thousands separators, no trailing zeros. None is a dash."""
+    if value is None:
+        return "—"
+    text = f"{Decimal(value).quantize(Decimal('0.00000001')):,f}"
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 class SpendRefused(PermissionDeniedError):
     """Base of the spend controls' 403 refusals."""
 

@@ -47,8 +47,10 @@ def _visible_request(request: HttpRequest, request_id: str) -> PermitRequest:
 @login_required
 def detail(request: HttpRequest, request_id: str) -> HttpResponse:
     preq = _visible_request(request, request_id)
-    now = timezone.now()
-    context = {"preq": preq, "status": preq.effective_status(now), "now": now}
+    context = {
+        **selectors.permit_request_card_context(preq, approval_url=request.build_absolute_uri()),
+        "show_decide_link": False,  # the decision form is on this page
+    }
     return render(request, "permits/approvals_detail.html", context)
 
 

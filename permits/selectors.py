@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
@@ -9,7 +10,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from billing.models import Wallet
-from billing.selectors import scope_to_caller
+from billing.selectors import scope_to_caller, tool_price, wallet_spend
 from config.authentication import Principal
 from config.errors import NotFound
 from permits.exceptions import PolicyReadOnly
@@ -163,3 +164,57 @@ def approval_queue(user: Any) -> QuerySet[PermitRequest]:
         .select_related("wallet", "permit")
         .order_by("-created_at")
     )
+
+
+# --- The permit request card ----------------------------------------------------------------
+
+
+def _no_descriptions(names: list[str]) -> dict[str, str]:
+    return {}
+
+
+# Set by the gateway app (mcpgateway.apps), which owns the tool registry; permits cannot import it.
+describe_tools: Callable[[list[str]], dict[str, str]] = _no_descriptions
+
+
+def duration_words(seconds: float) -> str:
+    """A duration for people: "2 hours", "1 day 6 hours", "45 minutes", "less than a minute"."""
+    seconds = max(0, int(seconds))
+    parts = []
+    for unit, size in (("day", 86_400), ("hour", 3_600), ("minute", 60)):
+        count, seconds = divmod(seconds, size)
+        if count:
+            parts.append(f"{count} {unit}{'s' if count != 1 else ''}")
+        if len(parts) == 2:
+            break
+    return " ".join(parts) if parts else "less than a minute"
+
+
+def permit_request_card_context(preq: PermitRequest, *, approval_url: str) -> dict[str, Any]:
+    """What the approval card shows a non-technical approver: each tool with its description and price,
+    the wallet's balance and daily spend beside the allowance, durations in words, the request's own
+    expiry apart from the permit's lifetime, and the decision once taken (then no "decide" link)."""
+    now = timezone.now()
+    descriptions = describe_tools(list(preq.allowed_tools))
+    tools = [
+        {
+            "name": name,
+            "description": descriptions.get(name, ""),
+            "price": tool_price(name) if "*" not in name else None,
+        }
+        for name in preq.allowed_tools
+    ]
+    wallet = preq.wallet
+    status = preq.effective_status(now)
+    return {
+        "preq": preq,
+        "status": status,
+        "pending": status == PermitRequestStatus.PENDING,
+        "approval_url": approval_url,
+        "now": now,
+        "tools": tools,
+        "balance": wallet.balance,
+        "daily_spent": wallet_spend(wallet, now=now).today,
+        "permit_lifetime": duration_words(preq.permit_ttl_seconds),
+        "request_expires_in": duration_words((preq.expires_at - now).total_seconds()),
+    }

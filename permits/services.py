@@ -536,7 +536,12 @@ def permit_request_notify(*, request_id: str) -> int:
     )
     if not recipients:
         return 0
-    context = {"preq": preq, "approval_url": approval_url(preq.request_id), "now": timezone.now()}
+    from permits.selectors import permit_request_card_context
+
+    context = {
+        **permit_request_card_context(preq, approval_url=approval_url(preq.request_id)),
+        "show_decide_link": True,
+    }
     html = render_to_string("permits/card.html", context)
     text = (
         f"Permit request {preq.request_id} from wallet {preq.wallet_id}\n"

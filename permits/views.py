@@ -291,10 +291,8 @@ class PermitRequestCardView(APIView):
     )
     def get(self, request: Request, request_id: str) -> HttpResponse:
         preq = selectors.permit_request_for_caller(principal(request), request_id)
-        html = render_to_string(
-            "permits/card_page.html",
-            {"preq": preq, "approval_url": services.approval_url(preq.request_id), "now": timezone.now()},
-        )
+        card = selectors.permit_request_card_context(preq, approval_url=services.approval_url(preq.request_id))
+        html = render_to_string("permits/card_page.html", {**card, "show_decide_link": True}, request=request._request)
         return HttpResponse(html, content_type="text/html; charset=utf-8")
 
     def finalize_response(self, request: Request, response: Any, *args: Any, **kwargs: Any) -> Any:
