@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -18,6 +19,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
 
 from billing import services
 from billing.exceptions import money_display
@@ -168,6 +170,18 @@ def has_perm(request: HttpRequest, permission: str) -> bool:
     return bool(request.user.is_active and request.user.has_perm(permission))
 
 
+def credits_cell(value: Decimal | None) -> str:
+    """A right-aligned credits cell for list pages (1,250.5)."""
+    return format_html('<span class="credits" style="display:block;text-align:right">{}</span>', money_display(value))
+
+
+def changelist_link(model: str, label: str, **query: str) -> str:
+    """A link to ``app.model``'s list page filtered by ``query`` (for "related objects" fields)."""
+    app_label, model_name = model.split(".")
+    url = reverse(f"admin:{app_label}_{model_name}_changelist") + "?" + urlencode(query)
+    return format_html('<a href="{}">{}</a>', url, label)
+
+
 def _failure(exc: Exception) -> str:
     if isinstance(exc, ApplicationError):
         return f"{exc.code}: {exc.detail_message}"
@@ -178,10 +192,33 @@ def _failure(exc: Exception) -> str:
 
 @admin.register(Wallet)
 class WalletAdmin(admin.ModelAdmin):
-    list_display = ["wallet_id", "wallet_type", "name", "status", "balance", "total_spent", "tenant_id", "created_at"]
+    list_display = ["wallet_id", "wallet_type", "name", "status", "balance_col", "spent_col", "parent", "created_at"]
     list_filter = ["wallet_type", "status"]
     search_fields = ["wallet_id", "name", "tenant_id"]
-    readonly_fields = [f.name for f in Wallet._meta.fields]
+    ordering = ["-created_at"]
+    date_hierarchy = "created_at"
+    readonly_fields = ["related", *[f.name for f in Wallet._meta.fields]]
+
+    @admin.display(description="balance", ordering="balance")
+    def balance_col(self, obj: Wallet) -> str:
+        return credits_cell(obj.balance)
+
+    @admin.display(description="spent", ordering="total_spent")
+    def spent_col(self, obj: Wallet) -> str:
+        return credits_cell(obj.total_spent)
+
+    @admin.display(description="related")
+    def related(self, obj: Wallet) -> str:
+        links = [
+            changelist_link("billing.ledgerentry", "ledger", account=obj.wallet_id),
+            changelist_link("billing.apikey", "API keys", wallet__wallet_id__exact=obj.wallet_id),
+            changelist_link("billing.wallet", "child wallets", parent__wallet_id__exact=obj.wallet_id),
+            changelist_link("permits.permit", "permits", wallet__wallet_id__exact=obj.wallet_id),
+            changelist_link("receipts.receipt", "receipts", wallet__wallet_id__exact=obj.wallet_id),
+            changelist_link("audit.auditevent", "audit events", wallet_id=obj.wallet_id),
+        ]
+        return format_html_join(" · ", "{}", ((link,) for link in links))
+
     actions = [
         "provision_credits",
         "fund_from_parent",
@@ -445,10 +482,19 @@ class _ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(_ReadOnlyAdmin):
-    list_display = ["created_at", "entry_id", "account", "kind", "amount", "balance_after", "counterparty", "tenant_id"]
+    list_display = ["created_at", "account", "kind", "amount_col", "balance_after_col", "description"]
     list_filter = ["kind", "service_category"]
     search_fields = ["entry_id", "transaction_id", "account", "tenant_id", "correlation_id"]
-    ordering = ["-created_at"]
+    ordering = ["-created_at", "-entry_id"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description="amount", ordering="amount")
+    def amount_col(self, obj: LedgerEntry) -> str:
+        return credits_cell(obj.amount)
+
+    @admin.display(description="balance after", ordering="balance_after")
+    def balance_after_col(self, obj: LedgerEntry) -> str:
+        return credits_cell(obj.balance_after)
 
 
 @admin.register(ChargeIdempotency)
@@ -521,7 +567,8 @@ class APIKeyCreateForm(forms.ModelForm):
 class APIKeyAdmin(ServiceSavedAdmin):
     list_display = ["key_id", "wallet", "name", "status", "created_at", "revoked_at"]
     list_filter = ["status"]
-    search_fields = ["key_id", "name", "wallet__wallet_id"]
+    search_fields = ["key_id", "name", "wallet__wallet_id", "created_by_key_id"]
+    ordering = ["-created_at"]
     # The secret hash is deliberately not shown anywhere in the console.
     readonly_fields = [
         "key_id",

@@ -126,6 +126,8 @@ class ActionAdmin(admin.ModelAdmin):
     list_display = ["action_id", "created_at", "wallet", "tool", "state", "outcome", "price", "receipt"]
     list_filter = ["state", "outcome", "transport"]
     search_fields = ["action_id", "idempotency_key", "wallet__wallet_id", "tool"]
+    ordering = ["-created_at"]
+    date_hierarchy = "created_at"
     actions = ["reconciled_executed", "reconciled_not_executed"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:

@@ -31,7 +31,8 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 class PermitAdmin(ReadOnlyAdmin):
     list_display = ["permit_id", "wallet", "status", "max_credits", "spent_credits", "calls_used", "expires_at"]
     list_filter = ["status"]
-    search_fields = ["permit_id", "wallet__wallet_id", "tenant_id"]
+    search_fields = ["permit_id", "wallet__wallet_id", "tenant_id", "subject_key_id"]
+    ordering = ["-created_at"]
     actions = ["revoke_selected"]
 
     def has_revoke_permit_permission(self, request: HttpRequest) -> bool:
@@ -74,6 +75,7 @@ class PermitRequestAdmin(ReadOnlyAdmin):
     list_display = ["request_id", "wallet", "status", "max_credits", "created_at", "decided_by", "permit"]
     list_filter = ["status"]
     search_fields = ["request_id", "wallet__wallet_id", "tenant_id"]
+    ordering = ["-created_at"]
 
 
 @admin.register(Quote)
@@ -81,6 +83,7 @@ class QuoteAdmin(ReadOnlyAdmin):
     list_display = ["quote_id", "wallet", "tool", "quoted_credits", "status", "expires_at"]
     list_filter = ["status"]
     search_fields = ["quote_id", "tool", "wallet__wallet_id"]
+    ordering = ["-created_at"]
 
 
 @admin.register(PolicyBundle)

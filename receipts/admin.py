@@ -7,8 +7,9 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.utils.html import format_html_join
 
-from billing.admin import confirmation_page, console_actor, has_perm, money_display
+from billing.admin import changelist_link, confirmation_page, console_actor, credits_cell, has_perm, money_display
 from config.errors import ApplicationError
 from receipts import services
 from receipts.models import Outcome, Receipt, RefundReconciliation
@@ -16,13 +17,30 @@ from receipts.models import Outcome, Receipt, RefundReconciliation
 
 @admin.register(Receipt)
 class ReceiptAdmin(admin.ModelAdmin):
-    list_display = ["receipt_id", "created_at", "wallet", "tool", "outcome", "credits_charged"]
+    list_display = ["receipt_id", "created_at", "wallet", "tool", "outcome", "credits_col"]
     list_filter = ["outcome"]
-    search_fields = ["receipt_id", "action_id", "wallet__wallet_id", "tool"]
+    search_fields = ["receipt_id", "action_id", "wallet__wallet_id", "api_key_id", "tool"]
+    ordering = ["-created_at"]
+    date_hierarchy = "created_at"
+
+    @admin.display(description="credits", ordering="credits_charged")
+    def credits_col(self, obj: Receipt) -> str:
+        return credits_cell(obj.credits_charged)
+
+    @admin.display(description="related")
+    def related(self, obj: Receipt) -> str:
+        links = [
+            changelist_link("mcpgateway.action", "action", action_id=obj.action_id),
+            changelist_link("audit.auditevent", "audit event", event_id=obj.audit_event_id or ""),
+        ]
+        if obj.ledger_entry_id:
+            links.append(changelist_link("billing.ledgerentry", "ledger entry", entry_id=obj.ledger_entry_id))
+        return format_html_join(" · ", "{}", ((link,) for link in links))
+
     actions = ["mark_not_executed"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in Receipt._meta.fields]
+        return ["related", *[f.name for f in Receipt._meta.fields]]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -74,6 +92,8 @@ class ReceiptAdmin(admin.ModelAdmin):
 class RefundReconciliationAdmin(admin.ModelAdmin):
     list_display = ["receipt", "amount", "status", "origin", "attempts", "last_error", "created_at", "resolved_at"]
     list_filter = ["status", "origin"]
+    search_fields = ["receipt__receipt_id", "receipt__wallet__wallet_id"]
+    ordering = ["-created_at"]
     actions = ["retry_selected"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:

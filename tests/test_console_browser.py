@@ -1,0 +1,110 @@
+"""The console in Chromium at 1366x768: lists readable without horizontal scrolling, links between related
+objects, the index summary, and the first job of a new operator (a sponsor and an agent wallet, a key)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+
+from billing.models import APIKey, Wallet
+from tests.browser import browser_page, require_chromium, screenshot
+from tests.conftest import make_tenant
+from tests.test_receipts import make_receipt
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+VIEWPORT = {"width": 1366, "height": 768}
+
+
+def _login(page: Any, url: str, path: str) -> None:
+    page.goto(f"{url}/admin/login/?next={path}")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", "pw-for-tests-only")
+    page.click("input[type=submit]")
+
+
+def _no_horizontal_scroll(page: Any) -> None:
+    width = page.evaluate("document.scrollingElement.scrollWidth")
+    assert width <= VIEWPORT["width"], f"{page.url} is {width}px wide"
+
+
+def test_lists_summary_and_links_at_1366(live_server: Any) -> None:
+    require_chromium()
+    get_user_model().objects.create_superuser("root", "", "pw-for-tests-only")
+    tenant = make_tenant("glance")
+    receipt = make_receipt(tenant, outcome="delivery_uncertain")
+    with browser_page(viewport=VIEWPORT) as page:
+        _login(page, live_server.url, "/admin/")
+        page.wait_for_selector("#console-summary")
+        assert page.inner_text("#summary-uncertain") == "0"  # receipts made directly: no uncertain action
+        assert "glance" in page.inner_text("#summary-tenants")
+        screenshot(page, "console-index-summary")
+        for path, artifact in (
+            ("/admin/receipts/receipt/", "console-receipts"),
+            ("/admin/billing/ledgerentry/", "console-ledger"),
+            ("/admin/billing/wallet/", "console-wallets"),
+            ("/admin/billing/apikey/", "console-keys"),
+        ):
+            page.goto(f"{live_server.url}{path}")
+            page.wait_for_selector("#result_list")
+            _no_horizontal_scroll(page)
+            screenshot(page, artifact)
+        # Receipts show tool, outcome and credits; newest first.
+        page.goto(f"{live_server.url}/admin/receipts/receipt/")
+        row = page.inner_text("#result_list tbody tr:first-child")
+        assert receipt.tool in row
+        assert "Delivery Uncertain" in row
+        # A wallet links to its ledger, keys, children, permits and receipts.
+        page.goto(f"{live_server.url}/admin/billing/wallet/{tenant.agent.wallet_id}/change/")
+        page.click(".field-related a:text-is('ledger')")
+        page.wait_for_selector("#result_list")
+        assert tenant.agent.wallet_id in page.inner_text("#result_list")
+        page.go_back()
+        page.click(".field-related a:text-is('receipts')")
+        page.wait_for_selector("#result_list")
+        assert receipt.receipt_id in page.inner_text("#result_list")
+        # A receipt links to its action, ledger entry and audit event.
+        page.goto(f"{live_server.url}/admin/receipts/receipt/{receipt.receipt_id}/change/")
+        page.click(".field-related a:text-is('audit event')")
+        page.wait_for_selector("#result_list")
+        assert receipt.audit_event_id in page.inner_text("#result_list")
+
+
+def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    require_chromium()
+    # Playwright's sync API runs an event loop in this thread; the ORM checks below are plain reads.
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    get_user_model().objects.create_superuser("root", "", "pw-for-tests-only")
+    with browser_page(viewport=VIEWPORT) as page:
+        _login(page, live_server.url, "/admin/billing/wallet/add/")
+        page.wait_for_selector("#wallet-create")
+        page.check("input[name=kind][value=sponsor]")
+        page.fill("#id_name", "acme")
+        page.fill("#id_amount", "1000")
+        page.click("#create-wallet")
+        page.wait_for_selector(".messagelist .success")
+        sponsor = Wallet.objects.get(name="acme")
+        page.goto(f"{live_server.url}/admin/billing/wallet/add/")
+        page.check("input[name=kind][value=agent]")
+        page.select_option("#id_parent", sponsor.wallet_id)
+        page.fill("#id_name", "acme-bot")
+        page.fill("#id_amount", "100")
+        page.fill("#id_daily_limit", "25")
+        page.click("#create-wallet")
+        page.wait_for_selector(".messagelist .success")
+        agent = Wallet.objects.get(name="acme-bot")
+        assert (agent.balance, agent.daily_limit) == (100, 25)
+        screenshot(page, "console-wallet-created")
+        page.goto(f"{live_server.url}/admin/billing/apikey/add/")
+        page.select_option("#id_wallet", agent.wallet_id)
+        page.fill("#id_name", "bot key")
+        page.click("input[name=_save]")
+        page.wait_for_selector("#api-key-secret")
+        secret = page.inner_text("#api-key-secret").strip()
+        assert secret.startswith("tg_key_")
+        screenshot(page, "console-key-secret")
+        page.reload()
+        page.wait_for_selector("#secret-gone")
+        assert secret not in page.content()
+        assert APIKey.objects.filter(wallet=agent).count() == 1
