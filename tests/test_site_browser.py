@@ -32,10 +32,11 @@ def test_dashboard_anonymous_and_staff(live_server):
     tenant = make_tenant("dash")
     receipt = make_receipt(tenant)
     make_receipt(tenant, outcome="delivery_uncertain")
-    from django.contrib.auth.models import Group
+    from django.contrib.auth.models import Permission
 
     ops = get_user_model().objects.create_user(username="ops", password="pw-ops-correct-horse", is_staff=True)
-    ops.groups.add(Group.objects.get(name="Read-only auditor"))
+    # A permission, not the group: transactional tests flush the groups a data migration created.
+    ops.user_permissions.add(Permission.objects.get(content_type__app_label="receipts", codename="view_receipt"))
 
     with browser_page() as page:
         page.goto(f"{live_server.url}/dashboard")
