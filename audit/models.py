@@ -33,6 +33,27 @@ class ChainHead(models.Model):
         return f"{self.chain}@{self.seq}"
 
 
+class ChainVerificationRecord(models.Model):
+    """The latest ``POST /v1/audit/verify-chain`` of one chain: when, what range, and its verdict.
+
+    Kept apart from ``ChainHead`` so that recording a verification never waits on (or holds up)
+    the appends that lock the head. Shown on the console's index page.
+    """
+
+    chain = models.CharField(max_length=64, primary_key=True)
+    verified_at = models.DateTimeField()
+    from_seq = models.BigIntegerField()
+    to_seq = models.BigIntegerField()
+    valid = models.BooleanField()
+    reason = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        db_table = "audit_chain_verification"
+
+    def __str__(self) -> str:
+        return f"{self.chain} {'valid' if self.valid else self.reason} at {self.verified_at:%Y-%m-%d %H:%M}"
+
+
 class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
     """Audit events are append-only: bulk updates and deletes are refused."""
 

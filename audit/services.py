@@ -572,6 +572,7 @@ def audit_chain_verify(
     from_seq: int = 1,
     to_seq: int | None = None,
     checkpoint: Mapping[str, Any] | None = None,
+    record: bool = False,
 ) -> ChainVerification:
     """Recompute ``chain`` from ``from_seq`` to ``to_seq`` (default: its head) and report the first break.
 
@@ -583,7 +584,8 @@ def audit_chain_verify(
     must verify and is compared with the recomputed hash at its size: a chain
     now shorter than the checkpoint was truncated; a different hash means the
     events below it were rewritten. A valid walk from seq 1 ends with a new
-    signed checkpoint naming the range it covers. The caller has checked access to ``chain``.
+    signed checkpoint naming the range it covers. With ``record`` (the verify-chain endpoint) the
+    verdict is kept as the chain's latest verification. The caller has checked access to ``chain``.
     """
     from audit.signing import sign_statement
 
@@ -611,6 +613,19 @@ def audit_chain_verify(
         }
         result = sign_statement(statement)
         signed = {**result.statement, "signature": result.signature}
+    if record:
+        from audit.models import ChainVerificationRecord
+
+        ChainVerificationRecord.objects.update_or_create(
+            chain=chain,
+            defaults={
+                "verified_at": timezone.now(),
+                "from_seq": from_seq,
+                "to_seq": walk.to_seq,
+                "valid": walk.valid,
+                "reason": (walk.reason or "")[:64],
+            },
+        )
     return ChainVerification(
         valid=walk.valid,
         chain=chain,

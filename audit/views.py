@@ -87,6 +87,7 @@ class AuditChainVerifyView(APIView):
             from_seq=data["from_seq"],
             to_seq=data.get("to_seq"),
             checkpoint=data.get("checkpoint"),
+            record=True,
         )
         return Response(AuditChainVerifyResponse(result).data)
 

@@ -56,6 +56,10 @@ def console_summary(request: HttpRequest) -> dict[str, Any]:
         from audit.models import Alert
 
         summary["alerts_24h"] = Alert.objects.filter(created_at__gte=now - timedelta(hours=24)).count()
+    if user.has_perm("audit.view_auditevent"):
+        from audit.models import ChainVerificationRecord
+
+        summary["last_verification"] = ChainVerificationRecord.objects.order_by("-verified_at").first() or "never"
     return summary
 
 

@@ -244,3 +244,15 @@ def test_removing_an_approver_is_audited(tenant: Tenant) -> None:
     assert not TenantApprover.objects.filter(pk=approver.pk).exists()
     event = AuditEvent.objects.get(event="approver.removed")
     assert event.detail == {"user": "alice", "actor": f"admin:{user.get_username()}"}
+
+
+def test_the_index_shows_the_last_chain_verification(tenant: Tenant) -> None:
+    client, _ = staff("audit.view_auditevent")
+    assert "none yet" in client.get("/admin/").content.decode()
+    r = tenant.sponsor_client.post("/v1/audit/verify-chain", {}, format="json")
+    assert r.status_code == 200
+    page = client.get("/admin/").content.decode()
+    assert f"{tenant.sponsor.tenant_id}: valid" in page
+    # A user without the audit permission sees no such figure.
+    other, _ = staff("billing.view_wallet")
+    assert "Last audit chain verification" not in other.get("/admin/").content.decode()
