@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
 from django.core.exceptions import PermissionDenied
-from django.http import Http404, HttpRequest, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from rest_framework import exceptions as drf_exceptions
 from rest_framework import status
 from rest_framework.response import Response
@@ -236,16 +236,34 @@ def json_error(request: HttpRequest, err: ApplicationError) -> JsonResponse:
     return response
 
 
-def handler404(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
-    return json_error(request, NotFound())
-
-
 def handler500(request: HttpRequest) -> JsonResponse:
     return json_error(request, InternalError())
 
 
-def handler403(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:
+HUMAN_PAGES = ("/admin/", "/approvals/", "/dashboard")
+
+
+def _for_a_person(request: HttpRequest) -> bool:
+    """A browser on the console, approval or dashboard pages gets an HTML error page; API clients JSON."""
+    accept = request.headers.get("Accept", "")
+    return request.path.startswith(HUMAN_PAGES) and "text/html" in accept
+
+
+def handler403(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if _for_a_person(request):
+        from django.template.response import TemplateResponse
+
+        response = TemplateResponse(request, "403.html", {"path": request.path}, status=403)
+        return response.render()
     return json_error(request, PermissionDeniedError())
+
+
+def handler404(request: HttpRequest, exception: Exception | None = None) -> HttpResponse:
+    if _for_a_person(request):
+        from django.template.response import TemplateResponse
+
+        return TemplateResponse(request, "404.html", {"path": request.path}, status=404).render()
+    return json_error(request, NotFound())
 
 
 def handler400(request: HttpRequest, exception: Exception | None = None) -> JsonResponse:

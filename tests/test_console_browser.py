@@ -108,3 +108,72 @@ def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch
         page.wait_for_selector("#secret-gone")
         assert secret not in page.content()
         assert APIKey.objects.filter(wallet=agent).count() == 1
+
+
+def test_permissions_throttling_prices_and_approvers_in_the_browser(
+    live_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from django.contrib.auth.models import Permission
+
+    from billing.models import ToolPrice
+    from mcpgateway.services import tools_sync
+    from permits.models import TenantApprover
+
+    require_chromium()
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    get_user_model().objects.create_superuser("root", "", "pw-for-tests-only")
+    viewer = get_user_model().objects.create_user("viewer", password="pw-viewer-only", is_staff=True)
+    viewer.user_permissions.add(Permission.objects.get(content_type__app_label="billing", codename="view_wallet"))
+    get_user_model().objects.create_user("alice", password="pw-alice-approver")
+    tenant = make_tenant("flows")
+    tools_sync(remote_tools=[{"name": "notes.append", "description": "Append a note.", "inputSchema": {}}])
+
+    with browser_page(viewport=VIEWPORT) as page:
+        # 1. A staff user who may only view wallets is not offered money-moving actions.
+        page.goto(f"{live_server.url}/admin/login/?next=/admin/billing/wallet/")
+        page.fill("#id_username", "viewer")
+        page.fill("#id_password", "pw-viewer-only")
+        page.click("input[type=submit]")
+        page.wait_for_selector("#result_list")
+        options = page.eval_on_selector_all("select[name=action] option", "els => els.map(e => e.value)")
+        assert "provision_credits" not in options
+        assert "close_wallets" not in options
+        screenshot(page, "console-view-only-wallets")
+        page.goto(f"{live_server.url}/admin/receipts/receipt/")
+        assert page.query_selector("#forbidden") is not None  # a page for a person, not JSON
+
+    with browser_page(viewport=VIEWPORT) as page:
+        # 2. Guessing passwords is stopped with a clear page.
+        for i in range(13):
+            page.goto(f"{live_server.url}/admin/login/")
+            page.fill("#id_username", "root")
+            page.fill("#id_password", f"wrong-{i}")
+            page.click("input[type=submit]")
+        page.wait_for_selector("#locked")
+        assert "Retry in" in page.inner_text("#locked")
+        screenshot(page, "console-login-locked")
+
+    monkeypatch.setattr("django.conf.settings.RATE_LIMIT_REQUESTS", 10_000)  # the lock is per client address
+    with browser_page(viewport=VIEWPORT) as page:
+        _login(page, live_server.url, "/admin/billing/toolprice/add/")
+        # 8. Prices are set on synced tools only, and can be removed.
+        page.wait_for_selector("#id_tool")
+        choices = page.eval_on_selector_all("#id_tool option", "els => els.map(e => e.value)")
+        assert choices == ["", "notes.append"]
+        page.select_option("#id_tool", "notes.append")
+        page.fill("#id_credits", "0.5")
+        page.click("input[name=_save]")
+        page.wait_for_selector(".messagelist .success")
+        assert ToolPrice.objects.get(tool="notes.append").credits == 0.5
+        page.goto(f"{live_server.url}/admin/billing/toolprice/notes.append/delete/")
+        page.click("input[type=submit]")
+        page.wait_for_selector(".messagelist .success")
+        assert not ToolPrice.objects.filter(tool="notes.append").exists()
+        # 10. Making a user an approver of a tenant.
+        page.goto(f"{live_server.url}/admin/permits/tenantapprover/add/")
+        page.select_option("#id_user", label="alice")
+        page.select_option("#id_tenant", tenant.sponsor.wallet_id)
+        page.click("input[name=_save]")
+        page.wait_for_selector(".messagelist .success")
+        assert TenantApprover.objects.filter(user__username="alice", tenant=tenant.sponsor).exists()
+        screenshot(page, "console-approver-added")
