@@ -257,38 +257,56 @@ def _revoke_lineage(*, roots: list[APIKey], reason: str, actor_key_id: str, excl
         if not _revoke(key, lineage_reason):
             continue
         revoked.append(key.key_id)
-        wallet = key.wallet
-        assert wallet is not None
-        KeyRotationLog.objects.create(
-            wallet=wallet,
-            tenant_id=wallet.tenant_id,
-            action=KeyLogAction.REVOKED,
-            key_id=key.key_id,
+        assert key.wallet is not None
+        _record_revocation(
+            key,
+            key.wallet,
             reason=lineage_reason,
             actor_key_id=actor_key_id,
-        )
-        alert_raise(
-            tenant_id=wallet.tenant_id,
-            wallet_id=wallet.wallet_id,
-            kind="api_key_revoked",
             message=f"API key {key.key_id} was revoked with the key that minted it.",
-            detail={"key_id": key.key_id, "reason": lineage_reason},
-        )
-        audit_record(
-            event="api_key.revoked",
-            ok=True,
-            tenant_id=wallet.tenant_id,
-            wallet_id=wallet.wallet_id,
-            key_id=actor_key_id or None,
             endpoint="/v1/api-keys",
-            detail={
-                "revoked_key_id": key.key_id,
-                "reason": lineage_reason,
-                "created_by_key_id": key.created_by_key_id,
-                "rotated_from": key.rotated_from,
-            },
+            created_by_key_id=key.created_by_key_id,
+            rotated_from=key.rotated_from,
         )
     return revoked
+
+
+def _record_revocation(
+    key: APIKey,
+    wallet: Wallet,
+    *,
+    reason: str,
+    actor_key_id: str,
+    message: str,
+    endpoint: str,
+    actor: str = "",
+    **detail: Any,
+) -> None:
+    """A key's revocation in its wallet's key log, an alert and an audit event. Caller holds the transaction."""
+    KeyRotationLog.objects.create(
+        wallet=wallet,
+        tenant_id=wallet.tenant_id,
+        action=KeyLogAction.REVOKED,
+        key_id=key.key_id,
+        reason=reason,
+        actor_key_id=actor_key_id,
+    )
+    alert_raise(
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        kind="api_key_revoked",
+        message=message,
+        detail={"key_id": key.key_id, "reason": reason},
+    )
+    audit_record(
+        event="api_key.revoked",
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint=endpoint,
+        detail={"revoked_key_id": key.key_id, "reason": reason, **detail, **({"actor": actor} if actor else {})},
+    )
 
 
 def _revoke(key: APIKey, reason: str) -> bool:
@@ -359,29 +377,14 @@ def api_key_revoke(
     revoked_now = _revoke(key, reason)
     _revoke_lineage(roots=[key], reason=reason, actor_key_id=actor_key_id)
     if revoked_now:
-        KeyRotationLog.objects.create(
-            wallet=wallet,
-            tenant_id=wallet.tenant_id,
-            action=KeyLogAction.REVOKED,
-            key_id=key.key_id,
+        _record_revocation(
+            key,
+            wallet,
             reason=reason,
             actor_key_id=actor_key_id,
-        )
-        alert_raise(
-            tenant_id=wallet.tenant_id,
-            wallet_id=wallet.wallet_id,
-            kind="api_key_revoked",
+            actor=actor,
             message=f"API key {key.key_id} was revoked ({reason}).",
-            detail={"key_id": key.key_id, "reason": reason},
-        )
-        audit_record(
-            event="api_key.revoked",
-            ok=True,
-            tenant_id=wallet.tenant_id,
-            wallet_id=wallet.wallet_id,
-            key_id=actor_key_id or None,
             endpoint="/v1/api-keys/{wallet_id}/{key_id}",
-            detail={"revoked_key_id": key.key_id, "reason": reason, **({"actor": actor} if actor else {})},
         )
     return key
 
