@@ -530,39 +530,11 @@ def test_a_quote_price_edited_after_signing_is_not_honoured(tenant: Tenant, demo
 
 
 def test_a_receipt_edited_after_signing_is_not_refunded(tenant: Tenant, operator_client: Any) -> None:
-    from decimal import Decimal
-
-    from django.db import transaction
-
-    from billing.services import ledger_debit
-    from mcpgateway.models import Tool
     from receipts.models import RefundReconciliation
-    from receipts.selectors import request_document_hash
-    from receipts.services import receipt_issue, refund_reconciliation_open
     from tests import factories
+    from tests.test_receipts import make_receipt
 
-    del Tool
-    factories.top_up(tenant.agent, 20)
-    document = {"tool": "clock.now", "arguments": {}}
-    with transaction.atomic():
-        entry = ledger_debit(wallet=tenant.agent.wallet_id, amount=Decimal("2"), service_category="tooling").entry
-        receipt = receipt_issue(
-            action_id=new_id("act"),
-            wallet=tenant.agent,
-            api_key_id=tenant.agent_key_id,
-            tool="clock.now",
-            outcome="failed_unrefunded",
-            request_document=document,
-            request_hash=request_document_hash(document),
-            response_hash="ab" * 32,
-            credits_authorized=Decimal("2"),
-            credits_charged=Decimal("2"),
-            permit=None,
-            ledger_entry=entry,
-            policy_decision_id=new_id("pdec"),
-            endpoint="/mcp",
-        )
-        refund_reconciliation_open(receipt=receipt, amount=Decimal("2"), origin="failed_unrefunded")
+    receipt = make_receipt(tenant, outcome="failed_unrefunded", owed=True)
     # Redirect the refund to another wallet of the tenant through the receipt's column.
     sibling = factories.make_wallet(tenant.sponsor, "sibling")
     with connection.cursor() as cur:
