@@ -148,9 +148,6 @@ class ActionAdmin(admin.ModelAdmin):
     def has_reconcile_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "receipts.reconcile")
 
-    @admin.action(
-        description="External reconciliation: the call WAS executed (keep the charge)", permissions=["reconcile"]
-    )
     def _confirm(
         self, request: HttpRequest, queryset: QuerySet[Action], action: str, executed: bool
     ) -> HttpResponse | None:
@@ -171,6 +168,9 @@ class ActionAdmin(admin.ModelAdmin):
             confirm_label="Yes, record it",
         )
 
+    @admin.action(
+        description="External reconciliation: the call WAS executed (keep the charge)…", permissions=["reconcile"]
+    )
     def reconciled_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
         page = self._confirm(request, queryset, "reconciled_executed", executed=True)
         if page is not None:
@@ -184,7 +184,7 @@ class ActionAdmin(admin.ModelAdmin):
         return None
 
     @admin.action(
-        description="External reconciliation: the call was NOT executed (refund owed)", permissions=["reconcile"]
+        description="External reconciliation: the call was NOT executed (refund owed)…", permissions=["reconcile"]
     )
     def reconciled_not_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
         page = self._confirm(request, queryset, "reconciled_not_executed", executed=False)

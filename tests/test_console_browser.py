@@ -108,6 +108,23 @@ def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch
         page.wait_for_selector("#secret-gone")
         assert secret not in page.content()
         assert APIKey.objects.filter(wallet=agent).count() == 1
+        # 7. Closing asks first, listing the balance that goes back, then closes.
+        page.goto(f"{live_server.url}/admin/billing/wallet/")
+        page.check(f"input.action-select[value='{agent.wallet_id}']")
+        page.select_option("select[name=action]", "close_wallets")
+        page.click("button[name=index]")
+        page.wait_for_selector("#confirm-objects")
+        assert "100" in page.inner_text("#confirm-objects")
+        assert Wallet.objects.get(pk=agent.wallet_id).status == "active"
+        screenshot(page, "console-close-confirmation")
+        page.click("#confirm-action")
+        page.wait_for_selector(".messagelist .success")
+        assert "Closed 1 wallet(s)" in page.inner_text(".messagelist")
+        assert Wallet.objects.get(pk=agent.wallet_id).status == "closed"
+        # 12. The console's "View site" leads to the landing page.
+        page.click("text=View site")
+        page.wait_for_selector("#landing-links")
+        assert "Operator console" in page.inner_text("#landing-links")
 
 
 def test_permissions_throttling_prices_and_approvers_in_the_browser(

@@ -14,9 +14,13 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
+from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.models import APIKey, Wallet
+from billing.services import wallet_freeze
+from config.ids import new_id
+from mcpgateway.models import Action
 from permits.models import Permit, TenantApprover
 from receipts.models import Receipt, RefundReconciliation
 from tests import factories
@@ -42,6 +46,9 @@ class World:
     permit_id: str
     receipt_id: str
     owed_receipt_id: str
+    frozen_wallet_id: str
+    action_id: str
+    executed_receipt_id: str
 
 
 def _world(tenant: Tenant) -> World:
@@ -51,7 +58,20 @@ def _world(tenant: Tenant) -> World:
     receipt = make_receipt(tenant, outcome="delivery_uncertain")
     owed = make_receipt(tenant, outcome="failed_unrefunded", owed=True)
     permit = Permit.objects.get(permit_id=receipt.permit_id)
-    return World(tenant, permit.permit_id, receipt.receipt_id, owed.receipt_id)
+    frozen = factories.make_wallet(tenant.sponsor, "frozen")
+    wallet_freeze(wallet=frozen, reason="test")
+    # A delivery_uncertain action (as the gateway leaves one) for the reconciliation actions.
+    uncertain = make_receipt(tenant, outcome="delivery_uncertain")
+    action = Action.objects.create(
+        action_id=uncertain.action_id, tenant_id=tenant.agent.tenant_id, wallet=tenant.agent, api_key_id="",
+        idempotency_key=new_id("k"), request_hash="0" * 64, tool=uncertain.tool, transport="mcp",
+        state="delivery_uncertain", outcome="delivery_uncertain", receipt=uncertain, created_at=timezone.now(),
+        claimed_at=timezone.now(), completed_at=timezone.now(),
+    )  # fmt: skip
+    return World(
+        tenant, permit.permit_id, receipt.receipt_id, owed.receipt_id, frozen.wallet_id, action.action_id,
+        uncertain.receipt_id,
+    )  # fmt: skip
 
 
 @dataclass
@@ -87,6 +107,18 @@ CASES = [
     Case("mark not executed", "/admin/receipts/receipt/", "mark_not_executed", "receipts.reconcile",
          lambda w: [w.receipt_id], {"apply": "1", "post": "yes"},
          lambda w: RefundReconciliation.objects.filter(receipt_id=w.receipt_id).count()),
+    Case("unfreeze", "/admin/billing/wallet/", "unfreeze_wallets", "billing.freeze_wallet",
+         lambda w: [w.frozen_wallet_id], {},
+         lambda w: Wallet.objects.get(pk=w.frozen_wallet_id).status),
+    Case("emergency revoke", "/admin/billing/wallet/", "emergency_revoke_keys", "billing.revoke_key",
+         lambda w: [w.tenant.agent.wallet_id], {"post": "yes"},
+         lambda w: APIKey.objects.get(pk=w.tenant.agent_key_id).status),
+    Case("reconciled executed", "/admin/mcpgateway/action/", "reconciled_executed", "receipts.reconcile",
+         lambda w: [w.action_id], {"post": "yes"},
+         lambda w: AuditEvent.objects.filter(event="reconciliation.marked_executed").count()),
+    Case("reconciled not executed", "/admin/mcpgateway/action/", "reconciled_not_executed", "receipts.reconcile",
+         lambda w: [w.action_id], {"post": "yes"},
+         lambda w: RefundReconciliation.objects.filter(receipt_id=w.executed_receipt_id).count()),
     Case("retry refund", "/admin/receipts/refundreconciliation/", "retry_selected", "receipts.reconcile",
          lambda w: [str(RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).pk)],
          {"apply": "1", "post": "yes"},
@@ -201,7 +233,16 @@ def test_roles_ship_as_groups() -> None:
     assert not any("create_operator_key" in perms for perms in groups.values())
 
 
-DESTRUCTIVE = ["close", "revoke key", "revoke permit", "mark not executed", "retry refund"]
+DESTRUCTIVE = [
+    "close",
+    "revoke key",
+    "revoke permit",
+    "mark not executed",
+    "retry refund",
+    "emergency revoke",
+    "reconciled executed",
+    "reconciled not executed",
+]
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if c.name in DESTRUCTIVE], ids=DESTRUCTIVE)
