@@ -35,6 +35,7 @@ __all__ = [
     "VerificationResult",
     "public_key_set",
     "sign_statement",
+    "statement_problem",
     "verify_statement",
     "verify_statement_bytes",
 ]
@@ -136,6 +137,24 @@ def verify_statement(
     """
     kid = statement.get("kid") if isinstance(statement, Mapping) else None
     return verify_statement_with_keys(statement, signature, _keys_for(kid), expected_type=expected_type)
+
+
+def statement_problem(
+    statement: Mapping[str, Any], signature: str, *, expected_type: str, columns: Mapping[str, Any]
+) -> str | None:
+    """Why stored ``columns`` cannot be trusted, or None: the one check of a signed row at use.
+
+    The signature must verify over the signed statement, and each column a decision reads
+    must equal what was signed (a column edited in the database after signing is tampering).
+    Returns ``bad_signature:<why>`` or ``statement_mismatch:<column>``.
+    """
+    result = verify_statement(statement, signature, expected_type=expected_type)
+    if not result.valid:
+        return f"bad_signature:{result.reason or 'invalid'}"
+    for name, value in columns.items():
+        if statement.get(name) != value:
+            return f"statement_mismatch:{name}"
+    return None
 
 
 def verify_statement_bytes(data: bytes, signature: str, *, expected_type: str | None = None) -> VerificationResult:

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from audit.canonical import iso_utc
 from audit.services import audit_record
-from audit.signing import sign_statement, verify_statement
+from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import Wallet
 from billing.selectors import tool_price, wallet_spend
@@ -85,20 +85,16 @@ PERMIT_SIGNED_FIELDS = (
 def permit_statement_problem(permit: Permit) -> str | None:
     """Why ``permit``'s stored columns cannot be trusted, or None: the one check of a permit at use.
 
-    The signature must verify over the signed statement, and every column that
-    authorization reads (``PERMIT_SIGNED_FIELDS``) must equal what was signed: a
-    column edited in the database after signing is a tampered permit. Returns a
-    reason (``bad_signature:<why>`` or ``statement_mismatch:<field>``).
+    Every column that authorization reads (``PERMIT_SIGNED_FIELDS``) must equal what
+    was signed (``audit.signing.statement_problem``).
     """
-    result = verify_statement(permit.signed_statement, permit.signature, expected_type="permit")
-    if not result.valid:
-        return f"bad_signature:{result.reason or 'invalid'}"
-    signed = permit.signed_statement
     stored = _permit_statement(permit)
-    for name in PERMIT_SIGNED_FIELDS:
-        if signed.get(name) != stored[name]:
-            return f"statement_mismatch:{name}"
-    return None
+    return statement_problem(
+        permit.signed_statement,
+        permit.signature,
+        expected_type="permit",
+        columns={name: stored[name] for name in PERMIT_SIGNED_FIELDS},
+    )
 
 
 def _quote_statement(quote: Quote) -> dict[str, Any]:
@@ -116,14 +112,9 @@ def _quote_statement(quote: Quote) -> dict[str, Any]:
 
 def quote_statement_problem(quote: Quote) -> str | None:
     """Why ``quote``'s columns (price, tool, wallet, expiry) disagree with its signed statement, or None."""
-    result = verify_statement(quote.signed_statement, quote.signature, expected_type="quote")
-    if not result.valid:
-        return f"bad_signature:{result.reason or 'invalid'}"
-    signed = quote.signed_statement
-    for name, value in _quote_statement(quote).items():
-        if signed.get(name) != value:
-            return f"statement_mismatch:{name}"
-    return None
+    return statement_problem(
+        quote.signed_statement, quote.signature, expected_type="quote", columns=_quote_statement(quote)
+    )
 
 
 @dataclass(frozen=True)

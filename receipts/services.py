@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from audit.canonical import iso_utc
 from audit.services import audit_record
-from audit.signing import sign_statement, verify_statement
+from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import LedgerEntry, Wallet
 from billing.services import ledger_refund
@@ -66,14 +66,9 @@ def receipt_statement_problem(receipt: Receipt) -> str | None:
     wallet, charge, permit and amounts) read the columns; a column edited after
     signing must not be trusted. Checks the signature, then each signed field.
     """
-    result = verify_statement(receipt.signed_statement, receipt.signature, expected_type="receipt")
-    if not result.valid:
-        return f"bad_signature:{result.reason or 'invalid'}"
-    signed = receipt.signed_statement
-    for name, value in receipt_statement(receipt).items():
-        if signed.get(name) != value:
-            return f"statement_mismatch:{name}"
-    return None
+    return statement_problem(
+        receipt.signed_statement, receipt.signature, expected_type="receipt", columns=receipt_statement(receipt)
+    )
 
 
 def receipt_issue(
