@@ -10,7 +10,12 @@ key and a permit, then measures at concurrency 1 and 8:
 * governed ``tools/call`` of ``math.add`` through ``POST /mcp`` (2026-07-28
   stateless requests, a fresh idempotency key per call: the full loop of
   authorize, reserve, debit, dispatch, receipt, audit);
-* the same ``tools/call`` sent directly to the upstream (the in-run reference).
+* the same ``tools/call`` sent directly to the upstream (the in-run reference);
+* at concurrency 8, the governed call spread over 8 agent wallets of one tenant (each
+  worker its own wallet, key and permit): calls on one wallet serialize on its row lock;
+* gateway CPU per governed call (utime + stime of the gunicorn master and workers over the
+  run, divided by the calls) and PostgreSQL CPU per call (the server's processes), read
+  from /proc.
 
 Everything (gateway, PostgreSQL, upstream, load generator) shares the machine,
 as the targets assume. Stops everything and drops the database at the end.
@@ -106,18 +111,60 @@ def call_body(tool: str, args: dict[str, Any], meta: dict[str, Any]) -> dict[str
     }
 
 
-def run_load(url: str, headers: dict[str, str], make_meta: Any, concurrency: int, seconds: float) -> dict[str, Any]:
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process_tree_cpu(root_pid: int) -> float:
+    """CPU seconds (user + system) of ``root_pid`` and its direct children, from /proc."""
+    total = 0.0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        pid, ppid = int(stat.parent.name), int(fields[1])
+        if pid == root_pid or ppid == root_pid:
+            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+    return total
+
+
+def postgres_pid(dsn: str) -> int | None:
+    """The PostgreSQL server's main process, when it runs on this machine."""
+    import psycopg
+
+    try:
+        with psycopg.connect(dsn) as conn:
+            data_dir = conn.execute("SHOW data_directory").fetchone()[0]  # type: ignore[index]
+        return int(Path(data_dir, "postmaster.pid").read_text().splitlines()[0])
+    except Exception:  # a remote server, or no permission: report nothing rather than a wrong figure
+        return None
+
+
+def run_load(
+    url: str,
+    headers: dict[str, str] | list[dict[str, str]],
+    make_meta: Any,
+    concurrency: int,
+    seconds: float,
+    cpu_of: dict[str, int | None] | None = None,
+) -> dict[str, Any]:
+    """Calls from ``concurrency`` threads for ``seconds``; worker i uses ``headers[i]`` and ``make_meta(i)``
+    when given lists/callables per worker. With ``cpu_of`` ({label: root pid}) also reports CPU ms per call."""
     latencies: list[float] = []
     errors = [0]
     lock = threading.Lock()
     stop_at = time.monotonic() + seconds
+    per_worker = isinstance(headers, list)
+    cpu_before = {k: process_tree_cpu(pid) for k, pid in (cpu_of or {}).items() if pid}
 
-    def worker() -> None:
+    def worker(index: int) -> None:
         local: list[float] = []
         bad = 0
-        with httpx.Client(headers=headers, timeout=30) as client:
+        worker_headers = headers[index % len(headers)] if isinstance(headers, list) else headers
+        meta_of = (lambda: make_meta(index)) if per_worker else make_meta
+        with httpx.Client(headers=worker_headers, timeout=30) as client:
             while time.monotonic() < stop_at:
-                body = call_body("math.add", {"a": 1, "b": 2}, make_meta())
+                body = call_body("math.add", {"a": 1, "b": 2}, meta_of())
                 started = time.perf_counter()
                 r = client.post(url, json=body)
                 local.append(time.perf_counter() - started)
@@ -127,7 +174,7 @@ def run_load(url: str, headers: dict[str, str], make_meta: Any, concurrency: int
             latencies.extend(local)
             errors[0] += bad
 
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
     started = time.monotonic()
     for t in threads:
         t.start()
@@ -136,7 +183,7 @@ def run_load(url: str, headers: dict[str, str], make_meta: Any, concurrency: int
     elapsed = time.monotonic() - started
     latencies.sort()
     n = len(latencies)
-    return {
+    result: dict[str, Any] = {
         "concurrency": concurrency,
         "calls": n,
         "errors": errors[0],
@@ -144,6 +191,10 @@ def run_load(url: str, headers: dict[str, str], make_meta: Any, concurrency: int
         "p50_ms": round(statistics.median(latencies) * 1000, 2) if n else None,
         "p99_ms": round(latencies[min(n - 1, int(n * 0.99))] * 1000, 2) if n else None,
     }
+    for label, pid in (cpu_of or {}).items():
+        if pid and n:
+            result[f"{label}_cpu_ms_per_call"] = round((process_tree_cpu(pid) - cpu_before[label]) / n * 1000, 2)
+    return result
 
 
 def main() -> int:
@@ -188,6 +239,7 @@ def main() -> int:
             [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
         )
         creds = json.loads(setup.stdout.strip().splitlines()[-1])
+        spread = creds["spread"]  # 8 agent wallets of the same tenant, each with its key and permit
         procs.append(
             subprocess.Popen(
                 [
@@ -200,6 +252,7 @@ def main() -> int:
             )
         )  # fmt: skip
         wait_http(f"http://127.0.0.1:{gateway_port}/health")
+        cpu_of = {"gateway": procs[-1].pid, "postgres": postgres_pid(dsn)}
 
         gateway_headers = {
             "X-API-Key": creds["secret"],
@@ -223,7 +276,13 @@ def main() -> int:
         results = {}
         for c in (1, 8):
             results[f"direct_c{c}"] = run_load(up_url, upstream_headers, direct_meta, c, args.seconds)
-            results[f"governed_c{c}"] = run_load(gw_url, gateway_headers, governed_meta, c, args.seconds)
+            results[f"governed_c{c}"] = run_load(gw_url, gateway_headers, governed_meta, c, args.seconds, cpu_of=cpu_of)
+        spread_headers = [{**gateway_headers, "X-API-Key": w["secret"]} for w in spread]
+
+        def spread_meta(index: int) -> dict[str, Any]:
+            return {"permit_id": spread[index % len(spread)]["permit_id"], "idempotency_key": uuid.uuid4().hex}
+
+        results["governed_spread_c8"] = run_load(gw_url, spread_headers, spread_meta, 8, args.seconds, cpu_of=cpu_of)
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d"),
@@ -233,7 +292,12 @@ def main() -> int:
             "throughput_ratio_c8": round(
                 results["governed_c8"]["calls_per_s"] / results["direct_c8"]["calls_per_s"], 2
             ),
-            "targets": {"governed_c8_calls_per_s": 400, "governed_c1_p50_ms": 6},
+            "targets": {
+                "governed_c8_calls_per_s": 400,
+                "governed_spread_c8_calls_per_s": 400,
+                "governed_c1_p50_ms": 6,
+                "gateway_cpu_ms_per_call": 3,
+            },
         }
         print("| path | concurrency | calls/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
         for name, r in results.items():
@@ -266,13 +330,22 @@ from decimal import Decimal
 from django.utils import timezone
 from billing.services import api_key_create, wallet_create_agent, wallet_create_sponsor
 from permits.services import permit_issue
-sponsor = wallet_create_sponsor(name="bench", initial_credits=Decimal("100000"))
+sponsor = wallet_create_sponsor(name="bench", initial_credits=Decimal("200000"))
 agent = wallet_create_agent(parent=sponsor, name="bench agent", initial_balance=Decimal("50000"))
 key = api_key_create(wallet=agent, name="bench")
 permit = permit_issue(wallet=agent, issuer_wallet=sponsor, issued_by_key_id="", allowed_tools=["*"],
     max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
     subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key="bench", request_hash="bench").permit
-print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id}))
+spread = []
+for i in range(8):
+    w = wallet_create_agent(parent=sponsor, name=f"bench agent {i}", initial_balance=Decimal("5000"))
+    k = api_key_create(wallet=w, name="bench")
+    p = permit_issue(wallet=w, issuer_wallet=sponsor, issued_by_key_id="", allowed_tools=["*"],
+        max_credits=Decimal("5000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
+        subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key=f"bench-{i}",
+        request_hash=f"bench-{i}").permit
+    spread.append({"secret": k.secret, "permit_id": p.permit_id})
+print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id, "spread": spread}))
 """
 
 

@@ -41,6 +41,7 @@ PY = sys.executable
 # Targets (bench/governed_call.py and bench/receipt_verify.py state them).
 GOVERNED_C8_CALLS_PER_S = 400
 GOVERNED_C1_P50_MS = 6.0
+GATEWAY_CPU_MS_PER_CALL = 3.0
 RECEIPT_VERIFICATIONS_PER_S = 5000
 
 
@@ -193,8 +194,35 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
             _ratio(g8["p50_ms"], d8["p50_ms"]),
         ),
     ]
+    spread = r.get("governed_spread_c8")
+    if spread is not None:
+        rows.append(
+            Row(
+                "governed `tools/call` throughput, concurrency 8 over 8 agent wallets of one tenant",
+                f"{_n(spread['calls_per_s'], 1)} calls/s",
+                f"direct upstream call: {_n(d8['calls_per_s'], 1)} calls/s",
+                _ratio(spread["calls_per_s"], d8["calls_per_s"]),
+                f">= {GOVERNED_C8_CALLS_PER_S} calls/s: {_met(spread['calls_per_s'] >= GOVERNED_C8_CALLS_PER_S)}",
+            )
+        )
+    for label, run in (("concurrency 1", g1), ("concurrency 8", g8)):
+        gateway_cpu, postgres_cpu = run.get("gateway_cpu_ms_per_call"), run.get("postgres_cpu_ms_per_call")
+        if gateway_cpu is None:
+            continue
+        rows.append(
+            Row(
+                f"gateway CPU per governed call, {label} (gunicorn utime + stime / calls)",
+                f"{_n(gateway_cpu, 2)} ms",
+                f"PostgreSQL CPU per call: {_n(postgres_cpu, 2) if postgres_cpu is not None else 'n/a'} ms",
+                _ratio(gateway_cpu, postgres_cpu),
+                f"<= {GATEWAY_CPU_MS_PER_CALL:g} ms: {_met(gateway_cpu <= GATEWAY_CPU_MS_PER_CALL)}",
+            )
+        )
     errors = sum(int(x.get("errors") or 0) for x in r.values())
-    notes = [f"gunicorn {f.get('gunicorn', '?')}; failed calls during the measurement: {errors}."]
+    notes = [
+        f"gunicorn {f.get('gunicorn', '?')}; failed calls during the measurement: {errors}.",
+        "Not measured yet: throughput after 100,000 earlier calls on the same wallet (the long-history case).",
+    ]
     return rows, notes
 
 
