@@ -14,6 +14,7 @@ from urllib.parse import urlencode
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import csrf_protect_m
+from django.contrib.admin.utils import quote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -276,7 +277,7 @@ class WalletAdmin(admin.ModelAdmin):
                     f"Created {wallet.wallet_type} wallet {wallet.wallet_id} ({wallet.name}).",
                     messages.SUCCESS,
                 )
-                return HttpResponseRedirect(reverse("admin:billing_wallet_change", args=[wallet.pk]))
+                return HttpResponseRedirect(reverse("admin:billing_wallet_change", args=[quote(wallet.pk)]))
         context = {
             **self.admin_site.each_context(request),
             "title": "Create a wallet",

@@ -67,3 +67,17 @@ def screenshot(page: Any, name: str) -> Path:
     path = ARTIFACTS / f"{name}.png"
     page.screenshot(path=str(path), full_page=True)
     return path
+
+
+def wait_for(page: Any, selector: str, timeout_ms: float = 30_000) -> Any:
+    """``page.wait_for_selector`` that, on a timeout, says which page it was on and what that page said."""
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:
+        return page.wait_for_selector(selector, timeout=timeout_ms)
+    except PlaywrightTimeout:
+        try:
+            text = page.inner_text("body")[:1500]
+        except Exception as exc:  # the page may be mid-navigation
+            text = f"(body unreadable: {exc})"
+        raise AssertionError(f"{selector!r} did not appear on {page.url}; the page said:\n{text}") from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 from decimal import Decimal
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 
 from audit.models import AuditEvent
@@ -178,7 +179,8 @@ def test_console_creates_a_sponsor_and_an_agent_through_the_services(admin_clien
     sponsor = Wallet.objects.get(name="acme")
     assert sponsor.wallet_type == "sponsor"
     assert sponsor.balance == D("1000")
-    assert r["Location"] == f"/admin/billing/wallet/{sponsor.pk}/change/"
+    assert r["Location"] == f"/admin/billing/wallet/{quote(sponsor.pk)}/change/"
+    assert admin_client.get(r["Location"]).status_code == 200
     r = admin_client.post(
         "/admin/billing/wallet/add/",
         {"kind": "agent", "parent": sponsor.pk, "name": "bot", "amount": "100", "budget": "500",

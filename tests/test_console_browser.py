@@ -6,10 +6,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 
 from billing.models import APIKey, Wallet
-from tests.browser import browser_page, require_chromium, screenshot
+from tests.browser import browser_page, require_chromium, screenshot, wait_for
 from tests.conftest import make_tenant
 from tests.test_receipts import make_receipt
 
@@ -56,17 +57,17 @@ def test_lists_summary_and_links_at_1366(live_server: Any) -> None:
         assert receipt.tool in row
         assert "Delivery Uncertain" in row
         # A wallet links to its ledger, keys, children, permits and receipts.
-        page.goto(f"{live_server.url}/admin/billing/wallet/{tenant.agent.wallet_id}/change/")
-        page.click(".field-related a:text-is('ledger')")
+        page.goto(f"{live_server.url}/admin/billing/wallet/{quote(tenant.agent.wallet_id)}/change/")
+        wait_for(page, ".field-related a:text-is('ledger')").click()
         page.wait_for_selector("#result_list")
         assert tenant.agent.wallet_id in page.inner_text("#result_list")
         page.go_back()
-        page.click(".field-related a:text-is('receipts')")
+        wait_for(page, ".field-related a:text-is('receipts')").click()
         page.wait_for_selector("#result_list")
         assert receipt.receipt_id in page.inner_text("#result_list")
         # A receipt links to its action, ledger entry and audit event.
-        page.goto(f"{live_server.url}/admin/receipts/receipt/{receipt.receipt_id}/change/")
-        page.click(".field-related a:text-is('audit event')")
+        page.goto(f"{live_server.url}/admin/receipts/receipt/{quote(receipt.receipt_id)}/change/")
+        wait_for(page, ".field-related a:text-is('audit event')").click()
         page.wait_for_selector("#result_list")
         assert receipt.audit_event_id in page.inner_text("#result_list")
 
@@ -160,13 +161,16 @@ def test_permissions_throttling_prices_and_approvers_in_the_browser(
         assert page.query_selector("#forbidden") is not None  # a page for a person, not JSON
 
     with browser_page(viewport=VIEWPORT) as page:
-        # 2. Guessing passwords is stopped with a clear page.
+        # 2. Guessing passwords is stopped with a clear page. Windows are fixed: one long window keeps
+        # the twelve failures in one however slowly the browser types.
+        monkeypatch.setattr("django.conf.settings.RATE_LIMIT_WINDOW_SECONDS", 86_400)
         for i in range(13):
             page.goto(f"{live_server.url}/admin/login/")
             page.fill("#id_username", "root")
             page.fill("#id_password", f"wrong-{i}")
             page.click("input[type=submit]")
-        page.wait_for_selector("#locked")
+            wait_for(page, "#id_username, #locked")
+        wait_for(page, "#locked")
         assert "Retry in" in page.inner_text("#locked")
         screenshot(page, "console-login-locked")
 
