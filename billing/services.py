@@ -65,8 +65,8 @@ from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django.db import connection, transaction
-from django.db.models import F, Q, Subquery, Sum
-from django.db.models.functions import Greatest, Now
+from django.db.models import F, Q, Sum
+from django.db.models.functions import Greatest
 from django.utils import timezone
 
 from audit.services import alert_raise, audit_record
@@ -104,7 +104,14 @@ from billing.models import (
     WalletStatus,
     WalletType,
 )
-from config.errors import Conflict, IdempotencyKeyInProgress, IdempotencyKeyReused, NotFound, RequestValidationError
+from config.errors import (
+    ApplicationError,
+    Conflict,
+    IdempotencyKeyInProgress,
+    IdempotencyKeyReused,
+    NotFound,
+    RequestValidationError,
+)
 from config.idempotency import request_hash
 from config.ids import new_id
 from config.middleware import get_request_id
@@ -486,35 +493,22 @@ def _check_may_spend(wallet: Wallet) -> None:
         raise WalletExpired(wallet_id=wallet.wallet_id)
 
 
-def _blocked_ancestor_of(wallet_id: str, ancestors: list[str]) -> Subquery:
-    """The highest ancestor (of ``ancestors``) that is not active or has expired, as a subquery."""
-    return Subquery(
-        Wallet.objects.filter(wallet_id__in=ancestors)
-        .filter(~Q(status=WalletStatus.ACTIVE) | Q(expires_at__lte=Now()))
-        .order_by("path")
-        .values("wallet_id")[:1]
-    )
-
-
 def _check_line_may_spend(wallet: Wallet) -> None:
     """A freeze covers the subtree: refuse (403) when any ancestor is frozen, expired or closed.
 
-    The refusal names the ancestor that stops the wallet. Uses the ``blocked_ancestor``
-    annotation when the wallet was loaded with it (``_lock_spender``), else one query.
+    The refusal names the ancestor that stops the wallet (the debit applies the same
+    rule in ``billing_debit``).
     """
     ancestors = wallet.ancestry[:-1]
     if not ancestors:
         return
-    if hasattr(wallet, "blocked_ancestor"):
-        blocked_id = wallet.blocked_ancestor
-    else:
-        blocked_id = (
-            Wallet.objects.filter(wallet_id__in=ancestors)
-            .filter(~Q(status=WalletStatus.ACTIVE) | Q(expires_at__lte=timezone.now()))
-            .order_by("path")
-            .values_list("wallet_id", flat=True)
-            .first()
-        )
+    blocked_id = (
+        Wallet.objects.filter(wallet_id__in=ancestors)
+        .filter(~Q(status=WalletStatus.ACTIVE) | Q(expires_at__lte=timezone.now()))
+        .order_by("path")
+        .values_list("wallet_id", flat=True)
+        .first()
+    )
     if blocked_id:
         _check_may_spend(Wallet.objects.get(wallet_id=blocked_id))
 
@@ -596,57 +590,8 @@ class DebitResult:
     """What ``ledger_debit`` posted: the charge entry (on the wallet) and the refill entry, if any."""
 
     entry: LedgerEntry
-    wallet: Wallet
     refill: LedgerEntry | None
     daily_spent: Decimal
-
-
-def spend_owners(wallet: Wallet) -> list[str]:
-    """The wallets whose spend windows a charge on ``wallet`` counts in, root first.
-
-    The wallet itself and every agent ancestor: an agent's budget, daily limit and
-    velocity bound its whole subtree. The sponsor at the root is never one (its
-    controls count only its own charges), unless it is the wallet charged.
-    """
-    return [*wallet.ancestry[1:-1], wallet.wallet_id]
-
-
-def _lock_spender(wallet: Wallet) -> Wallet:
-    """Lock ``wallet``'s row and read, in the same statement, whether an ancestor stops it."""
-    locked = (
-        Wallet.objects.select_for_update(no_key=True, of=("self",))
-        .filter(wallet_id=wallet.wallet_id)
-        .annotate(blocked_ancestor=_blocked_ancestor_of(wallet.wallet_id, wallet.ancestry[:-1]))
-        .first()
-    )
-    if locked is None:
-        raise NotFound("No such wallet.", wallet_id=wallet.wallet_id)
-    return locked
-
-
-def _lock_for_debit(wallet: Wallet | str, amount: Decimal) -> tuple[Wallet, Wallet | None, list[Wallet]]:
-    """Lock what a debit of ``wallet`` changes, ancestors first. Returns (wallet, refill parent, agent ancestors).
-
-    Locks, top-down: every agent ancestor (whose spend windows the charge counts in), the
-    parent when the debit will likely auto-refill (a hint read from ``wallet`` as given;
-    the decision is re-checked under the locks), then the wallet. Refunds take the same
-    order (``_lock_for_refund``), so the two never wait on each other in a cycle.
-    """
-    hint = wallet if isinstance(wallet, Wallet) else Wallet.objects.filter(wallet_id=wallet).first()
-    if hint is None:
-        raise NotFound("No such wallet.", wallet_id=str(wallet))
-    to_lock = spend_owners(hint)[:-1]
-    refill_parent_id = None
-    if hint.has_refill and hint.balance - amount < (hint.refill_threshold or ZERO):
-        assert hint.parent_id is not None
-        refill_parent_id = hint.parent_id
-        if refill_parent_id not in to_lock:
-            to_lock.append(refill_parent_id)
-    order = hint.ancestry
-    locked = {wallet_id: _lock(wallet_id) for wallet_id in sorted(to_lock, key=order.index)}
-    ancestors = [locked[wallet_id] for wallet_id in spend_owners(hint)[:-1]]
-    parent = locked[refill_parent_id] if refill_parent_id is not None else None
-    return _lock_spender(hint), parent, ancestors
 
 
 def _count_spend(*, owners: list[Wallet], tenant_id: str, hour: datetime, amount: Decimal) -> None:
@@ -679,102 +624,130 @@ def _count_spend(*, owners: list[Wallet], tenant_id: str, hour: datetime, amount
             owner.total_spent = max(owner.total_spent + amount, ZERO)
 
 
-def _debit_locked(
+def _refusal(row: dict[str, Any], amount: Decimal) -> ApplicationError | None:
+    """The exception for a refusal code of ``billing_debit`` (None for ``ok`` and ``replay``)."""
+    code, subject = row["code"], row["subject_id"]
+    if code in ("ok", "replay"):
+        return None
+    if code == "not_found":
+        return NotFound("No such wallet.", wallet_id=subject)
+    if code == "wallet_closed":
+        return WalletClosed(wallet_id=subject)
+    if code == "wallet_frozen":
+        return WalletFrozen(wallet_id=subject, frozen_reason=row["refusal_reason"])
+    if code == "wallet_expired":
+        return WalletExpired(wallet_id=subject)
+    if code == "insufficient_funds":
+        return InsufficientFunds(wallet_id=subject, balance=row["new_balance"], required=amount)
+    if code == "budget_exceeded":
+        return BudgetExceeded(
+            wallet_id=subject,
+            budget=money(row["figure_limit"]),
+            total_spent=money(row["figure"]),
+            required=money(amount),
+        )
+    if code == "daily_limit_exceeded":
+        return DailyLimitExceeded(
+            wallet_id=subject,
+            daily_limit=money(row["figure_limit"]),
+            daily_spent=money(row["figure"]),
+            required=money(amount),
+        )
+    if code == "velocity":
+        return VelocityLimitExceeded(
+            wallet_id=subject, window=row["spend_window"], spent=row["figure"], amount=amount, limit=row["figure_limit"]
+        )
+    raise RuntimeError(f"billing_debit answered an unknown code {code!r}")
+
+
+_DEBIT_SQL = (
+    "SELECT code, subject_id, wallet_tenant, new_balance, daily_spent, refilled, refill_parent, figure, "
+    "figure_limit, spend_window, refusal_reason "
+    "FROM billing_debit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
+_DEBIT_COLUMNS = _DEBIT_SQL[7 : _DEBIT_SQL.index(" FROM")].split(", ")
+
+
+def _debit(
     *,
-    wallet: Wallet,
-    parent: Wallet | None,
-    ancestors: list[Wallet],
+    wallet_id: str,
     amount: Decimal,
     service_category: str,
     units: Decimal | None,
     description: str,
     request_path: str,
     correlation_id: str,
-) -> DebitResult:
-    """Apply every spend control to locked ``wallet`` and its locked agent ``ancestors``, refill, then debit.
+    idempotency_key: str | None = None,
+) -> DebitResult | None:
+    """One call of the database function ``billing_debit`` (billing/migrations/0008): locks, rules, postings.
 
-    Order: status of the wallet and of every ancestor (403); funds, counting an
-    auto-refill the parent can pay (402, which freezes nothing); budget and daily
-    limit of the wallet and of every agent ancestor (403); velocity of the same
-    (403 ``wallet_frozen``; the caller then freezes the wallet named in the error).
+    Returns the posted entries, or None when ``idempotency_key`` names a charge
+    that committed while this call waited for the wallet's lock (a replay).
+    Raises the refusal as its exception. Caller holds the transaction.
     """
     now = timezone.now()
-    _check_may_spend(wallet)
-    _check_line_may_spend(wallet)
-    for ancestor in ancestors:
-        _check_may_spend(ancestor)
-    refill_due = (
-        parent is not None
-        and wallet.has_refill
-        and wallet.parent_id == parent.wallet_id
-        and wallet.balance - amount < (wallet.refill_threshold or ZERO)
-        and parent.status == WalletStatus.ACTIVE
-        and not parent.is_expired
-        and parent.balance >= (wallet.refill_amount or ZERO)
-    )
-    available = wallet.balance + ((wallet.refill_amount or ZERO) if refill_due else ZERO)
-    if available < amount:
-        raise InsufficientFunds(wallet_id=wallet.wallet_id, balance=wallet.balance, required=amount)
-    owners = [*ancestors, wallet]
-    windows = selectors.spend_windows([owner.wallet_id for owner in owners], now=now)
-    for owner in reversed(owners):
-        spend = windows[owner.wallet_id]
-        if owner.budget is not None and owner.total_spent + amount > owner.budget:
-            raise BudgetExceeded(
-                wallet_id=owner.wallet_id,
-                budget=money(owner.budget),
-                total_spent=money(owner.total_spent),
-                required=money(amount),
-            )
-        if owner.daily_limit is not None and spend.today + amount > owner.daily_limit:
-            raise DailyLimitExceeded(
-                wallet_id=owner.wallet_id,
-                daily_limit=money(owner.daily_limit),
-                daily_spent=money(spend.today),
-                required=money(amount),
-            )
-    for owner in reversed(owners):
-        spend = windows[owner.wallet_id]
-        if spend.last_hour + amount > VELOCITY_HOUR_LIMIT:
-            raise VelocityLimitExceeded(
-                wallet_id=owner.wallet_id,
-                window="hour",
-                spent=spend.last_hour,
-                amount=amount,
-                limit=VELOCITY_HOUR_LIMIT,
-            )
-        if spend.last_day + amount > VELOCITY_DAY_LIMIT:
-            raise VelocityLimitExceeded(
-                wallet_id=owner.wallet_id, window="day", spent=spend.last_day, amount=amount, limit=VELOCITY_DAY_LIMIT
-            )
-    refill = None
-    if refill_due:
-        assert parent is not None
-        assert wallet.refill_amount is not None
-        _, refill = _move(
-            kind=LedgerKind.REFILL,
-            tenant_id=wallet.tenant_id,
-            source=parent,
-            target=wallet,
-            amount=wallet.refill_amount,
-            description="auto-refill",
-            correlation_id=correlation_id,
+    correlation_id = (correlation_id or get_request_id() or "")[:128]
+    description, request_path = description[:500], request_path[:300]
+    ids = [new_id("ltx"), new_id("led"), new_id("led"), new_id("ltx"), new_id("led"), new_id("led")]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _DEBIT_SQL,
+            [
+                wallet_id,
+                amount,
+                now,
+                service_category,
+                units,
+                description,
+                request_path,
+                correlation_id,
+                ids,
+                VELOCITY_HOUR_LIMIT,
+                VELOCITY_DAY_LIMIT,
+                idempotency_key,
+            ],
         )
-    entry, _ = _move(
+        row = dict(zip(_DEBIT_COLUMNS, cursor.fetchone(), strict=True))
+    refusal = _refusal(row, amount)
+    if refusal is not None:
+        raise refusal
+    if row["code"] == "replay":
+        return None
+    tenant_id = row["wallet_tenant"]
+    common = {"tenant_id": tenant_id, "correlation_id": correlation_id, "created_at": now}
+    refill = None
+    if row["refilled"] is not None:
+        refill = LedgerEntry(
+            entry_id=ids[5],
+            transaction_id=ids[3],
+            wallet_id=wallet_id,
+            account=wallet_id,
+            counterparty=row["refill_parent"],
+            kind=LedgerKind.REFILL,
+            amount=row["refilled"],
+            balance_after=row["new_balance"] + amount,
+            description="auto-refill",
+            **common,
+        )
+    entry = LedgerEntry(
+        entry_id=ids[1],
+        transaction_id=ids[0],
+        wallet_id=wallet_id,
+        account=wallet_id,
+        counterparty=SystemAccount.REVENUE.value,
         kind=LedgerKind.CHARGE,
-        tenant_id=wallet.tenant_id,
-        source=wallet,
-        target=SystemAccount.REVENUE,
-        amount=amount,
+        amount=-amount,
+        balance_after=row["new_balance"],
         service_category=service_category,
         units=units,
         description=description,
         request_path=request_path,
-        correlation_id=correlation_id,
-        spend_delta=amount,
+        **common,
     )
-    _count_spend(owners=owners, tenant_id=wallet.tenant_id, hour=selectors.spend_hour(entry.created_at), amount=amount)
-    return DebitResult(entry=entry, wallet=wallet, refill=refill, daily_spent=windows[wallet.wallet_id].today + amount)
+    for posted in (refill, entry):
+        if posted is not None:
+            posted._state.adding = False  # written by the database function
+    return DebitResult(entry=entry, refill=refill, daily_spent=row["daily_spent"])
 
 
 def ledger_debit(
@@ -789,15 +762,17 @@ def ledger_debit(
 ) -> DebitResult:
     """Charge ``amount`` from ``wallet`` to revenue. Caller holds the transaction.
 
-    Takes the row locks itself (agent ancestors and the refill parent first, top
-    down, then the wallet), re-reads the wallet and applies every spend control
-    (see the module docstring). Raises ``WalletClosed``, ``WalletFrozen``,
-    ``WalletExpired``, ``BudgetExceeded``, ``DailyLimitExceeded`` (403) or
-    ``InsufficientFunds`` (402); the caller's transaction must then roll back.
-    ``VelocityLimitExceeded`` (a ``WalletFrozen``) additionally requires the
-    caller, once its transaction has rolled back, to call
-    ``wallet_freeze_for_velocity(exc=exc)``, which freezes the wallet whose
-    window would have gone over (the charged wallet or an agent ancestor).
+    One call of the database function ``billing_debit``, the only copy of the
+    spend rules: it takes the row locks (agent ancestors and the refill parent
+    first, top down, then the wallet) and applies every spend control (see
+    billing/migrations/0008_debit_function.py). Raises ``WalletClosed``,
+    ``WalletFrozen``, ``WalletExpired``, ``BudgetExceeded``,
+    ``DailyLimitExceeded`` (403) or ``InsufficientFunds`` (402); the caller's
+    transaction must then roll back. ``VelocityLimitExceeded`` (a
+    ``WalletFrozen``) additionally requires the caller, once its transaction has
+    rolled back, to call ``wallet_freeze_for_velocity(exc=exc)``, which freezes
+    the wallet whose window would have gone over (the charged wallet or an agent
+    ancestor).
 
     Writes no audit event: the caller records the movement (``ledger_audit``
     or its own event naming the entry) as the last statement of its
@@ -807,11 +782,8 @@ def ledger_debit(
     amount = to_money(amount)
     if amount <= 0:
         raise ValueError("a debit amount must be positive")
-    locked, parent, ancestors = _lock_for_debit(wallet, amount)
-    return _debit_locked(
-        wallet=locked,
-        parent=parent,
-        ancestors=ancestors,
+    result = _debit(
+        wallet_id=wallet.wallet_id if isinstance(wallet, Wallet) else wallet,
         amount=amount,
         service_category=service_category,
         units=units,
@@ -819,6 +791,8 @@ def ledger_debit(
         request_path=request_path,
         correlation_id=correlation_id,
     )
+    assert result is not None  # no idempotency key: never a replay
+    return result
 
 
 def ledger_refund(
@@ -855,7 +829,7 @@ def ledger_refund(
     path = Wallet.objects.filter(wallet_id=wallet_id).values_list("path", flat=True).first()
     if path is None:
         raise NotFound("No such wallet.", wallet_id=wallet_id)
-    # Agent ancestors first, then the wallet: the debit's lock order (``_lock_for_debit``).
+    # Agent ancestors first, then the wallet: the lock order of the debit (``billing_debit``).
     ancestors = [_lock(ancestor_id) for ancestor_id in path.split("/")[1:-1]]
     locked = _lock(wallet_id)
     if locked.status == WalletStatus.CLOSED:
@@ -1357,28 +1331,24 @@ def _charge(
             f"The charge amount (price {money(unit_price)} x units {money(units)}) is zero at 8 decimal places.",
             "amount_too_small",
         )
-    locked, parent, ancestors = _lock_for_debit(wallet, amount)
-    if idempotency_key is not None:
-        # Re-check under the lock: a duplicate that held the lock before us has committed its row.
-        record = ChargeIdempotency.objects.filter(wallet_id=wallet.wallet_id, key=idempotency_key).first()
-        if record is not None:
-            return _replay(record, request_hash)
-    result = _debit_locked(
-        wallet=locked,
-        parent=parent,
-        ancestors=ancestors,
+    result = _debit(
+        wallet_id=wallet.wallet_id,
         amount=amount,
         service_category=service_category,
         units=units,
         description=description,
         request_path=request_path,
         correlation_id=correlation_id,
+        idempotency_key=idempotency_key,
     )
+    if result is None:  # a duplicate that held the wallet's lock before us has committed its record
+        record = ChargeIdempotency.objects.get(wallet_id=wallet.wallet_id, key=idempotency_key)
+        return _replay(record, request_hash)
     body = charge_response_body(result=result, unit_price=unit_price, idempotency_key=idempotency_key)
     if idempotency_key is not None:
         ChargeIdempotency.objects.create(
-            wallet=locked,
-            tenant_id=locked.tenant_id,
+            wallet_id=wallet.wallet_id,
+            tenant_id=result.entry.tenant_id,
             key=idempotency_key,
             request_hash=request_hash,
             status=IdempotencyStatus.DONE,

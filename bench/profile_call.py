@@ -1,0 +1,170 @@
+"""Where one governed tools/call spends its time: a profile of the hot path, in one process.
+
+    .venv/bin/python bench/profile_call.py [--calls 300] [--top 25] [--json PATH]
+
+Sets up a throwaway database (as bench/governed_call.py does) and the bundled
+demo upstream, then sends governed ``tools/call`` requests through Django's
+WSGI handler in this process (no HTTP server in front: the figures are the
+gateway's own work plus its waits on PostgreSQL and the upstream). Reports:
+
+* SQL statements and database round trips per call (every statement Django
+  sends, counted by a connection execute wrapper; a statement is one round trip);
+* CPU and wall time per call in this process;
+* the top entries of a cProfile of the calls, by cumulative and by own time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import os
+import pstats
+import resource
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.governed_call import SETUP, call_body, database_url, free_port, to_url, wait_http  # noqa: E402
+
+DB_NAME = "bench_profile_call"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--calls", type=int, default=300)
+    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--json", help="write the figures to this file")
+    args = parser.parse_args()
+
+    admin_dsn, dsn = database_url(DB_NAME)
+    upstream_port = free_port()
+    env = {
+        **os.environ,
+        "DATABASE_URL": to_url(dsn),
+        "RATE_LIMIT_REQUESTS": "100000000",
+        "UPSTREAM_MCP_URL": f"http://127.0.0.1:{upstream_port}/mcp",
+        "LOG_LEVEL": "WARNING",
+        "PUBLIC_BASE_URL": "http://127.0.0.1:8000",
+        "SIGNING_KEY_FILE": str(ROOT / ".data" / "bench-keys" / "signing-keys.json"),
+    }
+    env.pop("TOLLGATE_TESTING", None)
+    upstream = None
+    try:
+        manage = [sys.executable, "manage.py"]
+        subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+        subprocess.run([*manage, "ensure_signing_key"], cwd=ROOT, env=env, check=True, capture_output=True)
+        upstream = subprocess.Popen(
+            [sys.executable, "-m", "mcpgateway.demo_upstream", "--port", str(upstream_port), "--stateless"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        wait_http(f"http://127.0.0.1:{upstream_port}/stats")
+        subprocess.run([*manage, "sync_tools"], cwd=ROOT, env=env, check=True, capture_output=True)
+        subprocess.run([*manage, "set_tool_price", "math.add", "0.0001"], cwd=ROOT, env=env, check=True)
+        setup = subprocess.run(
+            [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
+        )
+        creds = json.loads(setup.stdout.strip().splitlines()[-1])
+        os.environ.update(env)
+        report = profile(creds, args.calls, args.top)
+        print(report["text"])
+        if args.json:
+            Path(args.json).write_text(json.dumps({k: v for k, v in report.items() if k != "text"}, indent=2) + "\n")
+        return 0
+    finally:
+        if upstream is not None:
+            upstream.terminate()
+            upstream.wait(15)
+        import psycopg
+
+        with psycopg.connect(admin_dsn, autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{DB_NAME}" WITH (FORCE)')
+
+
+def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+    import django
+
+    django.setup()
+    from django.db import connection
+    from django.test import Client
+
+    client = Client(
+        HTTP_X_API_KEY=creds["secret"],
+        HTTP_MCP_PROTOCOL_VERSION="2026-07-28",
+        HTTP_MCP_METHOD="tools/call",
+        HTTP_MCP_NAME="math.add",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+
+    def one() -> None:
+        meta = {"permit_id": creds["permit_id"], "idempotency_key": uuid.uuid4().hex}
+        body = json.dumps(call_body("math.add", {"a": 1, "b": 2}, meta))
+        r = client.post("/mcp", data=body, content_type="application/json")
+        if r.status_code != 200 or b'"result"' not in r.content:
+            raise SystemExit(f"call failed: {r.status_code} {r.content[:300]!r}")
+
+    for _ in range(20):  # warm up: connections, caches, imports
+        one()
+
+    statements: Counter[str] = Counter()
+
+    def count(execute: Any, sql: str, params: Any, many: bool, context: Any) -> Any:
+        statements[" ".join(sql.split())[:90]] += 1
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(count):
+        for _ in range(20):
+            one()
+    per_call = sum(statements.values()) / 20
+
+    cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    for _ in range(calls):
+        one()
+    cpu1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    cpu_ms = ((cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)) / calls * 1000
+    wall_ms = (wall1 - wall0) / calls * 1000
+
+    profiler = cProfile.Profile(time.process_time)  # CPU time, not waits
+    profiler.enable()
+    for _ in range(calls):
+        one()
+    profiler.disable()
+    out = io.StringIO()
+    stats = pstats.Stats(profiler, stream=out)
+    stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("tottime").print_stats(top)
+
+    lines = [
+        f"governed tools/call in one process, {calls} calls",
+        f"CPU per call (this process): {cpu_ms:.2f} ms; wall per call: {wall_ms:.2f} ms",
+        f"SQL statements (= database round trips) per call: {per_call:.1f}",
+        "",
+        "statements per call:",
+        *[f"  {n / 20:4.1f}  {sql}" for sql, n in statements.most_common()],
+        "",
+        out.getvalue(),
+    ]
+    return {
+        "calls": calls,
+        "cpu_ms_per_call": round(cpu_ms, 2),
+        "wall_ms_per_call": round(wall_ms, 2),
+        "statements_per_call": per_call,
+        "statements": {sql: n / 20 for sql, n in statements.most_common()},
+        "text": "\n".join(lines),
+    }
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
