@@ -92,6 +92,8 @@ def start_server(env: dict[str, str], port: int, workers: int, threads: int) -> 
         PY,
         "-m",
         "gunicorn",
+        "-c",
+        "python:config.gunicorn",
         "config.wsgi:application",
         "--bind",
         f"127.0.0.1:{port}",

@@ -243,7 +243,7 @@ def main() -> int:
         procs.append(
             subprocess.Popen(
                 [
-                    sys.executable, "-m", "gunicorn", "config.wsgi:application",
+                    sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi:application",
                     "--bind", f"127.0.0.1:{gateway_port}", "--worker-class", "gthread",
                     "--workers", str(args.workers), "--threads", str(args.threads), "--log-level", "warning",
                 ],

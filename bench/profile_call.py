@@ -33,7 +33,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.governed_call import SETUP, call_body, database_url, free_port, to_url, wait_http  # noqa: E402
+sys.path.insert(0, str(ROOT / "bench"))
+from governed_call import SETUP, call_body, database_url, free_port, to_url, wait_http  # noqa: E402
 
 DB_NAME = "bench_profile_call"
 

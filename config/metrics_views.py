@@ -17,9 +17,9 @@ Where each figure comes from:
   index of claimed actions. The first two read every receipt and every
   charge/refund entry, so their cost grows with history; scrape every 15 s or
   more.
-* The shared counter store of :mod:`config.metrics` (Redis with ``CACHE_URL``,
-  else per process): requests by route and status, the upstream latency
-  histogram, rate-limit refusals.
+* ``prometheus-client`` (:mod:`config.metrics`; summed over every gunicorn
+  worker of the instance in its multiprocess mode): requests by route and
+  status, the upstream latency histogram, rate-limit refusals.
 """
 
 from __future__ import annotations
@@ -199,59 +199,13 @@ def _business_families(totals: BusinessTotals) -> list[Family]:
     ]
 
 
-def _upstream_histogram(store: metrics.StoreSnapshot) -> Family:
-    family = Family(
-        "tollgate_upstream_latency_seconds",
-        "histogram",
-        "Upstream tools/call latency in seconds, by result kind (shared store).",
-    )
-    per_kind: dict[str, dict[str, int]] = {}
-    for labels, n in store.family(metrics.UPSTREAM_BUCKET).items():
-        tags = dict(labels)
-        per_kind.setdefault(tags.get("kind", ""), {})[tags.get("le", "+Inf")] = n
-    sums = {dict(labels).get("kind", ""): n for labels, n in store.family(metrics.UPSTREAM_SUM_US).items()}
-    bounds = [metrics._format_le(b) for b in metrics.UPSTREAM_BUCKETS] + ["+Inf"]
-    for kind in sorted(per_kind):
-        counts = per_kind[kind]
-        cumulative = 0
-        for le in bounds:
-            cumulative += counts.get(le, 0)
-            family.add(cumulative, (("kind", kind), ("le", le)), "_bucket")
-        family.add(sums.get(kind, 0) / 1_000_000, (("kind", kind),), "_sum")
-        family.add(cumulative, (("kind", kind),), "_count")
-    return family
-
-
-def _store_families(store: metrics.StoreSnapshot) -> list[Family]:
-    backend, shared = metrics.store_backend()
-    requests = Family(
-        "tollgate_http_requests_total",
-        "counter",
-        "HTTP responses by method, URL pattern and status (shared store; per process on local memory).",
-    )
-    for labels, n in sorted(store.family(metrics.HTTP_REQUESTS).items()):
-        requests.add(n, labels)
-    refusals = Family(
-        "tollgate_rate_limit_refusals_total",
-        "counter",
-        "Requests refused with 429 by the rate limiter, by bucket kind (shared store).",
-    )
-    counted = {dict(labels).get("kind", ""): n for labels, n in store.family(metrics.RATE_LIMIT_REFUSALS).items()}
-    for kind in sorted(set(metrics.REFUSAL_KINDS) | set(counted)):
-        refusals.add(counted.get(kind, 0), (("kind", kind),))
-    return [
-        requests,
-        _upstream_histogram(store),
-        refusals,
-        Family(
-            "tollgate_metrics_store_info",
-            "gauge",
-            "The counter store: cache backend, and whether every process shares it.",
-        ).add(1, (("backend", backend), ("shared", "true" if shared else "false"))),
-        Family("tollgate_metrics_store_up", "gauge", "1 when the counter store could be read for this scrape.").add(
-            1 if store.available else 0
-        ),
-    ]
+def _store_info() -> Family:
+    directory = metrics.multiprocess_dir()
+    return Family(
+        "tollgate_metrics_store_info",
+        "gauge",
+        "Where the process-side counters come from: every worker of this instance (multiprocess) or one process.",
+    ).add(1, (("backend", "multiprocess" if directory else "process"), ("shared", "true" if directory else "false")))
 
 
 def metrics_exposition() -> str:
@@ -259,7 +213,7 @@ def metrics_exposition() -> str:
     build = Family("tollgate_build_info", "gauge", "Service version.").add(
         1, (("version", str(settings.SERVICE_VERSION)),)
     )
-    return render([build, *_business_families(business_totals()), *_store_families(metrics.snapshot())])
+    return render([build, *_business_families(business_totals()), _store_info()]) + metrics.exposition()
 
 
 # --- The view ---------------------------------------------------------------------------------------
@@ -321,7 +275,7 @@ class MetricsView(APIView):
             "Operator key, or `Authorization: Bearer <METRICS_SCRAPE_TOKEN>`. Business totals (governed "
             "actions by outcome, credits debited and refunded, swept actions, audit appends) are read from "
             "PostgreSQL and exact across processes; requests by route and status, upstream latency and "
-            "rate-limit refusals come from the shared counter store (per process without Redis)."
+            "rate-limit refusals are summed over the instance's workers (Prometheus aggregates instances)."
         ),
         responses={
             (200, "text/plain"): OpenApiResponse(OpenApiTypes.STR, description="Prometheus text format 0.0.4."),

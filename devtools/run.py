@@ -84,6 +84,8 @@ def main() -> int:
                     PY,
                     "-m",
                     "gunicorn",
+                    "-c",
+                    "python:config.gunicorn",
                     "config.wsgi:application",
                     "--bind",
                     f"127.0.0.1:{port}",

@@ -59,11 +59,13 @@ def running_gateway(
         "CONN_MAX_AGE": "60",
         # The same evidence key as this test process (its temporary key file).
         "SIGNING_KEY_FILE": str(keystore.key_file_path()),
+        # prometheus-client's multiprocess files (config/gunicorn.py), one directory per instance.
+        "PROMETHEUS_MULTIPROC_DIR": str(tmp_path / f"metrics-{port}"),
         **env,
         **(extra_env or {}),
     }
     cmd = [
-        sys.executable, "-m", "gunicorn", "config.wsgi:application",
+        sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi:application",
         "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
         "--workers", str(workers), "--threads", str(threads), "--graceful-timeout", "5",
         "--limit-request-line", "16384", "--timeout", "60",

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from datetime import timedelta
+from pathlib import Path
 
+import httpx
 import pytest
 from rest_framework.test import APIClient
 
@@ -20,6 +25,7 @@ from tests.upstream_server import FaultUpstream
 pytestmark = pytest.mark.django_db
 
 TOKEN = "scrape-" + "s" * 40
+ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})? (\S+)$")
 LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"(?:,|$)')
 
@@ -56,6 +62,15 @@ def parse(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
 
 def value(samples: dict, name: str, **labels: str) -> float:
     return samples.get((name, frozenset(labels.items())), 0.0)
+
+
+@pytest.fixture(autouse=True)
+def fresh_counters():
+    """The process-side counters live for the process; each test starts them at zero."""
+    for family in (metrics.HTTP_REQUESTS, metrics.UPSTREAM_LATENCY, metrics.RATE_LIMIT_REFUSALS):
+        family.clear()
+    for kind in metrics.REFUSAL_KINDS:
+        metrics.RATE_LIMIT_REFUSALS.labels(kind=kind)
 
 
 @pytest.fixture
@@ -145,7 +160,7 @@ def test_exposition_parses_and_names_every_family(scrape_token, django_assert_ma
         assert ("tollgate_governed_actions_total", frozenset({("outcome", outcome)})) in samples
     for kind in metrics.REFUSAL_KINDS:
         assert value(samples, "tollgate_rate_limit_refusals_total", kind=kind) == 0
-    assert value(samples, "tollgate_metrics_store_info", backend="LocMemCache", shared="false") == 1
+    assert value(samples, "tollgate_metrics_store_info", backend="process", shared="false") == 1
 
 
 def test_requests_are_counted_by_route_pattern_not_path(scrape_token, tenant):
@@ -204,7 +219,7 @@ def test_counters_move_after_governed_calls(scrape_token, fault, tenant):
         assert moved("tollgate_upstream_latency_seconds_bucket", kind=kind, le="+Inf") == 1
         assert value(after, "tollgate_upstream_latency_seconds_sum", kind=kind) > 0
     # Buckets are cumulative.
-    bounds = [metrics._format_le(b) for b in metrics.UPSTREAM_BUCKETS] + ["+Inf"]
+    bounds = [repr(float(b)) for b in metrics.UPSTREAM_BUCKETS] + ["+Inf"]
     counts = [value(after, "tollgate_upstream_latency_seconds_bucket", kind="success", le=le) for le in bounds]
     assert counts == sorted(counts)
 
@@ -259,19 +274,49 @@ def test_a_429_bumps_rate_limit_refusals(scrape_token, tenant, settings):
     assert value(samples, "tollgate_http_requests_total", method="GET", route=route, status="429") == 1
 
 
-def test_store_is_shared_through_the_cache(scrape_token):
-    """What another process wrote (a counter and its index slot) is exported by this one."""
-    from django.core.cache import cache
+WORKER = """
+import sys
+from config import metrics
+for _ in range(int(sys.argv[1])):
+    metrics.count_refusal("anonymous")
+metrics.observe_upstream(0.02, kind="success")
+"""
 
-    series = metrics._series(metrics.RATE_LIMIT_REFUSALS, (("kind", "anonymous"),))
-    metrics._known.pop(series, None)
-    key = metrics._key(series)
-    metrics._known.pop(series, None)  # as if only the other process had ever seen it
-    cache.set(key, 7, timeout=None)
-    cache.set(metrics._SLOT_COUNT, 1, timeout=None)
-    cache.set(f"{metrics.PREFIX}:slot:1", series, timeout=None)
+
+def test_a_scrape_sums_every_worker_of_the_instance(scrape_token, tmp_path, monkeypatch):
+    """Multiprocess mode (config/gunicorn.py): two worker processes count, any process's scrape sums both."""
+    directory = tmp_path / "metrics"
+    directory.mkdir()
+    env = {**os.environ, "PROMETHEUS_MULTIPROC_DIR": str(directory), "DJANGO_SETTINGS_MODULE": "config.settings"}
+    for count in (3, 4):
+        subprocess.run([sys.executable, "-c", WORKER, str(count)], cwd=ROOT, env=env, check=True)
+    assert len(list(directory.glob("counter_*.db"))) == 2  # one file per worker process
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
     samples = scrape(scraper())
     assert value(samples, "tollgate_rate_limit_refusals_total", kind="anonymous") == 7
+    assert value(samples, "tollgate_upstream_latency_seconds_count", kind="success") == 2
+    assert value(samples, "tollgate_metrics_store_info", backend="multiprocess", shared="true") == 1
+    # Business totals still come from PostgreSQL beside them.
+    assert ("tollgate_ledger_debits_total", frozenset()) in samples
+
+
+def test_gunicorn_workers_share_the_counters(scrape_token, tmp_path):
+    """A real gunicorn instance of two workers: requests answered by either worker are all counted."""
+    from tests.live import running_gateway
+
+    with running_gateway(tmp_path, workers=2, threads=2, METRICS_SCRAPE_TOKEN=TOKEN) as gateway:
+
+        def health_count() -> float:
+            r = httpx.get(f"{gateway.url}/metrics", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=10)
+            assert r.status_code == 200
+            return value(parse(r.text), "tollgate_http_requests_total", method="GET", route="/health", status="200")
+
+        before = health_count()
+        for _ in range(40):  # new connections: gunicorn spreads them over both workers
+            assert httpx.get(f"{gateway.url}/health", timeout=10).status_code == 200
+        seen = {health_count() for _ in range(10)}  # each scrape on a new connection, either worker
+        assert seen == {before + 40}, seen
+        assert len(list((tmp_path).glob("metrics-*/counter_*.db"))) == 2
 
 
 def test_operator_key_scrape_works_without_a_token(settings, operator_client):

@@ -1,0 +1,46 @@
+"""gunicorn settings for the gateway: ``gunicorn -c python:config.gunicorn config.wsgi:application``.
+
+Sets up ``prometheus-client``'s multiprocess mode (``config.metrics``): each
+worker writes its counters to memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR``
+and a scrape sums them. The directory belongs to one gunicorn instance: when
+the variable is unset a fresh one is made under the system's temporary
+directory, and it is emptied when the instance starts, so counters start at
+zero with the instance (Prometheus reads that as a counter reset). Files of
+exited workers stay, so their counts are not lost; a worker that exits is
+marked dead for the client's live gauges.
+
+Command-line options (bind, workers, threads...) still apply on top of this file.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="tollgate-metrics-")
+os.environ["PROMETHEUS_MULTIPROC_DIR"] = _directory  # inherited by the workers before they import the client
+
+worker_class = "gthread"
+limit_request_line = 16384  # the charge operation takes long query strings (docs/decisions.md)
+graceful_timeout = 10
+
+
+def on_starting(server: Any) -> None:
+    """Empty the metrics directory: files of an earlier run of this instance would be summed in."""
+    path = Path(_directory)
+    if path.exists():
+        for child in path.iterdir():
+            if child.is_file() and child.suffix == ".db":
+                child.unlink()
+            elif child.is_dir():
+                shutil.rmtree(child)
+    path.mkdir(parents=True, exist_ok=True)
+
+
+def child_exit(server: Any, worker: Any) -> None:
+    from prometheus_client import multiprocess
+
+    multiprocess.mark_process_dead(worker.pid, _directory)
