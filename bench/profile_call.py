@@ -145,6 +145,7 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
     stats.sort_stats("cumulative").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(r"/(audit|billing|config|mcpgateway|permits|receipts)/", top)
     stats.sort_stats("tottime").print_stats(top)
 
     lines = [

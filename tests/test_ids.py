@@ -1,0 +1,28 @@
+"""Identifiers: prefix, 22 base62 characters, every character reachable in every position."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+from config.ids import BASE62, new_id, random_base62
+
+
+def test_format_and_uniqueness() -> None:
+    ids = {new_id("act") for _ in range(20_000)}
+    assert len(ids) == 20_000
+    assert all(re.fullmatch(r"act_[0-9A-Za-z]{22}", i) for i in ids)
+
+
+def test_every_position_spreads_over_the_alphabet() -> None:
+    samples = [random_base62(22) for _ in range(6_200)]
+    for position in (0, 11, 21):
+        counts = Counter(s[position] for s in samples)
+        assert set(counts) == set(BASE62), position
+        # 100 expected per character; a biased or stuck position shows far outside this band.
+        assert 40 < min(counts.values()) and max(counts.values()) < 180, (position, counts.most_common(3))
+
+
+def test_other_lengths() -> None:
+    assert len(random_base62(1)) == 1
+    assert len(random_base62(40)) == 40
