@@ -26,6 +26,7 @@ dispatch uncertainty.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 from dataclasses import dataclass
@@ -36,16 +37,15 @@ from typing import Any
 import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import OuterRef, Subquery
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import alert_raise, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
-from billing.models import ToolPrice, Wallet
+from billing.models import Wallet
 from billing.services import ledger_debit, ledger_refund, wallet_check_may_spend, wallet_freeze_for_velocity
-from config import metrics
+from config import fastsql, metrics
 from config.authentication import Principal
 from config.dbretry import run_retrying
 from config.errors import ApplicationError, IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
@@ -105,11 +105,41 @@ def tool_get(name: str) -> Tool | None:
 
 def tool_with_price(name: str) -> tuple[Tool, Decimal | None] | None:
     """A callable tool and its current price (None: not set), read in one query."""
-    price = ToolPrice.objects.filter(tool=OuterRef("service_id")).values("credits")[:1]
-    tool = Tool.objects.filter(service_id=name).annotate(current_price=Subquery(price)).first()
-    if tool is None or not tool_is_callable(tool):
+    row = fastsql.fetch_row(_tool_with_price_sql(), [name])
+    if row is None:
         return None
-    return tool, tool.current_price
+    tool = fastsql.instance(Tool, row[:-1])
+    if not tool_is_callable(tool):
+        return None
+    return tool, row[-1]
+
+
+@functools.cache
+def _tool_with_price_sql() -> str:
+    # Column names come from the model's metadata, never from input.
+    return (
+        f"SELECT {fastsql.columns(Tool, 't')}, p.credits FROM mcpgateway_tool t "  # noqa: S608
+        "LEFT JOIN billing_tool_price p ON p.tool = t.service_id WHERE t.service_id = %s"
+    )
+
+
+@functools.cache
+def _action_by_key_sql() -> str:
+    return (
+        f"SELECT {fastsql.columns(Action, 'a')} FROM mcpgateway_action a "  # noqa: S608
+        "WHERE a.wallet_id = %s AND a.idempotency_key = %s"
+    )
+
+
+@functools.cache
+def _permit_sql() -> str:
+    return f"SELECT {fastsql.columns(Permit, 'p')} FROM permits_permit p WHERE p.permit_id = %s AND p.wallet_id = %s"  # noqa: S608
+
+
+def action_for_key(wallet_id: str, idempotency_key: str) -> Action | None:
+    """The action of (wallet, idempotency key), if any (one precompiled query)."""
+    row = fastsql.fetch_row(_action_by_key_sql(), [wallet_id, idempotency_key])
+    return fastsql.instance(Action, row) if row is not None else None
 
 
 @dataclass(frozen=True)
@@ -293,7 +323,7 @@ def governed_call(req: CallRequest) -> CallAnswer:
 
         raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
     digest = request_hash_of(req.tool, req.arguments)
-    existing = Action.objects.filter(wallet_id=principal.wallet_id, idempotency_key=req.idempotency_key).first()
+    existing = action_for_key(principal.wallet_id, req.idempotency_key)
     if existing is not None:
         return _existing(existing, digest)
     found = tool_with_price(req.tool)
@@ -311,7 +341,7 @@ def governed_call(req: CallRequest) -> CallAnswer:
         action, velocity = run_retrying(lambda: _phase1(req, tool, price, digest))
     except IntegrityError:
         # A concurrent request with the same key inserted first (the unique index made us wait for it).
-        existing = Action.objects.filter(wallet_id=principal.wallet_id, idempotency_key=req.idempotency_key).first()
+        existing = action_for_key(principal.wallet_id, req.idempotency_key)
         if existing is None:
             raise
         return _existing(existing, digest)
@@ -381,7 +411,8 @@ def _phase1(
         with transaction.atomic(durable=True):
             action.save(force_insert=True)
             fault_point("after_accept")
-            permit = Permit.objects.filter(permit_id=req.permit_id, wallet=wallet).first()
+            row = fastsql.fetch_row(_permit_sql(), [req.permit_id, wallet.wallet_id])
+            permit = fastsql.instance(Permit, row) if row is not None else None
             found["permit"] = permit
             if permit is None:
                 raise permit_exc.PermitNotFound(permit_id=req.permit_id)

@@ -1,0 +1,63 @@
+"""Hot-path reads without the ORM's query compiler.
+
+Compiling a queryset costs more CPU than PostgreSQL spends answering a
+primary-key lookup. The governed call's fixed lookups (the API key and its
+wallet, the tool and its price, the action of an idempotency key, the permit)
+use this instead: the column list of each model is built once per process, the
+SQL is a constant of the caller, and rows become model instances through
+``Model.from_db`` with the fields' own database converters (JSON and the
+like), so what callers get is what the ORM would have returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import cache
+from typing import Any, TypeVar
+
+from django.db import connection
+from django.db.models import Model
+
+M = TypeVar("M", bound=Model)
+
+
+@cache
+def _layout(model: type[Model]) -> tuple[list[str], tuple[str, ...], tuple[tuple[int, Callable[..., Any]], ...]]:
+    fields = model._meta.concrete_fields
+    columns = [f'"{field.column}"' for field in fields]
+    names = tuple(field.attname for field in fields)
+    converters = tuple(
+        (index, field.from_db_value) for index, field in enumerate(fields) if hasattr(field, "from_db_value")
+    )
+    return columns, names, converters
+
+
+def columns(model: type[Model], alias: str) -> str:
+    """``alias."col1", alias."col2", ...``: every concrete column of ``model``, in field order."""
+    return ", ".join(f"{alias}.{column}" for column in _layout(model)[0])
+
+
+def width(model: type[Model]) -> int:
+    return len(_layout(model)[1])
+
+
+def instance(model: type[M], values: Sequence[Any]) -> M:
+    """A model instance from one row's values for ``columns(model, ...)``, as the ORM builds it."""
+    _, names, converters = _layout(model)
+    row = list(values)
+    for index, convert in converters:
+        row[index] = convert(row[index], None, connection)
+    return model.from_db(connection.alias, names, row)
+
+
+def fetch_row(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
+    """The first row of ``sql`` (one round trip), or None."""
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    return tuple(row) if row is not None else None
+
+
+def attach(instance: Model, name: str, related: Model | None) -> None:
+    """Set a forward relation as ``select_related`` would (no query when it is read)."""
+    instance._state.fields_cache[name] = related
