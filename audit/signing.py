@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit import keystore
-from audit.canonical import canonical_bytes_fast
+from audit.canonical import CanonicalizationError, canonical_bytes_fast
 from audit.evidence_core import (
     VerificationResult,
     sign_canonical,
@@ -136,7 +136,36 @@ def verify_statement(
     or a malformed signature.
     """
     kid = statement.get("kid") if isinstance(statement, Mapping) else None
-    return verify_statement_with_keys(statement, signature, _keys_for(kid), expected_type=expected_type)
+    memo = _verified_memo(statement, signature)
+    if memo is not None and memo in _verified and statement.get("type") == (expected_type or statement.get("type")):
+        return VerificationResult(True, None, kid)
+    result = verify_statement_with_keys(statement, signature, _keys_for(kid), expected_type=expected_type)
+    if result.valid and memo is not None:
+        with _cache_lock:
+            _verified[memo] = None
+            if len(_verified) > VERIFIED_MEMO_SIZE:
+                _verified.pop(next(iter(_verified)))
+    return result
+
+
+# Statements this process has verified, by (kid, signature, canonical bytes): a signed row is read
+# on every use (a permit on every governed call), and its exact bytes verify the same way every
+# time. Any change to the statement or the signature is a different entry and is verified afresh;
+# kids never change their key, and retired keys still verify. Oldest entries go first.
+VERIFIED_MEMO_SIZE = 20_000
+_verified: dict[tuple[str, str, bytes], None] = {}
+
+
+def _verified_memo(statement: Any, signature: Any) -> tuple[str, str, bytes] | None:
+    if not isinstance(statement, Mapping) or not isinstance(signature, str):
+        return None
+    kid = statement.get("kid")
+    if not isinstance(kid, str):
+        return None
+    try:
+        return kid, signature, canonical_bytes_fast(dict(statement))
+    except (CanonicalizationError, TypeError, ValueError):
+        return None
 
 
 def statement_problem(

@@ -137,6 +137,8 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
     cpu_ms = ((cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)) / calls * 1000
     wall_ms = (wall1 - wall0) / calls * 1000
 
+    sections = _time_sections(calls, one)
+
     profiler = cProfile.Profile(time.process_time)  # CPU time, not waits
     profiler.enable()
     for _ in range(calls):
@@ -153,6 +155,9 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
         f"CPU per call (this process): {cpu_ms:.2f} ms; wall per call: {wall_ms:.2f} ms",
         f"SQL statements (= database round trips) per call: {per_call:.1f}",
         "",
+        "CPU per call by section (inclusive; process_time around each function, no profiler):",
+        *[f"  {ms:6.2f} ms  {name}" for name, ms in sections.items()],
+        "",
         "statements per call:",
         *[f"  {n / 20:4.1f}  {sql}" for sql, n in statements.most_common()],
         "",
@@ -164,8 +169,67 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
         "wall_ms_per_call": round(wall_ms, 2),
         "statements_per_call": per_call,
         "statements": {sql: n / 20 for sql, n in statements.most_common()},
+        "sections_cpu_ms": sections,
         "text": "\n".join(lines),
     }
+
+
+SECTIONS = [
+    ("config.wsgi", None),  # placeholder: the whole request is timed around the client call
+    ("billing.ratelimit", "charge_request"),
+    ("billing.selectors", "api_key_authenticate"),
+    ("mcpgateway.services", "governed_call"),
+    ("mcpgateway.services", "action_for_key"),
+    ("mcpgateway.services", "tool_with_price"),
+    ("mcpgateway.services", "_validate_arguments"),
+    ("mcpgateway.services", "_phase1"),
+    ("permits.services", "authorize"),
+    ("billing.services", "ledger_debit"),
+    ("permits.services", "permit_reserve"),
+    ("audit.services", "audit_record"),
+    ("mcpgateway.services", "_dispatch"),
+    ("mcpgateway.services", "_phase3"),
+    ("mcpgateway.services", "_finish"),
+    ("receipts.services", "receipt_issue"),
+]
+
+
+def _time_sections(calls: int, one: Any) -> dict[str, float]:
+    """CPU ms per call spent inside each function of SECTIONS (inclusive of what it calls)."""
+    import importlib
+
+    spent: dict[str, float] = {"whole request": 0.0}
+    originals = []
+    for module_name, attr in SECTIONS:
+        if attr is None:
+            continue
+        module = importlib.import_module(module_name)
+        original = getattr(module, attr)
+        label = f"{module_name}.{attr}"
+        spent[label] = 0.0
+
+        def timed(*args: Any, __original: Any = original, __label: str = label, **kwargs: Any) -> Any:
+            started = time.process_time()
+            try:
+                return __original(*args, **kwargs)
+            finally:
+                spent[__label] += time.process_time() - started
+
+        originals.append((module, attr, original))
+        # Patch the name everywhere it was imported (``from x import f`` copies the reference).
+        for other in list(sys.modules.values()):
+            if other is not None and getattr(other, attr, None) is original:
+                setattr(other, attr, timed)
+                originals.append((other, attr, original))
+    try:
+        for _ in range(calls):
+            started = time.process_time()
+            one()
+            spent["whole request"] += time.process_time() - started
+    finally:
+        for module, attr, original in originals:
+            setattr(module, attr, original)
+    return {name: round(total / calls * 1000, 3) for name, total in spent.items()}
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ its own phase-1 transaction (``permit_reserve``, ``permit_release``,
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -16,8 +17,8 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.core.mail import send_mail
-from django.db import IntegrityError, transaction
-from django.db.models import F, Q
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
 from django.template.loader import render_to_string
 from django.utils import timezone
 
@@ -27,6 +28,7 @@ from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import Wallet
 from billing.selectors import tool_price, wallet_spend
+from config import fastsql
 from config.errors import IdempotencyKeyReused, RequestValidationError
 from config.ids import new_id
 from permits import exceptions as exc
@@ -285,6 +287,23 @@ def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str 
     return permit
 
 
+@functools.cache
+def _policies_sql() -> str:
+    """Every enabled policy on a wallet and its ancestors (the wallet's path), oldest first."""
+    # Column names come from the model's metadata, never from input.
+    return (
+        f"SELECT {fastsql.columns(PolicyBundle, 'p')} FROM permits_policy_bundle p "  # noqa: S608
+        "WHERE p.wallet_id = ANY(%s) AND p.enabled ORDER BY p.created_at"
+    )
+
+
+_RESERVE_SQL = (
+    "UPDATE permits_permit SET spent_credits = spent_credits + %(amount)s, calls_used = calls_used + 1 "
+    "WHERE permit_id = %(permit_id)s AND status = 'active' AND expires_at > %(now)s "
+    "AND spent_credits <= max_credits - %(amount)s AND (max_calls IS NULL OR calls_used < max_calls)"
+)
+
+
 def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = None) -> None:
     """Reserve ``amount`` and one call against the permit's allowance. Caller holds the transaction.
 
@@ -294,16 +313,9 @@ def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = No
     reason when it fails.
     """
     now = now or timezone.now()
-    updated = (
-        Permit.objects.filter(
-            permit_id=permit.permit_id,
-            status=PermitStatus.ACTIVE,
-            expires_at__gt=now,
-            spent_credits__lte=F("max_credits") - amount,
-        )
-        .filter(Q(max_calls__isnull=True) | Q(calls_used__lt=F("max_calls")))
-        .update(spent_credits=F("spent_credits") + amount, calls_used=F("calls_used") + 1)
-    )
+    with connection.cursor() as cursor:  # every governed call runs it: no query compilation
+        cursor.execute(_RESERVE_SQL, {"amount": amount, "permit_id": permit.permit_id, "now": now})
+        updated = cursor.rowcount
     if updated == 1:
         return
     current = Permit.objects.get(permit_id=permit.permit_id)
@@ -392,9 +404,7 @@ def authorize(
     if not tool_allowed(list(permit.allowed_tools), tool):
         return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
 
-    policies = [
-        p for p in PolicyBundle.objects.filter(wallet_id__in=wallet.ancestry, enabled=True).order_by("created_at")
-    ]
+    policies = fastsql.fetch_all(PolicyBundle, _policies_sql(), [wallet.ancestry])
     applied = [p.policy_id for p in policies]
     daily_spent: Decimal | None = None
     for policy in policies:
