@@ -16,7 +16,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 from django.db import connection
-from django.db.models import Model
+from django.db.models import AutoField, BigAutoField, Model, SmallAutoField
 
 M = TypeVar("M", bound=Model)
 
@@ -64,6 +64,44 @@ def fetch_all(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
         cursor.execute(sql, params)
         rows = cursor.fetchall()
     return [instance(model, row) for row in rows]
+
+
+@cache
+def _insert_sql(model: type[Model]) -> str:
+    fields = model._meta.concrete_fields
+    if any(isinstance(field, AutoField | BigAutoField | SmallAutoField) for field in fields):
+        raise TypeError(f"{model.__name__}: fastsql.insert needs a primary key set by the caller")
+    names = ", ".join(f'"{field.column}"' for field in fields)
+    return f'INSERT INTO "{model._meta.db_table}" ({names}) VALUES ({", ".join(["%s"] * len(fields))})'  # noqa: S608
+
+
+def insert(obj: Model) -> None:
+    """``obj.save(force_insert=True)`` without query compilation (no signals, no ``save()`` override).
+
+    Values go through each field's ``pre_save`` (``auto_now_add``) and ``get_db_prep_save``.
+    """
+    fields = type(obj)._meta.concrete_fields
+    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(type(obj)), values)
+    obj._state.adding = False
+    obj._state.db = connection.alias
+
+
+def update(obj: Model, names: Sequence[str]) -> int:
+    """``obj.save(update_fields=names)`` without query compilation; ``auto_now`` fields move too.
+
+    Returns the number of rows updated (0 when the row is gone).
+    """
+    meta = type(obj)._meta
+    fields = [meta.get_field(name) for name in names]
+    fields += [f for f in meta.concrete_fields if getattr(f, "auto_now", False) and f not in fields]
+    assignments = ", ".join(f'"{field.column}" = %s' for field in fields)  # type: ignore[union-attr]
+    values = [field.get_db_prep_save(field.pre_save(obj, False), connection) for field in fields]  # type: ignore[union-attr]
+    sql = f'UPDATE "{meta.db_table}" SET {assignments} WHERE "{meta.pk.column}" = %s'  # noqa: S608
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [*values, obj.pk])
+        return int(cursor.rowcount)
 
 
 def attach(instance: Model, name: str, related: Model | None) -> None:

@@ -409,7 +409,7 @@ def _phase1(
     found: dict[str, Permit | None] = {"permit": None}
     try:
         with transaction.atomic(durable=True):
-            action.save(force_insert=True)
+            fastsql.insert(action)
             fault_point("after_accept")
             row = fastsql.fetch_row(_permit_sql(), [req.permit_id, wallet.wallet_id])
             permit = fastsql.instance(Permit, row) if row is not None else None
@@ -456,7 +456,7 @@ def _phase1(
             action.price = price
             action.ledger_entry = entry
             action.claimed_at = timezone.now()
-            action.save(update_fields=["state", "permit", "price", "ledger_entry", "claimed_at", "policy_decision_id"])
+            fastsql.update(action, ["state", "permit", "price", "ledger_entry", "claimed_at", "policy_decision_id"])
             audit_record(
                 event="tool_call.dispatch_claimed",
                 ok=True,
@@ -485,7 +485,7 @@ def _phase1(
             action.ledger_entry = None
             action.claimed_at = None
             action._state.adding = True
-            action.save(force_insert=True)
+            fastsql.insert(action)
             _finish(
                 action,
                 state=ActionState.DENIED,
@@ -532,8 +532,11 @@ def _lock_claimed(action: Action) -> Action | None:
     Only the state is read back: phase 1's object already holds the permit, the ledger entry and
     the wallet, none of which phase 3 may change under the action's lock.
     """
-    state = Action.objects.select_for_update(no_key=True).filter(pk=action.pk).values_list("state", flat=True).first()
-    return action if state == ActionState.DISPATCH_CLAIMED else None
+    row = fastsql.fetch_row(_LOCK_CLAIMED_SQL, [action.action_id])
+    return action if row is not None and row[0] == ActionState.DISPATCH_CLAIMED else None
+
+
+_LOCK_CLAIMED_SQL = "SELECT state FROM mcpgateway_action WHERE action_id = %s FOR NO KEY UPDATE"
 
 
 def _phase3(action: Action, result: CallResult) -> Action:
@@ -742,7 +745,7 @@ def _finish(
     action.receipt = receipt
     action.response = response
     action.completed_at = timezone.now()
-    action.save(update_fields=["state", "outcome", "reason_code", "receipt", "response", "completed_at"])
+    fastsql.update(action, ["state", "outcome", "reason_code", "receipt", "response", "completed_at"])
     return receipt
 
 

@@ -15,6 +15,7 @@ from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import LedgerEntry, Wallet
 from billing.services import ledger_refund
+from config import fastsql
 from config.errors import ApplicationError, Conflict, NotFound
 from config.ids import new_id
 from permits.models import Permit
@@ -126,7 +127,7 @@ def receipt_issue(
     receipt.signed_statement = signed.statement
     receipt.signature = signed.signature
     receipt.key_id = signed.kid
-    receipt.save(force_insert=True)
+    fastsql.insert(receipt)  # receipts are only ever inserted (``Receipt.save`` refuses updates)
     audit_record(
         event_id=receipt.audit_event_id,
         event=f"tool_call.{outcome}",
