@@ -191,6 +191,12 @@ SECTIONS = [
     ("mcpgateway.services", "_phase3"),
     ("mcpgateway.services", "_finish"),
     ("receipts.services", "receipt_issue"),
+    ("audit.signing", "sign_statement"),
+    ("receipts.services", "receipt_statement"),
+    ("mcpgateway.services", "request_document"),
+    ("audit.canonical", "check_round_trip"),
+    ("audit.canonical", "event_bytes"),
+    ("mcpgateway.services", "upstream_client"),
 ]
 
 

@@ -146,6 +146,13 @@ if not _db.get("HOST") and "host" in _db.get("OPTIONS", {}):
 _db["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0 if TESTING else 60)
 _db["CONN_HEALTH_CHECKS"] = True
 _db["ATOMIC_REQUESTS"] = False
+# Server-side parameter binding: psycopg prepares a statement on a connection after it has run it
+# a few times, so PostgreSQL stops parsing and planning the hot path's fixed statements on every
+# call (docs/decisions.md, "Hot path"). Needs connections that live (CONN_MAX_AGE) to pay off.
+# Behind a transaction-pooling PgBouncer set DB_PREPARE_THRESHOLD=0 (no prepared statements).
+_db.setdefault("OPTIONS", {})["server_side_binding"] = env.bool("DB_SERVER_SIDE_BINDING", default=True)
+_prepare_threshold = env.int("DB_PREPARE_THRESHOLD", default=2)
+_db["OPTIONS"]["prepare_threshold"] = _prepare_threshold if _prepare_threshold > 0 else None
 if TESTING:
     # Test data is disposable: skip the WAL flush on commit.
     _db.setdefault("OPTIONS", {})["options"] = "-c synchronous_commit=off"
