@@ -58,15 +58,25 @@ __all__ = [
 ]
 
 
-_HEAD_SQL = "SELECT seq, head_hash FROM audit_chain_head WHERE chain = %s FOR NO KEY UPDATE"
 _APPEND_SQL = (
-    "WITH appended AS ("
-    " INSERT INTO audit_event (event_id, chain, seq, event, tenant_id, wallet_id, key_id, tool, endpoint,"
-    " policy_decision_id, request_id, ok, detail, created_at, prev_hash, hash)"
-    " VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s) RETURNING 1)"
-    " UPDATE audit_chain_head SET seq = %s, head_hash = %s, updated_at = %s"
-    " WHERE chain = %s AND EXISTS (SELECT 1 FROM appended)"
+    "SELECT event_seq, event_prev_hash, event_hash "
+    "FROM audit_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s)"
 )
+# A stand-in sequence number: the canonical bytes are built around it and split where it stands.
+_SEQ_SENTINEL = 9_007_199_254_740_991
+_SEQ_MARKER = b'"seq":' + str(_SEQ_SENTINEL).encode() + b',"tenant_id":'
+
+
+def _payload_around_seq(payload: bytes) -> tuple[bytes, bytes]:
+    """(prefix, suffix) with ``prefix + <seq> + suffix`` the event's canonical bytes for any seq.
+
+    The top-level ``seq`` is the last one in the bytes (keys are sorted: only ``tenant_id``,
+    ``tool``, ``type`` and ``wallet_id`` follow it, all strings or null).
+    """
+    before, marker, after = payload.rpartition(_SEQ_MARKER)
+    if not marker:
+        raise AssertionError("the event's canonical bytes have no top-level seq")
+    return before + b'"seq":', b',"tenant_id":' + after
 
 
 def audit_record(
@@ -102,38 +112,25 @@ def audit_record(
     """
     chain = tenant_id or SYSTEM_CHAIN
     check_round_trip(detail or {})
-    # No savepoint: inside a caller's transaction the append is part of it; outside, it is its own.
-    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-        # Raw SQL on purpose: this runs twice per governed call, and the ORM's per-statement cost
-        # dominated it. Lock the head row, then insert the event and move the head in one statement.
-        cursor.execute(_HEAD_SQL, [chain])
-        row = cursor.fetchone()
-        if row is None:
-            ChainHead.objects.bulk_create([ChainHead(chain=chain)], ignore_conflicts=True)
-            cursor.execute(_HEAD_SQL, [chain])
-            row = cursor.fetchone()
-        head_seq, head_hash = row
-        seq = head_seq + 1
-        record = AuditEvent(
-            event_id=event_id or new_id("evt"),
-            chain=chain,
-            seq=seq,
-            event=event,
-            tenant_id=tenant_id,
-            wallet_id=wallet_id,
-            key_id=key_id,
-            tool=tool,
-            endpoint=endpoint,
-            policy_decision_id=policy_decision_id,
-            request_id=request_id or get_request_id(),
-            ok=ok,
-            detail=detail or {},
-            created_at=timezone.now(),
-            prev_hash=head_hash,
-        )
-        payload = event_bytes(
+    record = AuditEvent(
+        event_id=event_id or new_id("evt"),
+        chain=chain,
+        event=event,
+        tenant_id=tenant_id,
+        wallet_id=wallet_id,
+        key_id=key_id,
+        tool=tool,
+        endpoint=endpoint,
+        policy_decision_id=policy_decision_id,
+        request_id=request_id or get_request_id(),
+        ok=ok,
+        detail=detail or {},
+        created_at=timezone.now(),
+    )
+    prefix, suffix = _payload_around_seq(
+        event_bytes(
             chain,
-            seq,
+            _SEQ_SENTINEL,
             record.event_id,
             event,
             tenant_id,
@@ -147,13 +144,16 @@ def audit_record(
             record.detail,
             iso_utc(record.created_at),
         )
-        record.hash = chain_hash(head_hash, payload)
+    )
+    # One round trip (audit/migrations/0005): the database locks the head, takes the next seq, links
+    # the event (sha256(prev_hash || prefix || seq || suffix), as ``chain_hash``) and moves the head.
+    # No savepoint: inside a caller's transaction the append is part of it; outside, it is its own.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute(
             _APPEND_SQL,
             [
-                record.event_id,
                 chain,
-                seq,
+                record.event_id,
                 event,
                 tenant_id,
                 wallet_id,
@@ -165,16 +165,13 @@ def audit_record(
                 ok,
                 json.dumps(record.detail),
                 record.created_at,
-                record.prev_hash,
-                record.hash,
-                seq,
-                record.hash,
-                record.created_at,
-                chain,
+                prefix,
+                suffix,
             ],
         )
-        record._state.adding = False
-        record._state.db = "default"
+        record.seq, record.prev_hash, record.hash = cursor.fetchone()
+    record._state.adding = False
+    record._state.db = "default"
     return record
 
 

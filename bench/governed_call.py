@@ -197,11 +197,97 @@ def run_load(
     return result
 
 
+def _columns(conn: Any, table: str) -> list[str]:
+    rows = conn.execute(
+        "SELECT column_name FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",
+        [table],
+    ).fetchall()
+    return [r[0] for r in rows]
+
+
+def add_history(dsn: str, wallet_id: str, calls: int) -> dict[str, Any]:
+    """Give ``wallet_id`` (and its tenant) ``calls`` earlier governed calls, by copying its real ones.
+
+    Every row a governed call leaves (action, receipt, the charge's two ledger entries, the
+    wallet's audit events) is copied with suffixed ids and idempotency keys, as many times as
+    it takes, in one transaction, so the tables and their indexes hold ``calls`` more calls'
+    worth of rows. The copies keep their original times (spend counters are per hour and do
+    not grow with history either way). Copied audit events get new sequence numbers at the
+    head of the tenant's chain; their hashes are copies, so this database's chain no longer
+    verifies (it is dropped after the run).
+    """
+    import psycopg
+
+    started = time.monotonic()
+    with psycopg.connect(dsn) as conn:
+        conn.execute("SET synchronous_commit = off")
+        (existing,) = conn.execute(
+            "SELECT count(*) FROM mcpgateway_action WHERE wallet_id = %s AND receipt_id IS NOT NULL", [wallet_id]
+        ).fetchone()  # type: ignore[misc]
+        if not existing:
+            raise SystemExit("add_history: the wallet has no finished calls to copy")
+        copies = -(-calls // existing)
+        suffixed = {
+            "mcpgateway_action": {"action_id", "idempotency_key", "ledger_entry_id", "receipt_id"},
+            "receipts_receipt": {"receipt_id", "action_id", "ledger_entry_id", "refund_entry_id", "audit_event_id"},
+            "billing_ledger_entry": {"entry_id", "transaction_id", "refund_of_id"},
+        }
+        where = {
+            "mcpgateway_action": "t.wallet_id = %(w)s AND t.receipt_id IS NOT NULL",
+            "receipts_receipt": "t.wallet_id = %(w)s",
+            "billing_ledger_entry": (
+                "t.transaction_id IN (SELECT e.transaction_id FROM billing_ledger_entry e "
+                "JOIN mcpgateway_action a ON a.ledger_entry_id = e.entry_id "
+                "WHERE a.wallet_id = %(w)s AND a.receipt_id IS NOT NULL)"
+            ),
+        }
+        for table, ids in suffixed.items():
+            cols = _columns(conn, table)
+            exprs = [f"t.{c} || 'h' || g" if c in ids else f"t.{c}" for c in cols]
+            conn.execute(
+                f"INSERT INTO {table} ({', '.join(cols)}) SELECT {', '.join(exprs)} "
+                f"FROM {table} t CROSS JOIN generate_series(1, %(n)s) AS g WHERE {where[table]}",
+                {"w": wallet_id, "n": copies},
+            )
+        (chain, head) = conn.execute(
+            "SELECT h.chain, h.seq FROM audit_chain_head h JOIN billing_wallet w ON w.tenant_id = h.chain "
+            "WHERE w.wallet_id = %s FOR UPDATE OF h",
+            [wallet_id],
+        ).fetchone()  # type: ignore[misc]
+        cols = _columns(conn, "audit_event")
+        exprs = [
+            "t.event_id || 'h' || g" if c == "event_id" else
+            "%(head)s + row_number() OVER (ORDER BY g, t.seq)" if c == "seq" else f"t.{c}"
+            for c in cols
+        ]  # fmt: skip
+        conn.execute(
+            f"INSERT INTO audit_event ({', '.join(cols)}) SELECT {', '.join(exprs)} "
+            "FROM audit_event t CROSS JOIN generate_series(1, %(n)s) AS g "
+            "WHERE t.chain = %(c)s AND t.wallet_id = %(w)s",
+            {"w": wallet_id, "n": copies, "c": chain, "head": head},
+        )
+        conn.execute(
+            "UPDATE audit_chain_head SET seq = (SELECT max(seq) FROM audit_event WHERE chain = %(c)s) "
+            "WHERE chain = %(c)s",
+            {"c": chain},
+        )
+        conn.commit()
+        conn.execute("ANALYZE")
+        (actions,) = conn.execute("SELECT count(*) FROM mcpgateway_action WHERE wallet_id = %s", [wallet_id]).fetchone()  # type: ignore[misc]
+    return {"earlier_calls": int(actions), "copies": copies, "seconds": round(time.monotonic() - started, 1)}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument(
+        "--history",
+        type=int,
+        default=100_000,
+        help="earlier calls to give the measured wallet before the long-history case (0: skip it)",
+    )
     parser.add_argument("--json", help="write the figures to this file")
     args = parser.parse_args()
 
@@ -283,6 +369,15 @@ def main() -> int:
             return {"permit_id": spread[index % len(spread)]["permit_id"], "idempotency_key": uuid.uuid4().hex}
 
         results["governed_spread_c8"] = run_load(gw_url, spread_headers, spread_meta, 8, args.seconds, cpu_of=cpu_of)
+        history: dict[str, Any] = {}
+        if args.history:
+            # The long-history case: the same wallet and tenant after ``--history`` earlier calls.
+            print(f"adding {args.history:,} earlier calls to the measured wallet ...", file=sys.stderr, flush=True)
+            history = add_history(dsn, creds["wallet_id"], args.history)
+            run_load(gw_url, gateway_headers, governed_meta, 4, 2)  # warm up after the bulk insert
+            results["governed_history_c8"] = run_load(
+                gw_url, gateway_headers, governed_meta, 8, args.seconds, cpu_of=cpu_of
+            )
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d"),
@@ -292,11 +387,18 @@ def main() -> int:
             "throughput_ratio_c8": round(
                 results["governed_c8"]["calls_per_s"] / results["direct_c8"]["calls_per_s"], 2
             ),
+            "history": history,
+            "history_ratio_c8": (
+                round(results["governed_history_c8"]["calls_per_s"] / results["governed_c8"]["calls_per_s"], 3)
+                if "governed_history_c8" in results
+                else None
+            ),
             "targets": {
                 "governed_c8_calls_per_s": 400,
                 "governed_spread_c8_calls_per_s": 400,
                 "governed_c1_p50_ms": 6,
                 "gateway_cpu_ms_per_call": 3,
+                "history_ratio_c8_min": 0.9,
             },
         }
         print("| path | concurrency | calls/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
@@ -345,7 +447,7 @@ for i in range(8):
         subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key=f"bench-{i}",
         request_hash=f"bench-{i}").permit
     spread.append({"secret": k.secret, "permit_id": p.permit_id})
-print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id, "spread": spread}))
+print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id, "wallet_id": agent.wallet_id, "spread": spread}))
 """
 
 

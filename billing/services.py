@@ -60,7 +60,7 @@ rolled back.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
@@ -727,7 +727,7 @@ def _debit(
             amount=row["refilled"],
             balance_after=row["new_balance"] + amount,
             description="auto-refill",
-            **common,
+            **{**common, "created_at": now - timedelta(microseconds=1)},
         )
     entry = LedgerEntry(
         entry_id=ids[1],

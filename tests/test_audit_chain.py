@@ -467,3 +467,45 @@ def test_a_full_checkpoint_covers_seq_1_to_its_size(db):
     assert checkpoint is not None
     assert (checkpoint["first_seq"], checkpoint["last_seq"], checkpoint["size"]) == (1, 3, 3)
     assert audit_chain_verify(chain=chain, checkpoint=checkpoint).checkpoint_verified is True
+
+
+def test_the_database_links_each_event_as_chain_hash_does(db, signing):
+    """audit_append (PostgreSQL) computes sha256(prev || canonical bytes) exactly as Python's chain_hash.
+
+    Details that look like the split point (a nested ``seq``, the marker inside a string, non-ASCII
+    text, a float that takes the reference encoder) do not move it: the top-level seq is linked.
+    """
+    details = [
+        {"seq": 9_007_199_254_740_991, "nested": {"seq": 1, "tenant_id": "x"}},
+        {"text": '"seq":9007199254740991,"tenant_id":', "emoji": "\u00e9\u4e2d\U0001f600"},
+        {"ratio": 0.5, "list": [1, "two", None, True]},
+        {},
+    ]
+    events = [
+        audit_record(event="test.link", ok=True, tenant_id="tn_link", wallet_id="agt_x", detail=d) for d in details
+    ]
+    events.append(audit_record(event="test.system", ok=False, detail={"k": "v"}))  # the system chain
+    for record in events:
+        stored = AuditEvent.objects.get(event_id=record.event_id)
+        assert (stored.seq, stored.prev_hash, stored.hash) == (record.seq, record.prev_hash, record.hash)
+        payload = event_bytes(
+            stored.chain,
+            stored.seq,
+            stored.event_id,
+            stored.event,
+            stored.tenant_id,
+            stored.wallet_id,
+            stored.key_id,
+            stored.tool,
+            stored.endpoint,
+            stored.policy_decision_id,
+            stored.request_id,
+            stored.ok,
+            stored.detail,
+            iso_utc(stored.created_at),
+        )
+        assert stored.hash == chain_hash(stored.prev_hash, payload)
+    assert [e.seq for e in events[:4]] == [1, 2, 3, 4]
+    assert events[1].prev_hash == events[0].hash
+    assert ChainHead.objects.get(chain="tn_link").head_hash == events[3].hash
+    assert audit_chain_verify(chain="tn_link").valid

@@ -181,9 +181,11 @@ BEGIN
              service_category, units, description, request_path, correlation_id, refund_of_id, created_at)
         VALUES
             (p_ids[5], p_ids[4], w.tenant_id, parent.wallet_id, parent.wallet_id, w.wallet_id, 'refill',
-             -refilled, parent.balance - refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL, p_now),
+             -refilled, parent.balance - refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL,
+             p_now - interval '1 microsecond'),
             (p_ids[6], p_ids[4], w.tenant_id, w.wallet_id, w.wallet_id, parent.wallet_id, 'refill',
-             refilled, w.balance + refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL, p_now);
+             refilled, w.balance + refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL,
+             p_now - interval '1 microsecond');  -- just before the charge it pays for, in every listing
         w.balance := w.balance + refilled;
     END IF;
 
