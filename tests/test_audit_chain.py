@@ -475,7 +475,7 @@ def test_the_database_links_each_event_as_chain_hash_does(db, signing):
     Details that look like the split point (a nested ``seq``, the marker inside a string, non-ASCII
     text, a float that takes the reference encoder) do not move it: the top-level seq is linked.
     """
-    details = [
+    details: list[dict[str, object]] = [
         {"seq": 9_007_199_254_740_991, "nested": {"seq": 1, "tenant_id": "x"}},
         {"text": '"seq":9007199254740991,"tenant_id":', "emoji": "\u00e9\u4e2d\U0001f600"},
         {"ratio": 0.5, "list": [1, "two", None, True]},
