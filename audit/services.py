@@ -110,6 +110,83 @@ def audit_record(
     when another record must name the event before it is appended (a receipt
     signs the id of its audit event).
     """
+    prepared = audit_event_prepare(
+        event=event,
+        ok=ok,
+        tenant_id=tenant_id,
+        wallet_id=wallet_id,
+        key_id=key_id,
+        tool=tool,
+        endpoint=endpoint,
+        policy_decision_id=policy_decision_id,
+        request_id=request_id,
+        detail=detail,
+        event_id=event_id,
+    )
+    # One round trip (audit/migrations/0005): the database locks the head, takes the next seq, links
+    # the event (sha256(prev_hash || prefix || seq || suffix), as ``chain_hash``) and moves the head.
+    # No savepoint: inside a caller's transaction the append is part of it; outside, it is its own.
+    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
+        cursor.execute(_APPEND_SQL, prepared.params())
+        prepared.appended(*cursor.fetchone())
+    return prepared.record
+
+
+@dataclass(frozen=True)
+class PreparedEvent:
+    """An audit event ready for ``audit_append``: the row, and its canonical bytes split at the seq."""
+
+    record: AuditEvent
+    prefix: bytes
+    suffix: bytes
+
+    def params(self) -> list[Any]:
+        """The arguments of ``audit_append``, in order."""
+        r = self.record
+        return [
+            r.chain,
+            r.event_id,
+            r.event,
+            r.tenant_id,
+            r.wallet_id,
+            r.key_id,
+            r.tool,
+            r.endpoint,
+            r.policy_decision_id,
+            r.request_id,
+            r.ok,
+            json.dumps(r.detail),
+            r.created_at,
+            self.prefix,
+            self.suffix,
+        ]
+
+    def appended(self, seq: int, prev_hash: str, hash_: str) -> None:
+        """Record what the database assigned (``audit_append``'s answer)."""
+        self.record.seq, self.record.prev_hash, self.record.hash = seq, prev_hash, hash_
+        self.record._state.adding = False
+        self.record._state.db = "default"
+
+
+def audit_event_prepare(
+    *,
+    event: str,
+    ok: bool,
+    tenant_id: str | None = None,
+    wallet_id: str | None = None,
+    key_id: str | None = None,
+    tool: str | None = None,
+    endpoint: str | None = None,
+    policy_decision_id: str | None = None,
+    request_id: str | None = None,
+    detail: dict[str, Any] | None = None,
+    event_id: str | None = None,
+) -> PreparedEvent:
+    """Everything of an audit event but its place in the chain (see ``audit_record`` for the arguments).
+
+    Raises ``ValueError`` for a ``detail`` that would not read back identically. The
+    governed call's database functions append it in their own round trip.
+    """
     chain = tenant_id or SYSTEM_CHAIN
     check_round_trip(detail or {})
     record = AuditEvent(
@@ -145,34 +222,7 @@ def audit_record(
             iso_utc(record.created_at),
         )
     )
-    # One round trip (audit/migrations/0005): the database locks the head, takes the next seq, links
-    # the event (sha256(prev_hash || prefix || seq || suffix), as ``chain_hash``) and moves the head.
-    # No savepoint: inside a caller's transaction the append is part of it; outside, it is its own.
-    with transaction.atomic(savepoint=False), connection.cursor() as cursor:
-        cursor.execute(
-            _APPEND_SQL,
-            [
-                chain,
-                record.event_id,
-                event,
-                tenant_id,
-                wallet_id,
-                key_id,
-                tool,
-                endpoint,
-                policy_decision_id,
-                record.request_id,
-                ok,
-                json.dumps(record.detail),
-                record.created_at,
-                prefix,
-                suffix,
-            ],
-        )
-        record.seq, record.prev_hash, record.hash = cursor.fetchone()
-    record._state.adding = False
-    record._state.db = "default"
-    return record
+    return PreparedEvent(record, prefix, suffix)
 
 
 def alert_raise(

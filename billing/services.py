@@ -665,89 +665,130 @@ _DEBIT_SQL = (
     "figure_limit, spend_window, refusal_reason "
     "FROM billing_debit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
 )
-_DEBIT_COLUMNS = _DEBIT_SQL[7 : _DEBIT_SQL.index(" FROM")].split(", ")
 
 
-def _debit(
+@dataclass(frozen=True)
+class DebitCall:
+    """One prepared call of ``billing_debit``: what only Python does (ids, the time, truncated texts).
+
+    ``params`` are the function's arguments in order; ``result`` turns its answer into the
+    posted entries or raises the refusal. The governed call's claim (``gateway_claim``) passes
+    the same arguments to the same function inside its own round trip.
+    """
+
+    wallet_id: str
+    amount: Decimal
+    now: datetime
+    service_category: str
+    units: Decimal | None
+    description: str
+    request_path: str
+    correlation_id: str
+    ids: tuple[str, str, str, str, str, str]
+
+    @property
+    def entry_id(self) -> str:
+        """The id the charge's wallet entry will have."""
+        return self.ids[1]
+
+    def params(self, idempotency_key: str | None = None) -> list[Any]:
+        return [
+            self.wallet_id,
+            self.amount,
+            self.now,
+            self.service_category,
+            self.units,
+            self.description,
+            self.request_path,
+            self.correlation_id,
+            list(self.ids),
+            VELOCITY_HOUR_LIMIT,
+            VELOCITY_DAY_LIMIT,
+            idempotency_key,
+        ]
+
+    def result(self, row: dict[str, Any]) -> DebitResult | None:
+        """The posted entries (None for a replay), or raises the refusal ``row`` names."""
+        refusal = _refusal(row, self.amount)
+        if refusal is not None:
+            raise refusal
+        if row["code"] == "replay":
+            return None
+        ids, wallet_id = self.ids, self.wallet_id
+        common = {"tenant_id": row["wallet_tenant"], "correlation_id": self.correlation_id, "created_at": self.now}
+        refill = None
+        if row["refilled"] is not None:
+            refill = LedgerEntry(
+                entry_id=ids[5],
+                transaction_id=ids[3],
+                wallet_id=wallet_id,
+                account=wallet_id,
+                counterparty=row["refill_parent"],
+                kind=LedgerKind.REFILL,
+                amount=row["refilled"],
+                balance_after=row["new_balance"] + self.amount,
+                description="auto-refill",
+                **{**common, "created_at": self.now - timedelta(microseconds=1)},
+            )
+        entry = LedgerEntry(
+            entry_id=ids[1],
+            transaction_id=ids[0],
+            wallet_id=wallet_id,
+            account=wallet_id,
+            counterparty=SystemAccount.REVENUE.value,
+            kind=LedgerKind.CHARGE,
+            amount=-self.amount,
+            balance_after=row["new_balance"],
+            service_category=self.service_category,
+            units=self.units,
+            description=self.description,
+            request_path=self.request_path,
+            **common,
+        )
+        for posted in (refill, entry):
+            if posted is not None:
+                posted._state.adding = False  # written by the database function
+        return DebitResult(entry=entry, refill=refill, daily_spent=row["daily_spent"])
+
+
+DEBIT_COLUMNS = tuple(_DEBIT_SQL[7 : _DEBIT_SQL.index(" FROM")].split(", "))
+
+
+def debit_call(
     *,
     wallet_id: str,
     amount: Decimal,
-    service_category: str,
-    units: Decimal | None,
-    description: str,
-    request_path: str,
-    correlation_id: str,
-    idempotency_key: str | None = None,
-) -> DebitResult | None:
-    """One call of the database function ``billing_debit`` (billing/migrations/0008): locks, rules, postings.
+    service_category: str = "",
+    units: Decimal | None = None,
+    description: str = "",
+    request_path: str = "",
+    correlation_id: str = "",
+) -> DebitCall:
+    """Prepare a debit of ``amount`` (positive, at 8 places) from ``wallet_id`` to revenue."""
+    return DebitCall(
+        wallet_id=wallet_id,
+        amount=amount,
+        now=timezone.now(),
+        service_category=service_category,
+        units=units,
+        description=description[:500],
+        request_path=request_path[:300],
+        correlation_id=(correlation_id or get_request_id() or "")[:128],
+        ids=(new_id("ltx"), new_id("led"), new_id("led"), new_id("ltx"), new_id("led"), new_id("led")),
+    )
+
+
+def _debit(call: DebitCall, idempotency_key: str | None = None) -> DebitResult | None:
+    """One round trip: ``billing_debit`` (billing/migrations/0008) with ``call``'s arguments.
 
     Returns the posted entries, or None when ``idempotency_key`` names a charge
     that committed while this call waited for the wallet's lock (a replay).
     Raises the refusal as its exception. Caller holds the transaction.
     """
-    now = timezone.now()
-    correlation_id = (correlation_id or get_request_id() or "")[:128]
-    description, request_path = description[:500], request_path[:300]
-    ids = [new_id("ltx"), new_id("led"), new_id("led"), new_id("ltx"), new_id("led"), new_id("led")]
     with connection.cursor() as cursor:
-        cursor.execute(
-            _DEBIT_SQL,
-            [
-                wallet_id,
-                amount,
-                now,
-                service_category,
-                units,
-                description,
-                request_path,
-                correlation_id,
-                ids,
-                VELOCITY_HOUR_LIMIT,
-                VELOCITY_DAY_LIMIT,
-                idempotency_key,
-            ],
-        )
-        row = dict(zip(_DEBIT_COLUMNS, cursor.fetchone(), strict=True))
-    refusal = _refusal(row, amount)
-    if refusal is not None:
-        raise refusal
-    if row["code"] == "replay":
-        return None
-    tenant_id = row["wallet_tenant"]
-    common = {"tenant_id": tenant_id, "correlation_id": correlation_id, "created_at": now}
-    refill = None
-    if row["refilled"] is not None:
-        refill = LedgerEntry(
-            entry_id=ids[5],
-            transaction_id=ids[3],
-            wallet_id=wallet_id,
-            account=wallet_id,
-            counterparty=row["refill_parent"],
-            kind=LedgerKind.REFILL,
-            amount=row["refilled"],
-            balance_after=row["new_balance"] + amount,
-            description="auto-refill",
-            **{**common, "created_at": now - timedelta(microseconds=1)},
-        )
-    entry = LedgerEntry(
-        entry_id=ids[1],
-        transaction_id=ids[0],
-        wallet_id=wallet_id,
-        account=wallet_id,
-        counterparty=SystemAccount.REVENUE.value,
-        kind=LedgerKind.CHARGE,
-        amount=-amount,
-        balance_after=row["new_balance"],
-        service_category=service_category,
-        units=units,
-        description=description,
-        request_path=request_path,
-        **common,
-    )
-    for posted in (refill, entry):
-        if posted is not None:
-            posted._state.adding = False  # written by the database function
-    return DebitResult(entry=entry, refill=refill, daily_spent=row["daily_spent"])
+        cursor.execute(_DEBIT_SQL, call.params(idempotency_key))
+        row = dict(zip(DEBIT_COLUMNS, cursor.fetchone(), strict=True))
+    return call.result(row)
 
 
 def ledger_debit(
@@ -783,13 +824,15 @@ def ledger_debit(
     if amount <= 0:
         raise ValueError("a debit amount must be positive")
     result = _debit(
-        wallet_id=wallet.wallet_id if isinstance(wallet, Wallet) else wallet,
-        amount=amount,
-        service_category=service_category,
-        units=units,
-        description=description,
-        request_path=request_path,
-        correlation_id=correlation_id,
+        debit_call(
+            wallet_id=wallet.wallet_id if isinstance(wallet, Wallet) else wallet,
+            amount=amount,
+            service_category=service_category,
+            units=units,
+            description=description,
+            request_path=request_path,
+            correlation_id=correlation_id,
+        )
     )
     assert result is not None  # no idempotency key: never a replay
     return result
@@ -1332,14 +1375,16 @@ def _charge(
             "amount_too_small",
         )
     result = _debit(
-        wallet_id=wallet.wallet_id,
-        amount=amount,
-        service_category=service_category,
-        units=units,
-        description=description,
-        request_path=request_path,
-        correlation_id=correlation_id,
-        idempotency_key=idempotency_key,
+        debit_call(
+            wallet_id=wallet.wallet_id,
+            amount=amount,
+            service_category=service_category,
+            units=units,
+            description=description,
+            request_path=request_path,
+            correlation_id=correlation_id,
+        ),
+        idempotency_key,
     )
     if result is None:  # a duplicate that held the wallet's lock before us has committed its record
         record = ChargeIdempotency.objects.get(wallet_id=wallet.wallet_id, key=idempotency_key)

@@ -36,15 +36,22 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes, sha256_hex
-from audit.services import alert_raise, audit_record
+from audit.services import PreparedEvent, alert_raise, audit_event_prepare, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
 from billing.models import Wallet
-from billing.services import ledger_debit, ledger_refund, wallet_check_may_spend, wallet_freeze_for_velocity
+from billing.services import (
+    DEBIT_COLUMNS,
+    DebitCall,
+    debit_call,
+    ledger_refund,
+    wallet_check_may_spend,
+    wallet_freeze_for_velocity,
+)
 from config import fastsql, metrics
 from config.authentication import Principal
 from config.dbretry import run_retrying
@@ -55,7 +62,7 @@ from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.upstream import CallResult, UpstreamClient
 from permits import exceptions as permit_exc
 from permits.models import Permit
-from permits.services import authorize, permit_release, permit_reserve, quote_consume
+from permits.services import authorize, permit_release, permit_reserve_refusal, quote_consume
 from receipts.models import Outcome
 from receipts.services import receipt_issue, refund_reconciliation_open
 
@@ -134,6 +141,34 @@ def _action_by_key_sql() -> str:
 @functools.cache
 def _permit_sql() -> str:
     return f"SELECT {fastsql.columns(Permit, 'p')} FROM permits_permit p WHERE p.permit_id = %s AND p.wallet_id = %s"  # noqa: S608
+
+
+_CLAIM_SQL = (  # 35 placeholders: the debit's 12 (and whether to debit), the claim's 7, audit_append's 15
+    "SELECT code, subject_id, wallet_tenant, new_balance, daily_spent, refilled, refill_parent, figure, "  # noqa: S608
+    "figure_limit, spend_window, refusal_reason FROM gateway_claim(" + ", ".join(["%s"] * 35) + ")"
+)
+
+
+def _claim(
+    debit: DebitCall | None, permit: Permit, price: Decimal, now: Any, action: Action, event: PreparedEvent
+) -> dict[str, Any]:
+    """``gateway_claim``: debit, reserve, claim the action and append its event, in one round trip."""
+    debit_params = debit.params() if debit else [None] * 12
+    params = [
+        debit is not None,
+        *debit_params,
+        permit.permit_id,
+        price,
+        now,
+        action.action_id,
+        debit.entry_id if debit else None,
+        action.claimed_at,
+        action.policy_decision_id,
+        *event.params(),
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(_CLAIM_SQL, params)
+        return dict(zip(DEBIT_COLUMNS, cursor.fetchone(), strict=True))
 
 
 def action_for_key(wallet_id: str, idempotency_key: str) -> Action | None:
@@ -434,30 +469,23 @@ def _phase1(
             action.policy_decision_id = decision.policy_decision_id
             if decision.refusal is not None:
                 raise decision.refusal
-            entry = None
+            debit = None
             if price <= 0:
                 wallet_check_may_spend(wallet=wallet)  # free calls still honour frozen/expired/closed
             else:
-                entry = ledger_debit(
-                    wallet=wallet,
+                debit = debit_call(
+                    wallet_id=wallet.wallet_id,
                     amount=price,
                     service_category=tool.category,
                     description=f"tool call {tool.service_id}",
                     request_path=req.endpoint,
                     correlation_id=action.action_id,
-                ).entry
-                fault_point("after_debit")
-            # Lock order in every transaction that moves a wallet's money: the wallet row (the debit),
-            # then the permit row (the reservation), then the audit chain head; phase 3's refund and the
-            # reconciliation retry take them in the same order. Taken late, held briefly.
-            permit_reserve(permit=permit, amount=price, now=now)
+                )
             action.state = ActionState.DISPATCH_CLAIMED
             action.permit = permit
             action.price = price
-            action.ledger_entry = entry
             action.claimed_at = timezone.now()
-            fastsql.update(action, ["state", "permit", "price", "ledger_entry", "claimed_at", "policy_decision_id"])
-            audit_record(
+            event = audit_event_prepare(
                 event="tool_call.dispatch_claimed",
                 ok=True,
                 tenant_id=wallet.tenant_id,
@@ -469,11 +497,24 @@ def _phase1(
                 detail={
                     "action_id": action.action_id,
                     "permit_id": permit.permit_id,
-                    "ledger_entry_id": entry.entry_id if entry else None,
+                    "ledger_entry_id": debit.entry_id if debit else None,
                     "amount": _money(price),
                     "quote_id": req.quote_id or None,
                 },
             )
+            # One round trip (gateway_claim, mcpgateway/migrations/0003), in the lock order of every
+            # transaction that moves a wallet's money: the debit (agent ancestors, then the wallet),
+            # the reservation (the permit row), the action row, the audit chain head. Phase 3's
+            # refund and the reconciliation retry take them in the same order.
+            claimed = _claim(debit, permit, price, now, action, event)
+            if claimed["code"] == "permit_refused":
+                raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price, now=now)
+            action.ledger_entry = None
+            if debit is not None:
+                result = debit.result(claimed)  # raises the debit's refusal
+                assert result is not None  # no idempotency key: never a replay
+                action.ledger_entry = result.entry
+            fault_point("after_debit")
         return action, None
     except _REFUSALS as refusal:
         velocity = refusal if isinstance(refusal, VelocityLimitExceeded) else None

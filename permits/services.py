@@ -297,35 +297,35 @@ def _policies_sql() -> str:
     )
 
 
-_RESERVE_SQL = (
-    "UPDATE permits_permit SET spent_credits = spent_credits + %(amount)s, calls_used = calls_used + 1 "
-    "WHERE permit_id = %(permit_id)s AND status = 'active' AND expires_at > %(now)s "
-    "AND spent_credits <= max_credits - %(amount)s AND (max_calls IS NULL OR calls_used < max_calls)"
-)
+_RESERVE_SQL = "SELECT permits_reserve(%s, %s, %s)"  # permits/migrations/0004
 
 
 def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = None) -> None:
     """Reserve ``amount`` and one call against the permit's allowance. Caller holds the transaction.
 
-    One conditional UPDATE: it succeeds only while the permit is active,
-    unexpired, and the allowance (credits and calls) covers the reservation, so
-    concurrent reservations can never spend past ``max_credits``. Raises the
-    reason when it fails.
+    The database function ``permits_reserve`` (one conditional UPDATE): it succeeds
+    only while the permit is active, unexpired, and the allowance (credits and calls)
+    covers the reservation, so concurrent reservations can never spend past
+    ``max_credits``. Raises the reason when it fails (``permit_reserve_refusal``).
     """
     now = now or timezone.now()
-    with connection.cursor() as cursor:  # every governed call runs it: no query compilation
-        cursor.execute(_RESERVE_SQL, {"amount": amount, "permit_id": permit.permit_id, "now": now})
-        updated = cursor.rowcount
-    if updated == 1:
-        return
-    current = Permit.objects.get(permit_id=permit.permit_id)
+    with connection.cursor() as cursor:
+        cursor.execute(_RESERVE_SQL, [permit.permit_id, amount, now])
+        reserved = bool(cursor.fetchone()[0])
+    if not reserved:
+        raise permit_reserve_refusal(permit_id=permit.permit_id, amount=amount, now=now)
+
+
+def permit_reserve_refusal(*, permit_id: str, amount: Decimal, now: datetime) -> exc.PermitDenied:
+    """Why a reservation of ``amount`` on the permit was refused (read after the refusal)."""
+    current = Permit.objects.get(permit_id=permit_id)
     status = current.effective_status(now)
     if status == PermitStatus.REVOKED:
-        raise exc.PermitRevoked(permit_id=permit.permit_id)
+        return exc.PermitRevoked(permit_id=permit_id)
     if status == PermitStatus.EXPIRED:
-        raise exc.PermitExpired(permit_id=permit.permit_id)
-    raise exc.PermitExhausted(
-        permit_id=permit.permit_id,
+        return exc.PermitExpired(permit_id=permit_id)
+    return exc.PermitExhausted(
+        permit_id=permit_id,
         max_credits=money(current.max_credits),
         spent_credits=money(current.spent_credits),
         required=money(amount),

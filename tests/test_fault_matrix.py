@@ -108,16 +108,16 @@ def test_transient_conflicts_are_retried(settings, tenant, monkeypatch, error):
         settings.UPSTREAM_MCP_URL = upstream.url
         register_upstream(upstream.url, price="1")
         caller = setup_caller(tenant)
-        real = services.ledger_debit
+        real = services._claim  # the round trip that debits, reserves and claims
         failures = {"left": 2}
 
-        def flaky(**kwargs):
+        def flaky(*args, **kwargs):
             if failures["left"]:
                 failures["left"] -= 1
                 raise _db_error(error)
-            return real(**kwargs)
+            return real(*args, **kwargs)
 
-        monkeypatch.setattr(services, "ledger_debit", flaky)
+        monkeypatch.setattr(services, "_claim", flaky)
         body = caller.rpc("echo", {}, key="flaky").json()
         assert body["result"]["_meta"]["io.tollgate/outcome"] == "success"
         assert LedgerEntry.objects.filter(wallet_id=tenant.agent.wallet_id, kind="charge").count() == 1
@@ -130,12 +130,12 @@ def test_persistent_conflict_is_409_with_the_key_released(settings, tenant, monk
         settings.UPSTREAM_MCP_URL = upstream.url
         register_upstream(upstream.url, price="1")
         caller = setup_caller(tenant)
-        real = services.ledger_debit
+        real = services._claim
 
-        def always(**kwargs):
+        def always(*args, **kwargs):
             raise _db_error(psycopg.errors.SerializationFailure)
 
-        monkeypatch.setattr(services, "ledger_debit", always)
+        monkeypatch.setattr(services, "_claim", always)
         r = caller.invoke("echo", {}, key="stuck")
         assert r.status_code == 409
         assert r["Retry-After"] == "1"
@@ -145,7 +145,7 @@ def test_persistent_conflict_is_409_with_the_key_released(settings, tenant, monk
         assert not Action.objects.exists()
         assert upstream.count("tools/call") == 0
         # The key was released: once the conflict clears, the same key goes through once.
-        monkeypatch.setattr(services, "ledger_debit", real)
+        monkeypatch.setattr(services, "_claim", real)
         ok = caller.invoke("echo", {}, key="stuck")
         assert ok.status_code == 200
         assert ok.json()["outcome"] == "success"
