@@ -50,7 +50,9 @@ __all__ = [
     "CHECKPOINT_TYPE",
     "ChainVerification",
     "alert_raise",
+    "audit_append_prepared",
     "audit_chain_verify",
+    "audit_event_prepare",
     "audit_record",
     "chain_hash",
     "signing_key_ensure",
@@ -123,9 +125,17 @@ def audit_record(
         detail=detail,
         event_id=event_id,
     )
-    # One round trip (audit/migrations/0005): the database locks the head, takes the next seq, links
-    # the event (sha256(prev_hash || prefix || seq || suffix), as ``chain_hash``) and moves the head.
-    # No savepoint: inside a caller's transaction the append is part of it; outside, it is its own.
+    return audit_append_prepared(prepared)
+
+
+def audit_append_prepared(prepared: PreparedEvent) -> AuditEvent:
+    """Append a prepared event (``audit_event_prepare``) to its chain; returns the stored event.
+
+    One round trip (audit/migrations/0005): the database locks the head, takes the next seq,
+    links the event (sha256(prev_hash || prefix || seq || suffix), as ``chain_hash``) and moves
+    the head. No savepoint: inside a caller's transaction the append is part of it; outside,
+    it is its own.
+    """
     with transaction.atomic(savepoint=False), connection.cursor() as cursor:
         cursor.execute(_APPEND_SQL, prepared.params())
         prepared.appended(*cursor.fetchone())

@@ -12,6 +12,8 @@ like), so what callers get is what the ORM would have returned.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from datetime import datetime
+from decimal import Decimal
 from functools import cache
 from typing import Any, TypeVar
 
@@ -102,6 +104,23 @@ def update(obj: Model, names: Sequence[str]) -> int:
     with connection.cursor() as cursor:
         cursor.execute(sql, [*values, obj.pk])
         return int(cursor.rowcount)
+
+
+def json_row(obj: Model) -> dict[str, Any]:
+    """``obj``'s row as a JSON object, column by column, for ``jsonb_populate_record`` in SQL.
+
+    Decimals travel as strings and times in ISO 8601 with their offset, so nothing is
+    rounded or shifted on the way; JSON columns travel as JSON.
+    """
+    row: dict[str, Any] = {}
+    for field in type(obj)._meta.concrete_fields:
+        value = field.pre_save(obj, True)
+        if isinstance(value, Decimal):
+            value = str(value)
+        elif isinstance(value, datetime):
+            value = value.isoformat()
+        row[str(field.column)] = value
+    return row
 
 
 def attach(instance: Model, name: str, related: Model | None) -> None:

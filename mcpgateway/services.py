@@ -27,6 +27,7 @@ dispatch uncertainty.
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import threading
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes, sha256_hex
-from audit.services import PreparedEvent, alert_raise, audit_event_prepare, audit_record
+from audit.services import PreparedEvent, alert_raise, audit_append_prepared, audit_event_prepare, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
 from billing.models import Wallet
@@ -64,7 +65,7 @@ from permits import exceptions as permit_exc
 from permits.models import Permit
 from permits.services import authorize, permit_release, permit_reserve_refusal, quote_consume
 from receipts.models import Outcome
-from receipts.services import receipt_issue, refund_reconciliation_open
+from receipts.services import receipt_prepare, refund_reconciliation_open
 
 logger = logging.getLogger("tollgate.gateway")
 
@@ -580,9 +581,47 @@ def _lock_claimed(action: Action) -> Action | None:
 _LOCK_CLAIMED_SQL = "SELECT state FROM mcpgateway_action WHERE action_id = %s FOR NO KEY UPDATE"
 
 
+# Upstream results that keep the charge and owe nothing back: (outcome, reason code).
+_KEEPS_CHARGE = {
+    "success": (Outcome.SUCCESS, ""),
+    "tool_error": (Outcome.TOOL_ERROR, "tool_error"),
+    "invalid_response": (Outcome.RESPONSE_REJECTED, "response_rejected"),
+}
+
+
 def _phase3(action: Action, result: CallResult) -> Action:
-    """Record the upstream outcome, refund where owed, receipt and audit, in one transaction."""
+    """Record the upstream outcome, refund where owed, receipt and audit, in one transaction.
+
+    When the charge stands (success, tool error, rejected answer) that is one round trip
+    (``gateway_finish``); refunds and uncertain deliveries take several statements.
+    """
     with transaction.atomic(durable=True):
+        kind = result.kind
+        detail = {"upstream_kind": kind, "upstream_reason": result.reason[:200], "status_code": result.status_code}
+        if kind in _KEEPS_CHARGE:
+            outcome, reason_code = _KEEPS_CHARGE[kind]
+            price = action.price or Decimal(0)
+            fault_point("before_receipt")
+            receipt = _finish(
+                action,
+                state=ActionState.COMPLETED,
+                outcome=outcome,
+                reason_code=reason_code,
+                message=f"The upstream's answer was rejected: {result.reason[:200]}"
+                if reason_code == "response_rejected"
+                else "",
+                result=None if reason_code == "response_rejected" else result.result,
+                response_hash=_response_hash(result),
+                credits_authorized=price,
+                credits_charged=price,
+                audit_detail=detail,
+                while_claimed=True,
+            )
+            if receipt is None:
+                # The sweeper declared it delivery_uncertain first; that receipt stands.
+                logger.warning("action %s finished after it was swept (%s)", action.action_id, kind)
+                return Action.objects.get(pk=action.pk)
+            return action
         locked = _lock_claimed(action)
         fault_point("before_receipt")
         if locked is None:
@@ -590,44 +629,7 @@ def _phase3(action: Action, result: CallResult) -> Action:
             logger.warning("action %s finished after it was swept (%s)", action.action_id, result.kind)
             return Action.objects.get(pk=action.pk)
         price = locked.price or Decimal(0)
-        kind = result.kind
-        detail = {"upstream_kind": kind, "upstream_reason": result.reason[:200], "status_code": result.status_code}
-        if kind == "success":
-            _finish(
-                locked,
-                state=ActionState.COMPLETED,
-                outcome=Outcome.SUCCESS,
-                result=result.result,
-                response_hash=_response_hash(result),
-                credits_authorized=price,
-                credits_charged=price,
-                audit_detail=detail,
-            )
-        elif kind == "tool_error":
-            _finish(
-                locked,
-                state=ActionState.COMPLETED,
-                outcome=Outcome.TOOL_ERROR,
-                reason_code="tool_error",
-                result=result.result,
-                response_hash=_response_hash(result),
-                credits_authorized=price,
-                credits_charged=price,
-                audit_detail=detail,
-            )
-        elif kind == "invalid_response":
-            _finish(
-                locked,
-                state=ActionState.COMPLETED,
-                outcome=Outcome.RESPONSE_REJECTED,
-                reason_code="response_rejected",
-                message=f"The upstream's answer was rejected: {result.reason[:200]}",
-                response_hash=_response_hash(result),
-                credits_authorized=price,
-                credits_charged=price,
-                audit_detail=detail,
-            )
-        elif kind == "uncertain":
+        if kind == "uncertain":
             _finish(
                 locked,
                 state=ActionState.DELIVERY_UNCERTAIN,
@@ -734,10 +736,15 @@ def _finish(
     endpoint: str = "",
     http_status: int | None = None,
     audit_detail: dict[str, Any] | None = None,
+    while_claimed: bool = False,
 ) -> Any:
-    """Issue the receipt (with its audit event) and store the action's final answer. Caller holds the transaction."""
+    """Issue the receipt (with its audit event) and store the action's final answer. Caller holds the transaction.
+
+    With ``while_claimed`` all of it is one round trip (``gateway_finish``) that first locks the
+    action and checks it is still claimed: None (nothing written) when it is not.
+    """
     wallet = action.wallet if isinstance(action.wallet, Wallet) else Wallet.objects.get(pk=action.wallet_id)
-    receipt = receipt_issue(
+    receipt, event = receipt_prepare(
         action_id=action.action_id,
         wallet=wallet,
         api_key_id=action.api_key_id,
@@ -786,8 +793,35 @@ def _finish(
     action.receipt = receipt
     action.response = response
     action.completed_at = timezone.now()
+    if while_claimed:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _FINISH_SQL,
+                [
+                    action.action_id,
+                    json.dumps(fastsql.json_row(receipt)),
+                    state,
+                    outcome,
+                    reason_code,
+                    receipt.receipt_id,
+                    json.dumps(response),
+                    action.completed_at,
+                    *event.params(),
+                ],
+            )
+            if cursor.fetchone()[0] != "ok":
+                return None
+        receipt._state.adding = False
+        receipt._state.db = connection.alias
+        return receipt
+    fastsql.insert(receipt)  # receipts are only ever inserted (``Receipt.save`` refuses updates)
     fastsql.update(action, ["state", "outcome", "reason_code", "receipt", "response", "completed_at"])
+    audit_append_prepared(event)  # last: it locks the tenant's chain head until commit
     return receipt
+
+
+# gateway_finish (mcpgateway/migrations/0004): 8 arguments of its own, then audit_append's 15.
+_FINISH_SQL = "SELECT gateway_finish(" + ", ".join(["%s"] * 23) + ")"
 
 
 # --- The local dogfood tool --------------------------------------------------------------

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.canonical import iso_utc
-from audit.services import audit_record
+from audit.services import PreparedEvent, audit_append_prepared, audit_event_prepare, audit_record
 from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import LedgerEntry, Wallet
@@ -72,7 +72,7 @@ def receipt_statement_problem(receipt: Receipt) -> str | None:
     )
 
 
-def receipt_issue(
+def receipt_prepare(
     *,
     action_id: str,
     wallet: Wallet,
@@ -92,12 +92,13 @@ def receipt_issue(
     policy_decision_id: str = "",
     endpoint: str = "",
     audit_detail: dict[str, Any] | None = None,
-) -> Receipt:
-    """Sign and store the receipt of one action and append its audit event. Caller holds the transaction.
+) -> tuple[Receipt, PreparedEvent]:
+    """The signed receipt of one action and its audit event, ready to write (nothing written yet).
 
     The receipt's signed statement names the audit event's id and the audit
-    event names the receipt, so each links to the other. The audit append is
-    the last statement (it locks the tenant's chain head until commit).
+    event names the receipt, so each links to the other. ``receipt_issue``
+    writes them; the governed call's ``gateway_finish`` writes them in its own
+    round trip.
     """
     if outcome not in Outcome.values:
         raise ValueError(f"unknown receipt outcome {outcome!r}")
@@ -127,8 +128,7 @@ def receipt_issue(
     receipt.signed_statement = signed.statement
     receipt.signature = signed.signature
     receipt.key_id = signed.kid
-    fastsql.insert(receipt)  # receipts are only ever inserted (``Receipt.save`` refuses updates)
-    audit_record(
+    event = audit_event_prepare(
         event_id=receipt.audit_event_id,
         event=f"tool_call.{outcome}",
         ok=outcome == Outcome.SUCCESS,
@@ -148,6 +148,18 @@ def receipt_issue(
             **(audit_detail or {}),
         },
     )
+    return receipt, event
+
+
+def receipt_issue(**kwargs: Any) -> Receipt:
+    """Sign and store the receipt of one action and append its audit event. Caller holds the transaction.
+
+    Arguments as ``receipt_prepare``. The audit append is the last statement (it locks
+    the tenant's chain head until commit).
+    """
+    receipt, event = receipt_prepare(**kwargs)
+    fastsql.insert(receipt)  # receipts are only ever inserted (``Receipt.save`` refuses updates)
+    audit_append_prepared(event)
     return receipt
 
 
