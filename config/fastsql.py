@@ -77,17 +77,27 @@ def _insert_sql(model: type[Model]) -> str:
     return f'INSERT INTO "{model._meta.db_table}" ({names}) VALUES ({", ".join(["%s"] * len(fields))})'  # noqa: S608
 
 
-def insert(obj: Model) -> None:
-    """``obj.save(force_insert=True)`` without query compilation (no signals, no ``save()`` override).
+def insert_sql(model: type[Model]) -> str:
+    """``INSERT INTO table (every column) VALUES (%s, ...)`` for ``model`` (built once per process)."""
+    return _insert_sql(model)
 
-    Values go through each field's ``pre_save`` (``auto_now_add``) and ``get_db_prep_save``.
-    """
-    fields = type(obj)._meta.concrete_fields
-    values = [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in fields]
-    with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(type(obj)), values)
+
+def insert_values(obj: Model) -> list[Any]:
+    """The values of ``insert_sql(type(obj))``, through each field's ``pre_save`` and ``get_db_prep_save``."""
+    return [field.get_db_prep_save(field.pre_save(obj, True), connection) for field in type(obj)._meta.concrete_fields]
+
+
+def inserted(obj: Model) -> None:
+    """Mark ``obj`` as stored (after its row was inserted by ``insert_sql`` inside another statement)."""
     obj._state.adding = False
     obj._state.db = connection.alias
+
+
+def insert(obj: Model) -> None:
+    """``obj.save(force_insert=True)`` without query compilation (no signals, no ``save()`` override)."""
+    with connection.cursor() as cursor:
+        cursor.execute(_insert_sql(type(obj)), insert_values(obj))
+    inserted(obj)
 
 
 def update(obj: Model, names: Sequence[str]) -> int:

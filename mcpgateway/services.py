@@ -63,7 +63,14 @@ from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.upstream import CallResult, UpstreamClient
 from permits import exceptions as permit_exc
 from permits.models import Permit
-from permits.services import authorize, permit_release, permit_reserve_refusal, quote_consume
+from permits.services import (
+    POLICIES_JSON_SQL,
+    authorize,
+    permit_release,
+    permit_reserve_refusal,
+    policies_from_json,
+    quote_consume,
+)
 from receipts.models import Outcome
 from receipts.services import receipt_prepare, refund_reconciliation_open
 
@@ -111,26 +118,6 @@ def tool_get(name: str) -> Tool | None:
     return tool if tool is not None and tool_is_callable(tool) else None
 
 
-def tool_with_price(name: str) -> tuple[Tool, Decimal | None] | None:
-    """A callable tool and its current price (None: not set), read in one query."""
-    row = fastsql.fetch_row(_tool_with_price_sql(), [name])
-    if row is None:
-        return None
-    tool = fastsql.instance(Tool, row[:-1])
-    if not tool_is_callable(tool):
-        return None
-    return tool, row[-1]
-
-
-@functools.cache
-def _tool_with_price_sql() -> str:
-    # Column names come from the model's metadata, never from input.
-    return (
-        f"SELECT {fastsql.columns(Tool, 't')}, p.credits FROM mcpgateway_tool t "  # noqa: S608
-        "LEFT JOIN billing_tool_price p ON p.tool = t.service_id WHERE t.service_id = %s"
-    )
-
-
 @functools.cache
 def _action_by_key_sql() -> str:
     return (
@@ -140,8 +127,15 @@ def _action_by_key_sql() -> str:
 
 
 @functools.cache
-def _permit_sql() -> str:
-    return f"SELECT {fastsql.columns(Permit, 'p')} FROM permits_permit p WHERE p.permit_id = %s AND p.wallet_id = %s"  # noqa: S608
+def _accept_sql() -> str:
+    """Insert the action; answer the permit (NULLs when it is not the wallet's) and the policies as JSON."""
+    # Column names come from the models' metadata, never from input.
+    return (
+        f"WITH accepted AS ({fastsql.insert_sql(Action)} RETURNING 1) "  # noqa: S608
+        f"SELECT {fastsql.columns(Permit, 'p')}, ({POLICIES_JSON_SQL}) "
+        "FROM (SELECT count(*) FROM accepted) AS accepted_rows "
+        "LEFT JOIN permits_permit p ON p.permit_id = %s AND p.wallet_id = %s"
+    )
 
 
 _CLAIM_SQL = (  # 35 placeholders: the debit's 12 (and whether to debit), the claim's 7, audit_append's 15
@@ -170,6 +164,33 @@ def _claim(
     with connection.cursor() as cursor:
         cursor.execute(_CLAIM_SQL, params)
         return dict(zip(DEBIT_COLUMNS, cursor.fetchone(), strict=True))
+
+
+@functools.cache
+def _action_and_tool_sql() -> str:
+    # Column names come from the models' metadata, never from input.
+    return (
+        f"SELECT {fastsql.columns(Action, 'a')}, {fastsql.columns(Tool, 't')}, p.credits "  # noqa: S608
+        "FROM (SELECT 1) AS one "
+        "LEFT JOIN mcpgateway_action a ON a.wallet_id = %s AND a.idempotency_key = %s "
+        "LEFT JOIN mcpgateway_tool t ON t.service_id = %s "
+        "LEFT JOIN billing_tool_price p ON p.tool = t.service_id"
+    )
+
+
+def _action_and_tool(
+    wallet_id: str, idempotency_key: str, tool_name: str
+) -> tuple[Action | None, tuple[Tool, Decimal | None] | None]:
+    """In one round trip: the action of (wallet, key) if any, and the callable tool with its price."""
+    row = fastsql.fetch_row(_action_and_tool_sql(), [wallet_id, idempotency_key, tool_name])
+    assert row is not None
+    split = fastsql.width(Action)
+    action = fastsql.instance(Action, row[:split]) if row[0] is not None else None
+    tool_row = row[split:-1]
+    if tool_row[0] is None:
+        return action, None
+    tool = fastsql.instance(Tool, tool_row)
+    return action, ((tool, row[-1]) if tool_is_callable(tool) else None)
 
 
 def action_for_key(wallet_id: str, idempotency_key: str) -> Action | None:
@@ -359,10 +380,9 @@ def governed_call(req: CallRequest) -> CallAnswer:
 
         raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
     digest = request_hash_of(req.tool, req.arguments)
-    existing = action_for_key(principal.wallet_id, req.idempotency_key)
+    existing, found = _action_and_tool(principal.wallet_id, req.idempotency_key, req.tool)
     if existing is not None:
         return _existing(existing, digest)
-    found = tool_with_price(req.tool)
     if found is None:
         raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
     tool, price = found
@@ -445,10 +465,17 @@ def _phase1(
     found: dict[str, Permit | None] = {"permit": None}
     try:
         with transaction.atomic(durable=True):
-            fastsql.insert(action)
+            # One round trip: insert the action (a concurrent request with the same key waits on the
+            # unique index, then fails with IntegrityError) and read the permit and the policies.
+            row = fastsql.fetch_row(
+                _accept_sql(),
+                [*fastsql.insert_values(action), wallet.ancestry, req.permit_id, wallet.wallet_id],  # in SQL order
+            )
+            assert row is not None
+            fastsql.inserted(action)
             fault_point("after_accept")
-            row = fastsql.fetch_row(_permit_sql(), [req.permit_id, wallet.wallet_id])
-            permit = fastsql.instance(Permit, row) if row is not None else None
+            permit = fastsql.instance(Permit, row[:-1]) if row[0] is not None else None
+            policies = policies_from_json(row[-1])
             found["permit"] = permit
             if permit is None:
                 raise permit_exc.PermitNotFound(permit_id=req.permit_id)
@@ -466,6 +493,7 @@ def _phase1(
                 price=price,
                 category=tool.category,
                 now=now,
+                policies=policies,
             )
             action.policy_decision_id = decision.policy_decision_id
             if decision.refusal is not None:

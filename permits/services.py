@@ -9,6 +9,7 @@ its own phase-1 transaction (``permit_reserve``, ``permit_release``,
 from __future__ import annotations
 
 import functools
+import json
 import logging
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -287,6 +288,34 @@ def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str 
     return permit
 
 
+# Every enabled policy on a wallet's line (its path: ``%s``), oldest first, as one JSON array of the
+# fields authorization reads; amounts as strings. For statements that read the policies alongside
+# other rows (the governed call's acceptance); ``policies_from_json`` reads it back.
+POLICIES_JSON_SQL = (
+    "SELECT coalesce(jsonb_agg(jsonb_build_object("
+    "'policy_id', b.policy_id, 'allowed_tools', b.allowed_tools, 'denied_tools', b.denied_tools, "
+    "'max_credits_per_call', b.max_credits_per_call::text, 'max_daily_credits', b.max_daily_credits::text, "
+    "'allowed_categories', b.allowed_categories) ORDER BY b.created_at), '[]'::jsonb) "
+    "FROM permits_policy_bundle b WHERE b.wallet_id = ANY(%s) AND b.enabled"
+)
+
+
+def policies_from_json(text: str | list[Any]) -> list[PolicyBundle]:
+    """The policies of ``POLICIES_JSON_SQL``'s answer, with the fields ``authorize`` reads."""
+    rows = json.loads(text) if isinstance(text, str) else text
+    return [
+        PolicyBundle(
+            policy_id=row["policy_id"],
+            allowed_tools=row["allowed_tools"],
+            denied_tools=row["denied_tools"],
+            max_credits_per_call=Decimal(row["max_credits_per_call"]) if row["max_credits_per_call"] else None,
+            max_daily_credits=Decimal(row["max_daily_credits"]) if row["max_daily_credits"] else None,
+            allowed_categories=row["allowed_categories"],
+        )
+        for row in rows
+    ]
+
+
 @functools.cache
 def _policies_sql() -> str:
     """Every enabled policy on a wallet and its ancestors (the wallet's path), oldest first."""
@@ -372,11 +401,14 @@ def authorize(
     category: str | None = None,
     now: datetime | None = None,
     verify_signature: bool = True,
+    policies: list[PolicyBundle] | None = None,
 ) -> Decision:
     """Evaluate the permit and every enabled policy on the wallet and its ancestors.
 
     Pure read; the caller records the decision (its ``policy_decision_id``) on
-    the audit event and raises ``decision.refusal`` when not allowed.
+    the audit event and raises ``decision.refusal`` when not allowed. ``policies``:
+    the enabled policies of the wallet's line, oldest first, when the caller read
+    them already (``POLICIES_JSON_SQL``); else they are read here.
     """
     now = now or timezone.now()
     decision_id = new_id("pdec")
@@ -404,7 +436,8 @@ def authorize(
     if not tool_allowed(list(permit.allowed_tools), tool):
         return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
 
-    policies = fastsql.fetch_all(PolicyBundle, _policies_sql(), [wallet.ancestry])
+    if policies is None:
+        policies = fastsql.fetch_all(PolicyBundle, _policies_sql(), [wallet.ancestry])
     applied = [p.policy_id for p in policies]
     daily_spent: Decimal | None = None
     for policy in policies:
