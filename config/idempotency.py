@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from audit.canonical import canonical_bytes, sha256_hex
+from audit.canonical import canonical_bytes_fast, sha256_hex
 from config.errors import RequestValidationError
 
 _PRINTABLE = re.compile(r"^[\x20-\x7e]{1,255}$")
@@ -33,7 +33,7 @@ def validate_idempotency_key(value: str | None, *, required: bool) -> str | None
 
 def request_hash(payload: Any) -> str:
     """SHA-256 of the canonical JSON of ``payload`` (decimals must already be strings)."""
-    return sha256_hex(canonical_bytes(payload))
+    return sha256_hex(canonical_bytes_fast(payload))
 
 
 def idempotency_scope(*, wallet_id: str | None, key_id: str) -> str:

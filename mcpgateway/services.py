@@ -40,7 +40,7 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from audit.canonical import canonical_bytes, sha256_hex
+from audit.canonical import canonical_bytes_fast, sha256_hex
 from audit.services import PreparedEvent, alert_raise, audit_append_prepared, audit_event_prepare, audit_record
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
@@ -340,7 +340,7 @@ def request_document(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:
 
 
 def request_hash_of(tool: str, arguments: dict[str, Any]) -> str:
-    return sha256_hex(canonical_bytes(request_document(tool, arguments)))
+    return sha256_hex(canonical_bytes_fast(request_document(tool, arguments)))
 
 
 _validators: dict[str, tuple[str, Any]] = {}
@@ -349,7 +349,7 @@ _validators: dict[str, tuple[str, Any]] = {}
 def _validate_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
     """422 before anything is accepted or charged when the arguments break the tool's inputSchema."""
     schema = tool.input_schema or {"type": "object"}
-    fingerprint = sha256_hex(canonical_bytes(schema))
+    fingerprint = sha256_hex(canonical_bytes_fast(schema))
     cached = _validators.get(tool.service_id)
     if cached is None or cached[0] != fingerprint:
         try:
@@ -593,7 +593,7 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
 
 def _response_hash(result: CallResult) -> str:
     body = result.result if result.result is not None else result.error
-    return sha256_hex(canonical_bytes(body)) if body is not None else ""
+    return sha256_hex(canonical_bytes_fast(body)) if body is not None else ""
 
 
 def _lock_claimed(action: Action) -> Action | None:
@@ -884,7 +884,7 @@ def _phase3_local(action: Action, req: CallRequest) -> Action:
             state=ActionState.COMPLETED,
             outcome=Outcome.SUCCESS,
             result=result,
-            response_hash=sha256_hex(canonical_bytes(result)),
+            response_hash=sha256_hex(canonical_bytes_fast(result)),
             credits_authorized=price,
             credits_charged=price,
             audit_detail={"local_tool": True},

@@ -6,7 +6,7 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from audit.canonical import b64url_encode, canonical_bytes, sha256_hex
+from audit.canonical import b64url_encode, canonical_bytes, canonical_bytes_fast, sha256_hex
 from audit.models import AuditEvent, SigningKey
 from audit.services import audit_chain_verify
 from audit.signing import verify_statement
@@ -47,7 +47,7 @@ def reconciliation_visible(principal: Principal) -> QuerySet[RefundReconciliatio
 
 def request_document_hash(document: Any) -> str:
     """The request hash: SHA-256 of the canonical JSON of ``{"tool", "arguments"}``."""
-    return sha256_hex(canonical_bytes(document))
+    return sha256_hex(canonical_bytes_fast(document))
 
 
 def _signature_check(statement: Any, signature: str, expected_type: str) -> str:
