@@ -21,15 +21,35 @@ def _clear_rate_limits() -> Iterator[None]:
 
 
 @pytest.fixture(autouse=True)
+def _rate_limit_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rate-limit windows are fixed: a burst that straddles a boundary is split between two windows.
+
+    Requests served in this process (test clients, the live server thread) count at one moment
+    in the middle of a minute, so a test's burst always lands in one window however slowly the
+    machine runs it. Gunicorn instances started by tests keep the real clock (those tests wait
+    for the start of a window); boundaries are tested with ``bucket_charge(now=...)``.
+    """
+    import time
+    import types
+
+    from billing import ratelimit
+
+    frozen = time.time() // 60 * 60 + 30
+    monkeypatch.setattr(ratelimit, "time", types.SimpleNamespace(time=lambda: frozen))
+
+
+@pytest.fixture(autouse=True)
 def _forget_signing_caches() -> Iterator[None]:
     """Tests flush and recreate signing keys; the per-process key caches must not outlive them."""
     from audit import signing
 
     signing.forget_active_kid()
     signing._public_keys.clear()
+    signing._verified.clear()
     yield
     signing.forget_active_kid()
     signing._public_keys.clear()
+    signing._verified.clear()
 
 
 def client_for(secret: str | None) -> APIClient:

@@ -122,6 +122,18 @@ def test_limits_hold_across_workers_and_instances_with_no_extra_service(tmp_path
         rejected = [httpx.get((a, b)[i % 2].url + url, headers=bad, timeout=30).status_code for i in range(20)]
         assert rejected.count(401) == 12, rejected
         assert rejected.count(429) == 8
-    # The counters are rows every process shares.
-    count, _ = bucket_charge(f"key:{tenant.sponsor_key_id}", 0, 60)
+    # The counters are rows every process shares (read at the gunicorn instances' clock, not the
+    # in-process one tests pin).
+    count, _ = bucket_charge(f"key:{tenant.sponsor_key_id}", 0, 60, now=time.time())
     assert count == 150
+
+
+def test_windows_are_fixed_and_reset_at_their_boundary(backend: str) -> None:
+    """A window counts from its start to its end; the next one starts at zero (both backends)."""
+    from billing.ratelimit import bucket_charge
+
+    start = 1_800_000_000 // 60 * 60  # the start of some minute
+    assert bucket_charge("edge", 5, 60, now=start + 0.5) == (5, 60)
+    assert bucket_charge("edge", 5, 60, now=start + 59.2) == (10, 1)  # reset rounds up to a whole second
+    assert bucket_charge("edge", 1, 60, now=start + 60) == (1, 60)  # the next window
+    assert bucket_charge("edge", 0, 60, now=start + 30) == (10, 30)  # the first one kept its count
