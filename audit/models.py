@@ -101,7 +101,6 @@ class AuditEvent(models.Model):
         indexes = [
             models.Index(fields=["tenant_id", "created_at"], name="audit_tenant_created"),
             models.Index(fields=["event"], name="audit_event_name"),
-            models.Index(fields=["wallet_id"], name="audit_wallet"),
             models.Index(fields=["request_id"], name="audit_request"),
             models.Index(fields=["created_at"], name="audit_created"),
             models.Index(fields=["wallet_id", "created_at"], name="audit_wallet_created"),

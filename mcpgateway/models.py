@@ -70,7 +70,8 @@ class Action(models.Model):
 
     action_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40)
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="actions")
+    # Indexed by the unique (wallet, idempotency_key) index, which leads with it.
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="actions", db_index=False)
     api_key_id = models.CharField(max_length=40)
     idempotency_key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
