@@ -18,7 +18,7 @@ import re
 import threading
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Required, TypedDict, Unpack
 
 from django.db import connection, transaction
 from django.utils import timezone
@@ -81,20 +81,23 @@ def _payload_around_seq(payload: bytes) -> tuple[bytes, bytes]:
     return before + b'"seq":', b',"tenant_id":' + after
 
 
-def audit_record(
-    *,
-    event: str,
-    ok: bool,
-    tenant_id: str | None = None,
-    wallet_id: str | None = None,
-    key_id: str | None = None,
-    tool: str | None = None,
-    endpoint: str | None = None,
-    policy_decision_id: str | None = None,
-    request_id: str | None = None,
-    detail: dict[str, Any] | None = None,
-    event_id: str | None = None,
-) -> AuditEvent:
+class EventFields(TypedDict, total=False):
+    """The fields of an audit event a caller gives (``audit_record``, ``audit_event_prepare``)."""
+
+    event: Required[str]
+    ok: Required[bool]
+    tenant_id: str | None
+    wallet_id: str | None
+    key_id: str | None
+    tool: str | None
+    endpoint: str | None
+    policy_decision_id: str | None
+    request_id: str | None
+    detail: dict[str, Any] | None
+    event_id: str | None
+
+
+def audit_record(**fields: Unpack[EventFields]) -> AuditEvent:
     """Append one event to the tenant's chain (or the ``system`` chain without a tenant).
 
     Runs inside the caller's transaction when there is one, so the event
@@ -112,19 +115,7 @@ def audit_record(
     when another record must name the event before it is appended (a receipt
     signs the id of its audit event).
     """
-    prepared = audit_event_prepare(
-        event=event,
-        ok=ok,
-        tenant_id=tenant_id,
-        wallet_id=wallet_id,
-        key_id=key_id,
-        tool=tool,
-        endpoint=endpoint,
-        policy_decision_id=policy_decision_id,
-        request_id=request_id,
-        detail=detail,
-        event_id=event_id,
-    )
+    prepared = audit_event_prepare(**fields)
     return audit_append_prepared(prepared)
 
 
@@ -178,25 +169,20 @@ class PreparedEvent:
         self.record._state.db = "default"
 
 
-def audit_event_prepare(
-    *,
-    event: str,
-    ok: bool,
-    tenant_id: str | None = None,
-    wallet_id: str | None = None,
-    key_id: str | None = None,
-    tool: str | None = None,
-    endpoint: str | None = None,
-    policy_decision_id: str | None = None,
-    request_id: str | None = None,
-    detail: dict[str, Any] | None = None,
-    event_id: str | None = None,
-) -> PreparedEvent:
+def audit_event_prepare(**fields: Unpack[EventFields]) -> PreparedEvent:
     """Everything of an audit event but its place in the chain (see ``audit_record`` for the arguments).
 
     Raises ``ValueError`` for a ``detail`` that would not read back identically. The
     governed call's database functions append it in their own round trip.
     """
+    event, ok, detail = fields["event"], fields["ok"], fields.get("detail")
+    tenant_id, wallet_id, key_id = fields.get("tenant_id"), fields.get("wallet_id"), fields.get("key_id")
+    tool, endpoint = fields.get("tool"), fields.get("endpoint")
+    policy_decision_id, request_id, event_id = (
+        fields.get("policy_decision_id"),
+        fields.get("request_id"),
+        fields.get("event_id"),
+    )
     chain = tenant_id or SYSTEM_CHAIN
     check_round_trip(detail or {})
     record = AuditEvent(

@@ -197,6 +197,30 @@ def run_load(
     return result
 
 
+def provision(env: dict[str, str], upstream_port: int, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
+    """Migrate the throwaway database, start the demo upstream (appended to ``procs``), sync and price
+    its tools, and create the funded agents, keys and permits of SETUP; returns their credentials."""
+    manage = [sys.executable, "manage.py"]
+    subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
+    subprocess.run([*manage, "ensure_signing_key"], cwd=ROOT, env=env, check=True, capture_output=True)
+    procs.append(
+        subprocess.Popen(
+            [sys.executable, "-m", "mcpgateway.demo_upstream", "--port", str(upstream_port), "--stateless"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    )
+    wait_http(f"http://127.0.0.1:{upstream_port}/stats")
+    subprocess.run([*manage, "sync_tools"], cwd=ROOT, env=env, check=True, capture_output=True)
+    subprocess.run([*manage, "set_tool_price", "math.add", "0.0001"], cwd=ROOT, env=env, check=True)
+    setup = subprocess.run(
+        [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
+    )
+    return dict(json.loads(setup.stdout.strip().splitlines()[-1]))
+
+
 def _columns(conn: Any, table: str) -> list[str]:
     rows = conn.execute(
         "SELECT column_name FROM information_schema.columns WHERE table_name = %s ORDER BY ordinal_position",
@@ -306,25 +330,7 @@ def main() -> int:
     env.pop("TOLLGATE_TESTING", None)
     procs: list[subprocess.Popen[bytes]] = []
     try:
-        manage = [sys.executable, "manage.py"]
-        subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        subprocess.run([*manage, "ensure_signing_key"], cwd=ROOT, env=env, check=True, capture_output=True)
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "mcpgateway.demo_upstream", "--port", str(upstream_port), "--stateless"],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-        wait_http(f"http://127.0.0.1:{upstream_port}/stats")
-        subprocess.run([*manage, "sync_tools"], cwd=ROOT, env=env, check=True, capture_output=True)
-        subprocess.run([*manage, "set_tool_price", "math.add", "0.0001"], cwd=ROOT, env=env, check=True)
-        setup = subprocess.run(
-            [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
-        )
-        creds = json.loads(setup.stdout.strip().splitlines()[-1])
+        creds = provision(env, upstream_port, procs)
         spread = creds["spread"]  # 8 agent wallets of the same tenant, each with its key and permit
         procs.append(
             subprocess.Popen(

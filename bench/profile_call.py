@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 sys.path.insert(0, str(ROOT / "bench"))
-from governed_call import SETUP, call_body, database_url, free_port, to_url, wait_http  # noqa: E402
+from governed_call import call_body, database_url, free_port, provision, to_url  # noqa: E402
 
 DB_NAME = "bench_profile_call"
 
@@ -58,25 +58,9 @@ def main() -> int:
         "SIGNING_KEY_FILE": str(ROOT / ".data" / "bench-keys" / "signing-keys.json"),
     }
     env.pop("TOLLGATE_TESTING", None)
-    upstream = None
+    procs: list[subprocess.Popen[bytes]] = []
     try:
-        manage = [sys.executable, "manage.py"]
-        subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
-        subprocess.run([*manage, "ensure_signing_key"], cwd=ROOT, env=env, check=True, capture_output=True)
-        upstream = subprocess.Popen(
-            [sys.executable, "-m", "mcpgateway.demo_upstream", "--port", str(upstream_port), "--stateless"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        wait_http(f"http://127.0.0.1:{upstream_port}/stats")
-        subprocess.run([*manage, "sync_tools"], cwd=ROOT, env=env, check=True, capture_output=True)
-        subprocess.run([*manage, "set_tool_price", "math.add", "0.0001"], cwd=ROOT, env=env, check=True)
-        setup = subprocess.run(
-            [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
-        )
-        creds = json.loads(setup.stdout.strip().splitlines()[-1])
+        creds = provision(env, upstream_port, procs)
         os.environ.update(env)
         report = profile(creds, args.calls, args.top)
         print(report["text"])
@@ -84,7 +68,7 @@ def main() -> int:
             Path(args.json).write_text(json.dumps({k: v for k, v in report.items() if k != "text"}, indent=2) + "\n")
         return 0
     finally:
-        if upstream is not None:
+        for upstream in procs:
             upstream.terminate()
             upstream.wait(15)
         import psycopg
