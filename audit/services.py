@@ -36,6 +36,7 @@ from audit.canonical import (
 from audit.evidence_core import CHAIN_ROW_FIELDS, GENESIS_HASH, ChainCheck, _scan_json, chain_hash
 from audit.exceptions import SigningKeyRetired, SigningKeyUnavailable
 from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead, SigningKey, SigningKeyState
+from config import fastsql
 from config.errors import RequestValidationError
 from config.ids import new_id
 from config.middleware import get_request_id
@@ -165,8 +166,7 @@ class PreparedEvent:
     def appended(self, seq: int, prev_hash: str, hash_: str) -> None:
         """Record what the database assigned (``audit_append``'s answer)."""
         self.record.seq, self.record.prev_hash, self.record.hash = seq, prev_hash, hash_
-        self.record._state.adding = False
-        self.record._state.db = "default"
+        fastsql.inserted(self.record)
 
 
 def audit_event_prepare(**fields: Unpack[EventFields]) -> PreparedEvent:

@@ -104,6 +104,7 @@ from billing.models import (
     WalletStatus,
     WalletType,
 )
+from config import fastsql
 from config.errors import (
     ApplicationError,
     Conflict,
@@ -660,11 +661,21 @@ def _refusal(row: dict[str, Any], amount: Decimal) -> ApplicationError | None:
     raise RuntimeError(f"billing_debit answered an unknown code {code!r}")
 
 
-_DEBIT_SQL = (
-    "SELECT code, subject_id, wallet_tenant, new_balance, daily_spent, refilled, refill_parent, figure, "
-    "figure_limit, spend_window, refusal_reason "
-    "FROM billing_debit(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+# The answer of billing_debit (its OUT parameters), read by name.
+DEBIT_COLUMNS = (
+    "code",
+    "subject_id",
+    "wallet_tenant",
+    "new_balance",
+    "daily_spent",
+    "refilled",
+    "refill_parent",
+    "figure",
+    "figure_limit",
+    "spend_window",
+    "refusal_reason",
 )
+_DEBIT_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM billing_debit({', '.join(['%s'] * 12)})"  # noqa: S608
 
 
 @dataclass(frozen=True)
@@ -747,11 +758,8 @@ class DebitCall:
         )
         for posted in (refill, entry):
             if posted is not None:
-                posted._state.adding = False  # written by the database function
+                fastsql.inserted(posted)  # written by the database function
         return DebitResult(entry=entry, refill=refill, daily_spent=row["daily_spent"])
-
-
-DEBIT_COLUMNS = tuple(_DEBIT_SQL[7 : _DEBIT_SQL.index(" FROM")].split(", "))
 
 
 def debit_call(

@@ -60,14 +60,6 @@ def fetch_row(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     return tuple(row) if row is not None else None
 
 
-def fetch_all(model: type[M], sql: str, params: Sequence[Any]) -> list[M]:
-    """Every row of ``sql`` (selecting ``columns(model, ...)``) as instances, in one round trip."""
-    with connection.cursor() as cursor:
-        cursor.execute(sql, params)
-        rows = cursor.fetchall()
-    return [instance(model, row) for row in rows]
-
-
 @cache
 def _insert_sql(model: type[Model]) -> str:
     fields = model._meta.concrete_fields

@@ -119,14 +119,6 @@ def tool_get(name: str) -> Tool | None:
 
 
 @functools.cache
-def _action_by_key_sql() -> str:
-    return (
-        f"SELECT {fastsql.columns(Action, 'a')} FROM mcpgateway_action a "  # noqa: S608
-        "WHERE a.wallet_id = %s AND a.idempotency_key = %s"
-    )
-
-
-@functools.cache
 def _accept_sql() -> str:
     """Insert the action; answer the permit (NULLs when it is not the wallet's) and the policies as JSON."""
     # Column names come from the models' metadata, never from input.
@@ -138,10 +130,9 @@ def _accept_sql() -> str:
     )
 
 
-_CLAIM_SQL = (  # 35 placeholders: the debit's 12 (and whether to debit), the claim's 7, audit_append's 15
-    "SELECT code, subject_id, wallet_tenant, new_balance, daily_spent, refilled, refill_parent, figure, "  # noqa: S608
-    "figure_limit, spend_window, refusal_reason FROM gateway_claim(" + ", ".join(["%s"] * 35) + ")"
-)
+# gateway_claim answers billing_debit's columns; 35 placeholders: whether to debit and the debit's 12,
+# the claim's 7, audit_append's 15.
+_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM gateway_claim({', '.join(['%s'] * 35)})"  # noqa: S608
 
 
 def _claim(
@@ -191,12 +182,6 @@ def _action_and_tool(
         return action, None
     tool = fastsql.instance(Tool, tool_row)
     return action, ((tool, row[-1]) if tool_is_callable(tool) else None)
-
-
-def action_for_key(wallet_id: str, idempotency_key: str) -> Action | None:
-    """The action of (wallet, idempotency key), if any (one precompiled query)."""
-    row = fastsql.fetch_row(_action_by_key_sql(), [wallet_id, idempotency_key])
-    return fastsql.instance(Action, row) if row is not None else None
 
 
 @dataclass(frozen=True)
@@ -397,7 +382,7 @@ def governed_call(req: CallRequest) -> CallAnswer:
         action, velocity = run_retrying(lambda: _phase1(req, tool, price, digest))
     except IntegrityError:
         # A concurrent request with the same key inserted first (the unique index made us wait for it).
-        existing = action_for_key(principal.wallet_id, req.idempotency_key)
+        existing, _ = _action_and_tool(principal.wallet_id, req.idempotency_key, req.tool)
         if existing is None:
             raise
         return _existing(existing, digest)
@@ -839,8 +824,7 @@ def _finish(
             )
             if cursor.fetchone()[0] != "ok":
                 return None
-        receipt._state.adding = False
-        receipt._state.db = connection.alias
+        fastsql.inserted(receipt)
         return receipt
     fastsql.insert(receipt)  # receipts are only ever inserted (``Receipt.save`` refuses updates)
     fastsql.update(action, ["state", "outcome", "reason_code", "receipt", "response", "completed_at"])

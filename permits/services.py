@@ -8,7 +8,6 @@ its own phase-1 transaction (``permit_reserve``, ``permit_release``,
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 from dataclasses import dataclass, field
@@ -316,16 +315,6 @@ def policies_from_json(text: str | list[Any]) -> list[PolicyBundle]:
     ]
 
 
-@functools.cache
-def _policies_sql() -> str:
-    """Every enabled policy on a wallet and its ancestors (the wallet's path), oldest first."""
-    # Column names come from the model's metadata, never from input.
-    return (
-        f"SELECT {fastsql.columns(PolicyBundle, 'p')} FROM permits_policy_bundle p "  # noqa: S608
-        "WHERE p.wallet_id = ANY(%s) AND p.enabled ORDER BY p.created_at"
-    )
-
-
 _RESERVE_SQL = "SELECT permits_reserve(%s, %s, %s)"  # permits/migrations/0004
 
 
@@ -437,7 +426,8 @@ def authorize(
         return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
 
     if policies is None:
-        policies = fastsql.fetch_all(PolicyBundle, _policies_sql(), [wallet.ancestry])
+        row = fastsql.fetch_row(POLICIES_JSON_SQL, [wallet.ancestry])
+        policies = policies_from_json(row[0] if row is not None else "[]")
     applied = [p.policy_id for p in policies]
     daily_spent: Decimal | None = None
     for policy in policies:
