@@ -2,8 +2,8 @@
 
 Compiling a queryset costs more CPU than PostgreSQL spends answering a
 primary-key lookup. The governed call's fixed lookups (the API key and its
-wallet, the tool and its price, the action of an idempotency key, the permit)
-use this instead: the column list of each model is built once per process, the
+wallet, the tool and its price, the action of an idempotency key, the permit and
+the writes of actions and receipts) use this instead: the column list of each model is built once per process, the
 SQL is a constant of the caller, and rows become model instances through
 ``Model.from_db`` with the fields' own database converters (JSON and the
 like), so what callers get is what the ORM would have returned.
@@ -61,17 +61,13 @@ def fetch_row(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
 
 
 @cache
-def _insert_sql(model: type[Model]) -> str:
+def insert_sql(model: type[Model]) -> str:
+    """``INSERT INTO table (every column) VALUES (%s, ...)`` for ``model`` (built once per process)."""
     fields = model._meta.concrete_fields
     if any(isinstance(field, AutoField | BigAutoField | SmallAutoField) for field in fields):
         raise TypeError(f"{model.__name__}: fastsql.insert needs a primary key set by the caller")
     names = ", ".join(f'"{field.column}"' for field in fields)
     return f'INSERT INTO "{model._meta.db_table}" ({names}) VALUES ({", ".join(["%s"] * len(fields))})'  # noqa: S608
-
-
-def insert_sql(model: type[Model]) -> str:
-    """``INSERT INTO table (every column) VALUES (%s, ...)`` for ``model`` (built once per process)."""
-    return _insert_sql(model)
 
 
 def insert_values(obj: Model) -> list[Any]:
@@ -88,7 +84,7 @@ def inserted(obj: Model) -> None:
 def insert(obj: Model) -> None:
     """``obj.save(force_insert=True)`` without query compilation (no signals, no ``save()`` override)."""
     with connection.cursor() as cursor:
-        cursor.execute(_insert_sql(type(obj)), insert_values(obj))
+        cursor.execute(insert_sql(type(obj)), insert_values(obj))
     inserted(obj)
 
 
