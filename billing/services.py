@@ -3,8 +3,9 @@
 Every public service owns its transaction (``@transaction.atomic(durable=True)``)
 and writes its audit events inside it, as the last statements. The exceptions
 are the building blocks ``ledger_debit`` and ``ledger_refund``, which run
-inside a transaction the caller holds (the tool gateway debits and refunds
-inside its own phase transactions).
+inside a transaction the caller holds, and ``debit_call`` (the arguments of the
+database function ``billing_debit``, which the tool gateway's ``gateway_claim``
+runs inside its phase-1 transaction).
 
 Money movements (DESIGN.md section 5). Each movement is one ledger
 transaction: a debit entry on the source account and a credit entry on the
@@ -18,7 +19,9 @@ refunded wallet before the wallet (their spend windows change with it), and the
 audit chain head last. Two transactions therefore never wait on each other in a
 cycle.
 
-Spend controls, applied by ``ledger_debit`` under the row locks, in this order:
+Spend controls, applied by the database function ``billing_debit``
+(billing/migrations/0008, behind ``ledger_debit``, the charge endpoint and the
+gateway's claim) under the row locks, in this order:
 status of the wallet and of every ancestor (closed, frozen, expired: 403; a
 freeze covers the subtree); funds, counting an auto-refill the parent can pay
 (402 ``insufficient_funds``, which freezes nothing); lifetime budget (403
