@@ -16,10 +16,19 @@ with sorted keys, no whitespace and no ASCII escaping:
 * key order: RFC 8785 sorts by UTF-16 code units, Python by code points; the
   two orders differ only between a supplementary character (a surrogate pair
   in UTF-16, 0xD800-0xDFFF) and a BMP character at or above U+E000, so keys
-  below U+E000 sort identically.
+  below U+E000 sort identically;
+* floats (tool results are full of them): RFC 8785 writes a number as
+  ECMAScript's ``Number.prototype.toString`` does, with the same shortest
+  round-trip digits as Python's ``repr``. For a finite non-integral float of
+  magnitude at least 1e-4 (non-integral floats are all below 2**53) both
+  write those digits in plain decimal notation, so the bytes are equal. An
+  integral float below 2**53 is written as the integer (``3.0`` becomes
+  ``3``), which is what the C encoder writes for ``int(value)``, so such
+  floats are converted first (:func:`_ready` copies only the containers
+  that hold one).
 
-Anything else (floats, large integers, exotic keys, lone surrogates) takes the
-reference path, so :func:`canonical_bytes_fast` equals :func:`canonical_bytes`
+Anything else (smaller or larger floats, large integers, exotic keys, lone
+surrogates) takes the reference path, so :func:`canonical_bytes_fast` equals :func:`canonical_bytes`
 on every input, including raising on the same inputs. The property test in
 ``tests/test_audit_canonical.py`` checks this with hypothesis.
 """
@@ -74,21 +83,71 @@ def canonical_bytes(obj: Any) -> bytes:
     return rfc8785.dumps(obj)
 
 
-def _plain(value: Any) -> bool:
-    """True when ``value`` is in the subset where the C json encoder writes RFC 8785 bytes."""
+class _Unsafe:
+    """Marker: the value is outside the subset the C encoder writes as RFC 8785."""
+
+
+_UNSAFE: Any = _Unsafe()
+_MIN_PLAIN_FLOAT = 1e-4  # below this, repr switches to exponent notation long before ECMAScript does
+
+
+def _ready(value: Any) -> Any:
+    """``value`` in a form the C json encoder writes as its RFC 8785 bytes, or ``_UNSAFE``.
+
+    Returns ``value`` itself when nothing needs converting; otherwise a copy of
+    the containers on the way to each integral float, which becomes an ``int``.
+    """
     kind = type(value)
     if kind is str or kind is bool or value is None:
-        return True
+        return value
     if kind is int:
-        return -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER
+        return value if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER else _UNSAFE
+    if kind is float:
+        if not math.isfinite(value):
+            return _UNSAFE
+        if value.is_integer():
+            return int(value) if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER else _UNSAFE
+        return value if abs(value) >= _MIN_PLAIN_FLOAT else _UNSAFE
     if kind is dict:
+        copy: dict[str, Any] | None = None
         for key, item in value.items():
-            if type(key) is not str or _KEY_UNSAFE.search(key) or not _plain(item):
-                return False
-        return True
+            if type(key) is not str or _KEY_UNSAFE.search(key):
+                return _UNSAFE
+            ready = _ready(item)
+            if ready is not item:
+                if ready is _UNSAFE:
+                    return _UNSAFE
+                if copy is None:
+                    copy = dict(value)
+                copy[key] = ready
+        return value if copy is None else copy
     if kind is list:
-        return all(_plain(item) for item in value)
-    return False
+        items: list[Any] | None = None
+        for index, item in enumerate(value):
+            ready = _ready(item)
+            if ready is not item:
+                if ready is _UNSAFE:
+                    return _UNSAFE
+                if items is None:
+                    items = list(value)
+                items[index] = ready
+        return value if items is None else items
+    if isinstance(value, str):  # a str enum such as a model's TextChoices: both encoders write its text
+        return value
+    return _UNSAFE
+
+
+def _plain(value: Any) -> bool:
+    """True when ``value`` is in the subset where the C json encoder writes RFC 8785 bytes (after ``_ready``)."""
+    return _ready(value) is not _UNSAFE
+
+
+def fast_text(value: Any) -> str | None:
+    """RFC 8785 text of ``value`` from the C encoder, or ``None`` when it needs the reference path."""
+    ready = _ready(value)
+    if ready is _UNSAFE:
+        return None
+    return _encode(ready)
 
 
 def check_round_trip(value: Any) -> None:
@@ -116,9 +175,10 @@ def check_round_trip(value: Any) -> None:
 
 def canonical_bytes_fast(obj: Any) -> bytes:
     """Same bytes as :func:`canonical_bytes` for every input, several times faster on plain values."""
-    if _plain(obj):
+    text = fast_text(obj)
+    if text is not None:
         try:
-            return _encode(obj).encode("utf-8")
+            return text.encode("utf-8")
         except UnicodeEncodeError:  # lone surrogate: let the reference path raise its own error
             pass
     return rfc8785.dumps(obj)
@@ -194,10 +254,11 @@ def event_bytes(
     an unexpected type falls back to the reference path.
     """
     js = _json_string
-    if type(seq) is int and type(ok) is bool and -MAX_SAFE_INTEGER <= seq <= MAX_SAFE_INTEGER and _plain(detail):
+    ready = _ready(detail)
+    if type(seq) is int and type(ok) is bool and -MAX_SAFE_INTEGER <= seq <= MAX_SAFE_INTEGER and ready is not _UNSAFE:
         try:
             return (
-                f'{{"chain":{js(chain)},"created_at":{js(created_at)},"detail":{_encode(detail)},'
+                f'{{"chain":{js(chain)},"created_at":{js(created_at)},"detail":{_encode(ready)},'
                 f'"endpoint":{"null" if endpoint is None else js(endpoint)},"event":{js(event)},'
                 f'"event_id":{js(event_id)},"key_id":{"null" if key_id is None else js(key_id)},'
                 f'"ok":{"true" if ok else "false"},'

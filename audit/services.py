@@ -26,11 +26,10 @@ from django.utils import timezone
 from audit import keystore
 from audit.canonical import (
     CanonicalizationError,
-    _encode,
-    _plain,
     canonical_bytes,
     check_round_trip,
     event_bytes,
+    fast_text,
     iso_utc,
 )
 from audit.evidence_core import CHAIN_ROW_FIELDS, GENESIS_HASH, ChainCheck, _scan_json, chain_hash
@@ -465,7 +464,7 @@ def _verify_rendered(
     checkpoint_seq: int | None,
 ) -> ChainCheck:
     """``verify_chain_rows`` over rows pre-rendered by ``_CHAIN_ROWS_SQL`` (same rules, same answers)."""
-    sha256, scan, plain, encode = hashlib.sha256, _scan_json, _plain, _encode
+    sha256, scan, fast = hashlib.sha256, _scan_json, fast_text
     expected = start_seq
     prev_raw = bytes.fromhex(start_prev_hash)
     last_seq, last_hash = start_seq - 1, start_prev_hash
@@ -485,7 +484,8 @@ def _verify_rendered(
         try:
             detail, end = scan(detail_text, 0)
             if end == len(detail_text):
-                body = encode(detail) if plain(detail) else canonical_bytes(detail).decode()
+                text = fast(detail)
+                body = text if text is not None else canonical_bytes(detail).decode()
                 digest = sha256(prev_raw + (head + body + tail).encode()).digest()
                 hex_digest = digest.hex()
         except (CanonicalizationError, TypeError, ValueError, StopIteration):

@@ -16,6 +16,7 @@ from audit.canonical import (
     canonical_bytes,
     canonical_bytes_fast,
     event_bytes,
+    fast_text,
     iso_utc,
 )
 
@@ -107,3 +108,59 @@ def test_iso_utc():
     assert iso_utc(moment) == "2026-11-21T20:51:00.123456Z"
     assert iso_utc(moment.replace(microsecond=0)) == "2026-11-21T20:51:00Z"
     assert iso_utc(moment.astimezone(timezone(timedelta(hours=2)))) == "2026-11-21T20:51:00.123456Z"
+
+
+# Floats at the edges of the fast path: integral and not, around 1e-4 and 2**53, signed zero, extremes.
+edge_floats = st.sampled_from(
+    [
+        0.0,
+        -0.0,
+        3.0,
+        -7.0,
+        0.1,
+        1 / 3,
+        1e-4,
+        -1e-4,
+        9.999999999999999e-05,
+        1.0000000000000002e-04,
+        1e-7,
+        2.0**53 - 1,
+        -(2.0**53 - 1),
+        2.0**53,
+        2.0**53 + 2,
+        4503599627370495.5,
+        1e16,
+        1e21,
+        123456789.125,
+        5e-324,
+        1.7976931348623157e308,
+    ]
+)
+
+
+@settings(max_examples=400, deadline=None, database=None)
+@given(st.one_of(edge_floats, st.floats(allow_nan=False), st.floats(min_value=-1e7, max_value=1e7)))
+def test_floats_on_the_fast_path_equal_rfc8785(value):
+    assert _fast(value) == _reference(value)
+    assert _fast([value, {"x": value, "y": [value]}]) == _reference([value, {"x": value, "y": [value]}])
+
+
+def test_ordinary_floats_take_the_fast_path():
+    assert fast_text(1.5) == "1.5"
+    assert fast_text({"sum": 3.0, "parts": [1.0, 2.0]}) == '{"parts":[1,2],"sum":3}'
+    assert fast_text(-0.0) == "0"
+    assert fast_text(1e-5) is None  # repr writes 1e-05, ECMAScript 0.00001: the reference path
+    assert fast_text(2.0**53) is None
+    assert fast_text(float("nan")) is None
+    value = {"a": [1.0]}
+    fast_text(value)
+    assert value == {"a": [1.0]}
+    assert type(value["a"][0]) is float
+
+
+def test_str_enums_take_the_fast_path_as_their_text():
+    from receipts.models import Outcome
+
+    value = {"outcome": Outcome.SUCCESS, "list": [Outcome.SUCCESS]}
+    assert fast_text(value) == '{"list":["success"],"outcome":"success"}'
+    assert canonical_bytes_fast(value) == rfc8785.dumps(value)

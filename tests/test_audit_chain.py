@@ -431,7 +431,7 @@ def test_database_rendering_matches_the_reference_encoding(db, signing, monkeypa
 def test_reference_fallback_when_the_fast_path_disagrees(chain, monkeypatch):
     from audit import services
 
-    monkeypatch.setattr(services, "_encode", lambda value: "{}")  # a broken fast path
+    monkeypatch.setattr(services, "fast_text", lambda value: "{}")  # a broken fast path
     assert verify(to_seq=50).valid  # every event re-checked against the reference encoding
     with tampering() as cursor:
         cursor.execute("UPDATE audit_event SET ok = NOT ok WHERE chain = %s AND seq = 20", [CHAIN])
