@@ -27,3 +27,28 @@ def test_every_position_spreads_over_the_alphabet() -> None:
 def test_other_lengths() -> None:
     assert len(random_base62(1)) == 1
     assert len(random_base62(40)) == 40
+
+
+def test_each_character_has_exactly_four_source_bytes() -> None:
+    from config import ids
+
+    kept = [b for b in range(256) if b not in ids._DROPPED]
+    counts = Counter(ids._TABLE[b] for b in kept)
+    assert set(counts) == set(BASE62.encode())
+    assert set(counts.values()) == {4}
+
+
+def test_dropped_bytes_are_read_again(monkeypatch) -> None:
+    from config import ids
+
+    reads: list[int] = []
+    stream = iter([b"\xff" * 20 + b"\x00\x3e", b"\xf8" * 5 + bytes(range(40))])
+
+    def urandom(n: int) -> bytes:
+        reads.append(n)
+        return next(stream)[:n]
+
+    monkeypatch.setattr(ids.os, "urandom", urandom)
+    # 22 bytes read, 20 dropped: "00" kept (0 and 62 both map to "0"), then 20 more characters.
+    assert random_base62(22) == "00" + BASE62[:20]
+    assert reads == [38, 36]
