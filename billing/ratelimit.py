@@ -42,8 +42,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 
 from config import metrics
-from config.authentication import resolve_credential
-from config.errors import RateLimited, json_error
+from config.authentication import credential_from_headers, resolve_credential
+from config.errors import InvalidAPIKey, RateLimited, json_error
 
 logger = logging.getLogger("tollgate.ratelimit")
 
@@ -105,7 +105,16 @@ def _cache_charge(bucket: str, cost: int, window: int, window_index: int) -> int
 
 
 def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
-    """Resolve the caller's bucket and charge it. Returns (kind, count, limit, reset)."""
+    """Resolve the caller's bucket and charge it. Returns (kind, count, limit, reset).
+
+    With the database backend, a valid key is looked up and its window charged
+    in one statement (``api_key_authenticate_charging``); the verdict is left on
+    the request as ``resolve_credential`` does, so authentication reuses it.
+    """
+    if settings.RATE_LIMIT_BACKEND == "database" and getattr(request, "_tollgate_auth", None) is None:
+        secret = credential_from_headers(request)
+        if secret is not None:
+            return _charge_presented_key(request, secret)
     key, error = resolve_credential(request)
     if key is not None:
         kind, bucket, cost = "key", f"key:{key.key_id}", 1
@@ -117,6 +126,27 @@ def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
         kind, bucket, cost = "anonymous", "anonymous", 1
     count, reset = bucket_charge(bucket, cost, settings.RATE_LIMIT_WINDOW_SECONDS)
     return kind, count, settings.RATE_LIMIT_REQUESTS, reset
+
+
+def _charge_presented_key(request: HttpRequest, secret: str) -> tuple[str, int, int, int]:
+    from billing.selectors import api_key_authenticate_charging
+
+    window = settings.RATE_LIMIT_WINDOW_SECONDS
+    now = time.time()
+    window_index = int(now // window)
+    try:
+        key, count = api_key_authenticate_charging(secret=secret, window_index=window_index)
+    except InvalidAPIKey as exc:
+        request._tollgate_auth = (None, exc)  # type: ignore[attr-defined]
+        cost = settings.RATE_LIMIT_REJECTED_MULTIPLIER
+        count, reset = bucket_charge(f"client:{_client_address(request)}", cost, window, now=now)
+        return "rejected_credentials", count, settings.RATE_LIMIT_REQUESTS, reset
+    request._tollgate_auth = (key, None)  # type: ignore[attr-defined]
+    if random.randrange(PRUNE_EVERY) == 0:
+        with connection.cursor() as cursor:
+            cursor.execute(_PRUNE, [window_index - 1])
+    reset = max(1, math.ceil((window_index + 1) * window - now))
+    return "key", count, settings.RATE_LIMIT_REQUESTS, reset
 
 
 class RateLimitMiddleware:

@@ -41,21 +41,55 @@ def api_key_authenticate(*, secret: str) -> APIKey:
 
     Looks the key up by id and compares SHA-256 digests in constant time.
     """
+    key_id = _key_id_of(secret)
+    row = fastsql.fetch_row(_key_with_wallet_sql(), [key_id])
+    return _verified(row, secret)
+
+
+def api_key_authenticate_charging(*, secret: str, window_index: int) -> tuple[APIKey, int]:
+    """:func:`api_key_authenticate`, and one unit charged to the key's rate-limit window, in one round trip.
+
+    Returns the key and the window's count after the charge. The window row of
+    ``key:<key_id>`` (``billing.ratelimit``) is charged only when the presented
+    secret's digest is the key's and the key is active, so a caller guessing
+    secrets for a known key id never spends that key's allowance (it is charged
+    to its own address by the rate limiter, as before). Raises InvalidAPIKey
+    exactly as :func:`api_key_authenticate` does, having charged nothing.
+    """
+    key_id = _key_id_of(secret)
+    row = fastsql.fetch_row(_key_charge_sql(), [window_index, key_id, hash_secret(secret), APIKeyStatus.ACTIVE, key_id])
+    key = _verified(row[:-1] if row is not None else None, secret)
+    assert row is not None
+    assert row[-1] is not None
+    return key, int(row[-1])
+
+
+def _key_id_of(secret: str) -> str:
     if len(secret) < MIN_SECRET_LENGTH:
         raise InvalidAPIKey("The API key is missing, malformed or too short.")
     key_id = parse_secret(secret)
     if key_id is None:
         raise InvalidAPIKey("The API key is malformed.")
-    key = _key_with_wallet(key_id)
-    if key is None or not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
+    return key_id
+
+
+def _verified(row: tuple[Any, ...] | None, secret: str) -> APIKey:
+    """The key of a ``_key_with_wallet_sql`` row if ``secret`` is its active secret; InvalidAPIKey otherwise."""
+    if row is None:
+        raise InvalidAPIKey("The API key is not valid.")
+    split = fastsql.width(APIKey)
+    key = fastsql.instance(APIKey, row[:split])
+    if not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
         raise InvalidAPIKey("The API key is not valid.")
     if key.status != APIKeyStatus.ACTIVE:
         raise InvalidAPIKey("The API key has been revoked.", key_id=key.key_id)
+    fastsql.attach(key, "wallet", fastsql.instance(Wallet, row[split:]) if key.wallet_id else None)
     return key
 
 
 @functools.cache
 def _key_with_wallet_sql() -> str:
+    """The key and its wallet (NULLs for operator keys) in one precompiled query (every request runs it)."""
     # Column names come from the models' metadata, never from input.
     return (
         f"SELECT {fastsql.columns(APIKey, 'k')}, {fastsql.columns(Wallet, 'w')} "  # noqa: S608
@@ -63,15 +97,22 @@ def _key_with_wallet_sql() -> str:
     )
 
 
-def _key_with_wallet(key_id: str) -> APIKey | None:
-    """The key and its wallet (None for operator keys) in one precompiled query (every request runs it)."""
-    row = fastsql.fetch_row(_key_with_wallet_sql(), [key_id])
-    if row is None:
-        return None
-    split = fastsql.width(APIKey)
-    key = fastsql.instance(APIKey, row[:split])
-    fastsql.attach(key, "wallet", fastsql.instance(Wallet, row[split:]) if key.wallet_id else None)
-    return key
+@functools.cache
+def _key_charge_sql() -> str:
+    """``_key_with_wallet_sql`` plus the rate-limit upsert of ``billing.ratelimit``, guarded by the digest.
+
+    A data-modifying CTE runs once whether or not it is read; its count is NULL
+    when the guard refused (unknown key, wrong secret, revoked key).
+    """
+    # Column names come from the models' metadata, never from input.
+    return (
+        "WITH charged AS (INSERT INTO billing_rate_limit_window (bucket, window_index, count) "  # noqa: S608
+        "SELECT 'key:' || key_id, %s, 1 FROM billing_api_key WHERE key_id = %s AND secret_hash = %s AND status = %s "
+        "ON CONFLICT (bucket, window_index) DO UPDATE SET count = billing_rate_limit_window.count + EXCLUDED.count "
+        "RETURNING count) "
+        f"SELECT {fastsql.columns(APIKey, 'k')}, {fastsql.columns(Wallet, 'w')}, (SELECT count FROM charged) "
+        "FROM billing_api_key k LEFT JOIN billing_wallet w ON w.wallet_id = k.wallet_id WHERE k.key_id = %s"
+    )
 
 
 def wallet_in_reach(principal: Principal, wallet: Wallet) -> bool:

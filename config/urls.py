@@ -10,17 +10,19 @@ admin.site.site_header = "Tollgate operator console"
 admin.site.site_title = "Tollgate"
 admin.site.index_title = "Operations"
 
+# The hot routes first: Django tries patterns in order, and a governed call's /mcp
+# otherwise walks past every admin, audit, billing, permits and receipts pattern.
 urlpatterns = [
+    path("", include("mcpgateway.urls")),
+    path("", include("billing.urls")),
     path("health", gateway_views.health, name="health"),
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
     path("redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
     path("admin/", admin.site.urls),
     path("", include("audit.urls")),
-    path("", include("billing.urls")),
     path("", include("permits.urls")),
     path("", include("receipts.urls")),
-    path("", include("mcpgateway.urls")),
     path("", include("mcpgateway.site_urls")),
     path("", include("config.metrics_urls")),
 ]

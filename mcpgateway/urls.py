@@ -14,4 +14,4 @@ urlpatterns = [
 ]
 
 if settings.ENABLE_MCP_STREAMABLE_HTTP:
-    urlpatterns.append(path("mcp", transports.mcp_streamable, name="mcp"))
+    urlpatterns.insert(0, path("mcp", transports.mcp_streamable, name="mcp"))  # first: the hot route

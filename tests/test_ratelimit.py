@@ -137,3 +137,47 @@ def test_windows_are_fixed_and_reset_at_their_boundary(backend: str) -> None:
     assert bucket_charge("edge", 5, 60, now=start + 59.2) == (10, 1)  # reset rounds up to a whole second
     assert bucket_charge("edge", 1, 60, now=start + 60) == (1, 60)  # the next window
     assert bucket_charge("edge", 0, 60, now=start + 30) == (10, 30)  # the first one kept its count
+
+
+def test_a_guessed_secret_never_spends_the_keys_allowance(tenant, backend: str) -> None:
+    """Right key id, wrong secret: refused, charged to the caller's address, never to the key's window."""
+    from billing.ratelimit import bucket_charge
+
+    key_id = tenant.sponsor_key_id
+    forged = tenant.sponsor_secret[:-4] + ("AAAA" if not tenant.sponsor_secret.endswith("AAAA") else "BBBB")
+    guesser = APIClient(REMOTE_ADDR="10.7.7.7")
+    guesser.credentials(HTTP_X_API_KEY=forged)
+    assert [guesser.get("/v1/me/permits").status_code for _ in range(13)] == [401] * 12 + [429]
+    assert bucket_charge(f"key:{key_id}", 0, 60)[0] == 0
+    assert bucket_charge("client:10.7.7.7", 0, 60)[0] == 130
+    # The key's owner still has the whole allowance.
+    r = tenant.sponsor_client.get("/v1/me/permits")
+    assert r.status_code == 200
+    assert r["X-RateLimit-Remaining"] == "119"
+
+
+def test_a_revoked_key_is_not_charged_to_its_own_window(tenant, backend: str) -> None:
+    from billing.ratelimit import bucket_charge
+
+    assert tenant.agent_client.get("/v1/me/permits").status_code == 200
+    tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/{tenant.agent_key_id}")
+    assert client_for(tenant.agent_secret).get("/v1/me/permits").status_code == 401
+    assert bucket_charge(f"key:{tenant.agent_key_id}", 0, 60)[0] == 1
+
+
+def test_database_windows_authenticate_and_charge_in_one_statement(tenant, backend: str) -> None:
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    with CaptureQueriesContext(connection) as queries:
+        r = tenant.agent_client.get("/v1/me/permits")
+    assert r.status_code == 200
+    assert r["X-RateLimit-Remaining"] == "119"
+    touching_keys = [q["sql"] for q in queries.captured_queries if "billing_api_key" in q["sql"]]
+    window_writes = [q["sql"] for q in queries.captured_queries if "billing_rate_limit_window" in q["sql"]]
+    if backend == "database":
+        assert len(touching_keys) == 1
+        assert touching_keys == window_writes
+    else:
+        assert len(touching_keys) == 1
+        assert window_writes == []
