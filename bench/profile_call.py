@@ -182,7 +182,7 @@ SECTIONS = [
     ("billing.ratelimit", "charge_request"),
     ("billing.selectors", "api_key_authenticate"),
     ("mcpgateway.services", "governed_call"),
-    ("mcpgateway.services", "_action_and_tool"),
+    ("mcpgateway.services", "_lookup"),
     ("mcpgateway.services", "_validate_arguments"),
     ("mcpgateway.services", "_phase1"),
     ("permits.services", "authorize"),

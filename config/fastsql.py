@@ -12,12 +12,13 @@ like), so what callers get is what the ORM would have returned.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
 from decimal import Decimal
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import AutoField, BigAutoField, Model, SmallAutoField
 
 M = TypeVar("M", bound=Model)
@@ -124,3 +125,14 @@ def json_row(obj: Model) -> dict[str, Any]:
 def attach(instance: Model, name: str, related: Model | None) -> None:
     """Set a forward relation as ``select_related`` would (no query when it is read)."""
     instance._state.fields_cache[name] = related
+
+
+def own_transaction() -> AbstractContextManager[Any]:
+    """Around one statement that is its own transaction (autocommit): nothing to open, nothing to commit.
+
+    PostgreSQL commits the statement as it ends, before its answer reaches this process, so the
+    locks it took are not held across a round trip. Inside a caller's transaction (tests run
+    in one) the statement gets a savepoint instead, so that a statement that fails rolls back
+    alone there too.
+    """
+    return transaction.atomic() if connection.in_atomic_block else nullcontext()

@@ -6,8 +6,9 @@ worker process SIGKILL itself the first time it reaches that point (a marker
 file in ``TOLLGATE_FAULT_DIR`` makes each fault fire once across processes, so
 a restarted worker can serve the retry); ``=raise`` raises ``InjectedFault``.
 
-Points: ``after_accept``, ``after_debit``, ``after_claim``, ``after_upstream``,
-``before_receipt``.
+Points: ``before_claim`` (authorized, nothing written yet), ``after_claim`` (the
+claim committed: action, debit, reservation and audit event, one statement),
+``after_upstream``, ``before_receipt``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import signal
 import tempfile
 from pathlib import Path
 
-POINTS = ("after_accept", "after_debit", "after_claim", "after_upstream", "before_receipt")
+POINTS = ("before_claim", "after_claim", "after_upstream", "before_receipt")
 
 
 class InjectedFault(RuntimeError):

@@ -37,7 +37,7 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
-from django.db import IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes_fast, sha256_hex
@@ -48,6 +48,7 @@ from billing.models import Wallet
 from billing.services import (
     DEBIT_COLUMNS,
     DebitCall,
+    DebitResult,
     debit_call,
     ledger_refund,
     wallet_check_may_spend,
@@ -62,14 +63,14 @@ from config.ids import new_id
 from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.upstream import CallResult, UpstreamClient
 from permits import exceptions as permit_exc
-from permits.models import Permit
+from permits.models import Permit, PolicyBundle, Quote
 from permits.services import (
     POLICIES_JSON_SQL,
     authorize,
     permit_release,
     permit_reserve_refusal,
     policies_from_json,
-    quote_consume,
+    quote_check,
 )
 from receipts.models import Outcome
 from receipts.services import receipt_prepare, refund_reconciliation_open
@@ -118,70 +119,120 @@ def tool_get(name: str) -> Tool | None:
     return tool if tool is not None and tool_is_callable(tool) else None
 
 
-@functools.cache
-def _accept_sql() -> str:
-    """Insert the action; answer the permit (NULLs when it is not the wallet's) and the policies as JSON."""
-    # Column names come from the models' metadata, never from input.
-    return (
-        f"WITH accepted AS ({fastsql.insert_sql(Action)} RETURNING 1) "  # noqa: S608
-        f"SELECT {fastsql.columns(Permit, 'p')}, ({POLICIES_JSON_SQL}) "
-        "FROM (SELECT count(*) FROM accepted) AS accepted_rows "
-        "LEFT JOIN permits_permit p ON p.permit_id = %s AND p.wallet_id = %s"
-    )
+@dataclass(frozen=True)
+class _Found:
+    """What a governed call reads before phase 1, in one round trip (``_lookup``)."""
 
-
-# gateway_claim answers billing_debit's columns; 35 placeholders: whether to debit and the debit's 12,
-# the claim's 7, audit_append's 15.
-_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM gateway_claim({', '.join(['%s'] * 35)})"  # noqa: S608
-
-
-def _claim(
-    debit: DebitCall | None, permit: Permit, price: Decimal, now: Any, action: Action, event: PreparedEvent
-) -> dict[str, Any]:
-    """``gateway_claim``: debit, reserve, claim the action and append its event, in one round trip."""
-    debit_params = debit.params() if debit else [None] * 12
-    params = [
-        debit is not None,
-        *debit_params,
-        permit.permit_id,
-        price,
-        now,
-        action.action_id,
-        debit.entry_id if debit else None,
-        action.claimed_at,
-        action.policy_decision_id,
-        *event.params(),
-    ]
-    with connection.cursor() as cursor:
-        cursor.execute(_CLAIM_SQL, params)
-        return dict(zip(DEBIT_COLUMNS, cursor.fetchone(), strict=True))
+    action: Action | None  # the action of (wallet, idempotency key), if any
+    tool: Tool | None  # the callable tool of that name
+    price: Decimal | None  # its price (None: not set, not callable)
+    permit: Permit | None  # the permit, when it is the wallet's
+    quote: Quote | None  # the quote, when one is named and it is the wallet's
+    policies: list[PolicyBundle]  # every enabled policy on the wallet's line, oldest first
 
 
 @functools.cache
-def _action_and_tool_sql() -> str:
+def _lookup_sql() -> str:
     # Column names come from the models' metadata, never from input.
     return (
-        f"SELECT {fastsql.columns(Action, 'a')}, {fastsql.columns(Tool, 't')}, p.credits "  # noqa: S608
+        f"SELECT {fastsql.columns(Action, 'a')}, {fastsql.columns(Tool, 't')}, pr.credits, "  # noqa: S608
+        f"{fastsql.columns(Permit, 'p')}, {fastsql.columns(Quote, 'q')}, ({POLICIES_JSON_SQL}) "
         "FROM (SELECT 1) AS one "
         "LEFT JOIN mcpgateway_action a ON a.wallet_id = %s AND a.idempotency_key = %s "
         "LEFT JOIN mcpgateway_tool t ON t.service_id = %s "
-        "LEFT JOIN billing_tool_price p ON p.tool = t.service_id"
+        "LEFT JOIN billing_tool_price pr ON pr.tool = t.service_id "
+        "LEFT JOIN permits_permit p ON p.permit_id = %s AND p.wallet_id = %s "
+        "LEFT JOIN permits_quote q ON q.quote_id = %s AND q.wallet_id = %s"
     )
 
 
-def _action_and_tool(
-    wallet_id: str, idempotency_key: str, tool_name: str
-) -> tuple[Action | None, tuple[Tool, Decimal | None] | None]:
-    """In one round trip: the action of (wallet, key) if any, and the callable tool with its price."""
-    row = fastsql.fetch_row(_action_and_tool_sql(), [wallet_id, idempotency_key, tool_name])
+def _lookup(req: CallRequest) -> _Found:
+    """One round trip, in autocommit: the action of the key, the tool with its price, the permit, the quote
+    and the policies. Nothing is locked: phase 1's claim re-checks under its locks whatever can change."""
+    wallet = req.principal.key.wallet
+    assert wallet is not None
+    wallet_id = wallet.wallet_id
+    row = fastsql.fetch_row(
+        _lookup_sql(),
+        [wallet.ancestry, wallet_id, req.idempotency_key, req.tool, req.permit_id, wallet_id, req.quote_id, wallet_id],
+    )
     assert row is not None
-    split = fastsql.width(Action)
-    action = fastsql.instance(Action, row[:split]) if row[0] is not None else None
-    tool_row = row[split:-1]
-    if tool_row[0] is None:
-        return action, None
-    tool = fastsql.instance(Tool, tool_row)
-    return action, ((tool, row[-1]) if tool_is_callable(tool) else None)
+    widths = [fastsql.width(Action), fastsql.width(Tool), 1, fastsql.width(Permit), fastsql.width(Quote)]
+    parts, at = [], 0
+    for n in widths:
+        parts.append(row[at : at + n])
+        at += n
+    action_row, tool_row, price_row, permit_row, quote_row = parts
+    tool = fastsql.instance(Tool, tool_row) if tool_row[0] is not None else None
+    return _Found(
+        action=fastsql.instance(Action, action_row) if action_row[0] is not None else None,
+        tool=tool if tool is not None and tool_is_callable(tool) else None,
+        price=price_row[0],
+        permit=fastsql.instance(Permit, permit_row) if permit_row[0] is not None else None,
+        quote=fastsql.instance(Quote, quote_row) if quote_row[0] is not None else None,
+        policies=policies_from_json(row[at]),
+    )
+
+
+# gateway_claim (mcpgateway/sql/gateway_claim.sql): the action row, the quote's 3, whether to debit and the
+# debit's 11, the reservation's 7, audit_append's 15; it answers billing_debit's columns.
+_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM gateway_claim({', '.join(['%s'] * 38)})"  # noqa: S608
+CLAIM_REFUSED = "P0T01"  # the SQLSTATE gateway_claim raises a refusal with
+
+
+def _claim(
+    action: Action, quote: Quote | None, debit: DebitCall | None, permit: Permit, now: Any, event: PreparedEvent
+) -> DebitResult | None:
+    """``gateway_claim``: insert the claimed action, consume the quote, debit, reserve and append the audit
+    event, in one statement (its own transaction). Returns the debit's entries (None for a free call).
+
+    Raises the refusal (the debit's, ``QuoteUnavailable``, or the permit's) with nothing written, and
+    ``IntegrityError`` when a concurrent request holds the same idempotency key.
+    """
+    price = action.price
+    params = [
+        json.dumps(fastsql.json_row(action)),
+        quote.quote_id if quote else "",
+        quote.quoted_credits if quote else None,
+        quote.signature if quote else None,
+        debit is not None,
+        *(debit.params()[:11] if debit else [None] * 11),
+        permit.permit_id,
+        price,
+        now,
+        permit.max_credits,
+        permit.max_calls,
+        permit.expires_at,
+        permit.signature,
+        *event.params(),
+    ]
+    try:
+        with fastsql.own_transaction(), connection.cursor() as cursor:
+            cursor.execute(_CLAIM_SQL, params)
+            answer = dict(zip(DEBIT_COLUMNS, cursor.fetchone(), strict=True))
+    except DatabaseError as err:
+        refused = _claim_refusal(err)
+        if refused is None:
+            raise
+        if refused["code"] == "quote_unavailable":
+            raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
+        if refused["code"] == "permit_refused":
+            raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price or Decimal(0), now=now) from None
+        assert debit is not None
+        debit.result(refused)  # raises the debit's refusal
+        raise AssertionError(f"gateway_claim refused with {refused['code']!r}") from err
+    fastsql.inserted(action)
+    return debit.result(answer) if debit else None
+
+
+def _claim_refusal(err: DatabaseError) -> dict[str, Any] | None:
+    """The answer a refusal of ``gateway_claim`` carries (its columns), or None for any other error."""
+    cause = err.__cause__
+    if getattr(cause, "sqlstate", None) != CLAIM_REFUSED:
+        return None
+    detail = json.loads(cause.diag.message_detail or "{}", parse_float=Decimal)  # type: ignore[union-attr]
+    answer = {name: detail.get(name) for name in DEBIT_COLUMNS}
+    return {name: Decimal(value) if isinstance(value, int) else value for name, value in answer.items()}
 
 
 @dataclass(frozen=True)
@@ -365,12 +416,12 @@ def governed_call(req: CallRequest) -> CallAnswer:
 
         raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
     digest = request_hash_of(req.tool, req.arguments)
-    existing, found = _action_and_tool(principal.wallet_id, req.idempotency_key, req.tool)
-    if existing is not None:
-        return _existing(existing, digest)
-    if found is None:
+    found = _lookup(req)
+    if found.action is not None:
+        return _existing(found.action, digest)
+    if found.tool is None:
         raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
-    tool, price = found
+    tool, price = found.tool, found.price
     if price is None:
         raise RequestValidationError.single(
             ["body", "name"], "This tool has no price set and cannot be called.", "tool_price_not_set"
@@ -379,10 +430,10 @@ def governed_call(req: CallRequest) -> CallAnswer:
 
     velocity: VelocityLimitExceeded | None = None
     try:
-        action, velocity = run_retrying(lambda: _phase1(req, tool, price, digest))
+        action, velocity = run_retrying(lambda: _phase1(req, found, tool, price, digest))
     except IntegrityError:
         # A concurrent request with the same key inserted first (the unique index made us wait for it).
-        existing, _ = _action_and_tool(principal.wallet_id, req.idempotency_key, req.tool)
+        existing = _lookup(req).action
         if existing is None:
             raise
         return _existing(existing, digest)
@@ -422,13 +473,17 @@ _REFUSALS = (permit_exc.PermitDenied, permit_exc.QuoteUnavailable, SpendRefused,
 
 
 def _phase1(
-    req: CallRequest, tool: Tool, list_price: Decimal, digest: str
+    req: CallRequest, found: _Found, tool: Tool, list_price: Decimal, digest: str
 ) -> tuple[Action, VelocityLimitExceeded | None]:
-    """Accept, authorize, reserve, debit and claim in one transaction; or record the refusal.
+    """Authorize on what ``_lookup`` read, then claim in one statement; or record the refusal.
 
-    The success path uses no savepoint: a refusal rolls the whole transaction
-    back and the denial (action, receipt, audit event) is written in a second
-    one. Raises ``IntegrityError`` when a concurrent request holds the same key.
+    Authorization (the permit's and the quote's signed statements, the policies) is decided in
+    Python; the claim (``_claim``) inserts the action already claimed, consumes the quote, debits,
+    reserves and appends the audit event in one statement, re-checking under its locks everything
+    that can have changed since the read (statuses, funds, spend windows, the permit's allowance
+    and signed limits, the quote). A refusal writes nothing there; the denial (action, receipt,
+    audit event) is then written in a transaction of its own. Raises ``IntegrityError`` when a
+    concurrent request holds the same key.
     """
     now = timezone.now()
     key = req.principal.key
@@ -447,88 +502,64 @@ def _phase1(
         quote_id=req.quote_id,
         created_at=now,
     )
-    found: dict[str, Permit | None] = {"permit": None}
+    permit = found.permit
     try:
-        with transaction.atomic(durable=True):
-            # One round trip: insert the action (a concurrent request with the same key waits on the
-            # unique index, then fails with IntegrityError) and read the permit and the policies.
-            row = fastsql.fetch_row(
-                _accept_sql(),
-                [*fastsql.insert_values(action), wallet.ancestry, req.permit_id, wallet.wallet_id],  # in SQL order
-            )
-            assert row is not None
-            fastsql.inserted(action)
-            fault_point("after_accept")
-            permit = fastsql.instance(Permit, row[:-1]) if row[0] is not None else None
-            policies = policies_from_json(row[-1])
-            found["permit"] = permit
-            if permit is None:
-                raise permit_exc.PermitNotFound(permit_id=req.permit_id)
-            price = list_price
-            if req.quote_id:
-                quote = quote_consume(
-                    quote_id=req.quote_id, wallet=wallet, tool=tool.service_id, action_id=action.action_id, now=now
-                )
-                price = quote.quoted_credits
-            decision = authorize(
-                permit=permit,
-                wallet=wallet,
-                key_id=key.key_id,
-                tool=tool.service_id,
-                price=price,
-                category=tool.category,
-                now=now,
-                policies=policies,
-            )
-            action.policy_decision_id = decision.policy_decision_id
-            if decision.refusal is not None:
-                raise decision.refusal
-            debit = None
-            if price <= 0:
-                wallet_check_may_spend(wallet=wallet)  # free calls still honour frozen/expired/closed
-            else:
-                debit = debit_call(
-                    wallet_id=wallet.wallet_id,
-                    amount=price,
-                    service_category=tool.category,
-                    description=f"tool call {tool.service_id}",
-                    request_path=req.endpoint,
-                    correlation_id=action.action_id,
-                )
-            action.state = ActionState.DISPATCH_CLAIMED
-            action.permit = permit
-            action.price = price
-            action.claimed_at = timezone.now()
-            event = audit_event_prepare(
-                event="tool_call.dispatch_claimed",
-                ok=True,
-                tenant_id=wallet.tenant_id,
+        if permit is None:
+            raise permit_exc.PermitNotFound(permit_id=req.permit_id)
+        price, quote = list_price, None
+        if req.quote_id:
+            quote = quote_check(quote=found.quote, quote_id=req.quote_id, wallet=wallet, tool=tool.service_id, now=now)
+            price = quote.quoted_credits
+        decision = authorize(
+            permit=permit,
+            wallet=wallet,
+            key_id=key.key_id,
+            tool=tool.service_id,
+            price=price,
+            category=tool.category,
+            now=now,
+            policies=found.policies,
+        )
+        action.policy_decision_id = decision.policy_decision_id
+        if decision.refusal is not None:
+            raise decision.refusal
+        debit = None
+        if price <= 0:
+            wallet_check_may_spend(wallet=wallet)  # free calls still honour frozen/expired/closed
+        else:
+            debit = debit_call(
                 wallet_id=wallet.wallet_id,
-                key_id=key.key_id,
-                tool=tool.service_id,
-                endpoint=req.endpoint,
-                policy_decision_id=action.policy_decision_id,
-                detail={
-                    "action_id": action.action_id,
-                    "permit_id": permit.permit_id,
-                    "ledger_entry_id": debit.entry_id if debit else None,
-                    "amount": _money(price),
-                    "quote_id": req.quote_id or None,
-                },
+                amount=price,
+                service_category=tool.category,
+                description=f"tool call {tool.service_id}",
+                request_path=req.endpoint,
+                correlation_id=action.action_id,
             )
-            # One round trip (gateway_claim, mcpgateway/migrations/0003), in the lock order of every
-            # transaction that moves a wallet's money: the debit (agent ancestors, then the wallet),
-            # the reservation (the permit row), the action row, the audit chain head. Phase 3's
-            # refund and the reconciliation retry take them in the same order.
-            claimed = _claim(debit, permit, price, now, action, event)
-            if claimed["code"] == "permit_refused":
-                raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price, now=now)
-            action.ledger_entry = None
-            if debit is not None:
-                result = debit.result(claimed)  # raises the debit's refusal
-                assert result is not None  # no idempotency key: never a replay
-                action.ledger_entry = result.entry
-            fault_point("after_debit")
+        action.state = ActionState.DISPATCH_CLAIMED
+        action.permit = permit
+        action.price = price
+        action.ledger_entry_id = debit.entry_id if debit else None
+        action.claimed_at = timezone.now()
+        event = audit_event_prepare(
+            event="tool_call.dispatch_claimed",
+            ok=True,
+            tenant_id=wallet.tenant_id,
+            wallet_id=wallet.wallet_id,
+            key_id=key.key_id,
+            tool=tool.service_id,
+            endpoint=req.endpoint,
+            policy_decision_id=action.policy_decision_id,
+            detail={
+                "action_id": action.action_id,
+                "permit_id": permit.permit_id,
+                "ledger_entry_id": debit.entry_id if debit else None,
+                "amount": _money(price),
+                "quote_id": req.quote_id or None,
+            },
+        )
+        fault_point("before_claim")
+        posted = _claim(action, quote, debit, permit, now, event)
+        action.ledger_entry = posted.entry if posted is not None else None
         return action, None
     except _REFUSALS as refusal:
         velocity = refusal if isinstance(refusal, VelocityLimitExceeded) else None
@@ -548,7 +579,7 @@ def _phase1(
                 reason_code=refusal.code,
                 message=refusal.detail_message,
                 extra=refusal.extra,
-                permit=found["permit"],
+                permit=permit,
                 credits_authorized=Decimal(0),
                 credits_charged=Decimal(0),
                 endpoint=req.endpoint,
@@ -605,36 +636,37 @@ _KEEPS_CHARGE = {
 def _phase3(action: Action, result: CallResult) -> Action:
     """Record the upstream outcome, refund where owed, receipt and audit, in one transaction.
 
-    When the charge stands (success, tool error, rejected answer) that is one round trip
-    (``gateway_finish``); refunds and uncertain deliveries take several statements.
+    When the charge stands (success, tool error, rejected answer) that is one statement in
+    autocommit (``gateway_finish``: its own transaction); refunds and uncertain deliveries take
+    several statements in one transaction.
     """
+    kind = result.kind
+    detail = {"upstream_kind": kind, "upstream_reason": result.reason[:200], "status_code": result.status_code}
+    if kind in _KEEPS_CHARGE:
+        outcome, reason_code = _KEEPS_CHARGE[kind]
+        price = action.price or Decimal(0)
+        fault_point("before_receipt")
+        receipt = _finish(
+            action,
+            state=ActionState.COMPLETED,
+            outcome=outcome,
+            reason_code=reason_code,
+            message=f"The upstream's answer was rejected: {result.reason[:200]}"
+            if reason_code == "response_rejected"
+            else "",
+            result=None if reason_code == "response_rejected" else result.result,
+            response_hash=_response_hash(result),
+            credits_authorized=price,
+            credits_charged=price,
+            audit_detail=detail,
+            while_claimed=True,
+        )
+        if receipt is None:
+            # The sweeper declared it delivery_uncertain first; that receipt stands.
+            logger.warning("action %s finished after it was swept (%s)", action.action_id, kind)
+            return Action.objects.get(pk=action.pk)
+        return action
     with transaction.atomic(durable=True):
-        kind = result.kind
-        detail = {"upstream_kind": kind, "upstream_reason": result.reason[:200], "status_code": result.status_code}
-        if kind in _KEEPS_CHARGE:
-            outcome, reason_code = _KEEPS_CHARGE[kind]
-            price = action.price or Decimal(0)
-            fault_point("before_receipt")
-            receipt = _finish(
-                action,
-                state=ActionState.COMPLETED,
-                outcome=outcome,
-                reason_code=reason_code,
-                message=f"The upstream's answer was rejected: {result.reason[:200]}"
-                if reason_code == "response_rejected"
-                else "",
-                result=None if reason_code == "response_rejected" else result.result,
-                response_hash=_response_hash(result),
-                credits_authorized=price,
-                credits_charged=price,
-                audit_detail=detail,
-                while_claimed=True,
-            )
-            if receipt is None:
-                # The sweeper declared it delivery_uncertain first; that receipt stands.
-                logger.warning("action %s finished after it was swept (%s)", action.action_id, kind)
-                return Action.objects.get(pk=action.pk)
-            return action
         locked = _lock_claimed(action)
         fault_point("before_receipt")
         if locked is None:
@@ -753,8 +785,9 @@ def _finish(
 ) -> Any:
     """Issue the receipt (with its audit event) and store the action's final answer. Caller holds the transaction.
 
-    With ``while_claimed`` all of it is one round trip (``gateway_finish``) that first locks the
-    action and checks it is still claimed: None (nothing written) when it is not.
+    With ``while_claimed`` all of it is one statement (``gateway_finish``), sent in autocommit by
+    the caller, that first locks the action and checks it is still claimed: None (nothing
+    written) when it is not.
     """
     wallet = action.wallet if isinstance(action.wallet, Wallet) else Wallet.objects.get(pk=action.wallet_id)
     receipt, event = receipt_prepare(
@@ -807,7 +840,7 @@ def _finish(
     action.response = response
     action.completed_at = timezone.now()
     if while_claimed:
-        with connection.cursor() as cursor:
+        with fastsql.own_transaction(), connection.cursor() as cursor:
             cursor.execute(
                 _FINISH_SQL,
                 [

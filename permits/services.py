@@ -337,6 +337,9 @@ def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = No
 def permit_reserve_refusal(*, permit_id: str, amount: Decimal, now: datetime) -> exc.PermitDenied:
     """Why a reservation of ``amount`` on the permit was refused (read after the refusal)."""
     current = Permit.objects.get(permit_id=permit_id)
+    problem = permit_statement_problem(current)
+    if problem is not None:  # edited after it was checked: the reservation requires the signed limits
+        return exc.PermitSignatureInvalid(permit_id=permit_id, reason=problem)
     status = current.effective_status(now)
     if status == PermitStatus.REVOKED:
         return exc.PermitRevoked(permit_id=permit_id)
@@ -685,23 +688,49 @@ def quote_create(*, wallet: Wallet, tool: str, requested_by_key_id: str = "") ->
     return quote
 
 
-def quote_consume(*, quote_id: str, wallet: Wallet, tool: str, action_id: str, now: datetime | None = None) -> Quote:
-    """Spend an active quote exactly once. Caller holds the transaction.
+def quote_check(*, quote: Quote | None, quote_id: str, wallet: Wallet, tool: str, now: datetime) -> Quote:
+    """The quote a call may spend, checked without writing: the wallet's, for ``tool``, active, and signed.
 
-    A conditional UPDATE from ``active`` to ``consumed``: of two concurrent
-    calls with one quote, one succeeds and the other gets ``quote_unavailable``.
+    Raises ``QuoteUnavailable`` otherwise. The price charged comes from this row, so every column
+    must be what was signed. Spending it is ``permits_quote_consume`` (``quote_consume``, or the
+    governed call's claim), which re-checks all of it under the row lock.
     """
-    now = now or timezone.now()
-    updated = Quote.objects.filter(
-        quote_id=quote_id, wallet=wallet, tool=tool, status=QuoteStatus.ACTIVE, expires_at__gt=now
-    ).update(status=QuoteStatus.CONSUMED, consumed_at=now, consumed_by=action_id)
-    if updated != 1:
+    if (
+        quote is None
+        or quote.wallet_id != wallet.wallet_id
+        or quote.tool != tool
+        or quote.effective_status(now) != QuoteStatus.ACTIVE
+    ):
         raise exc.QuoteUnavailable(quote_id=quote_id)
-    quote = Quote.objects.get(quote_id=quote_id)
-    # The price charged comes from this row: it must be the price that was signed.
     problem = quote_statement_problem(quote)
     if problem is not None:
         raise exc.QuoteUnavailable(quote_id=quote_id, reason="quote_signature_invalid", problem=problem)
+    return quote
+
+
+_QUOTE_CONSUME_SQL = "SELECT permits_quote_consume(%s, %s, %s, %s, %s, %s, %s)"  # permits/sql/permits_quote_consume.sql
+
+
+def quote_consume(*, quote_id: str, wallet: Wallet, tool: str, action_id: str, now: datetime | None = None) -> Quote:
+    """Spend an active quote exactly once. Caller holds the transaction.
+
+    ``quote_check``, then ``permits_quote_consume``: a conditional UPDATE from ``active`` to
+    ``consumed`` at the verified price, so of two concurrent calls with one quote, one succeeds
+    and the other gets ``quote_unavailable``.
+    """
+    now = now or timezone.now()
+    quote = quote_check(
+        quote=Quote.objects.filter(quote_id=quote_id).first(), quote_id=quote_id, wallet=wallet, tool=tool, now=now
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _QUOTE_CONSUME_SQL,
+            [quote_id, wallet.wallet_id, tool, quote.quoted_credits, quote.signature, action_id, now],
+        )
+        consumed = bool(cursor.fetchone()[0])
+    if not consumed:
+        raise exc.QuoteUnavailable(quote_id=quote_id)
+    quote.status, quote.consumed_at, quote.consumed_by = QuoteStatus.CONSUMED, now, action_id
     return quote
 
 

@@ -27,8 +27,7 @@ from tests.upstream_server import FaultUpstream
 
 KILL_CASES = [
     # point, the retry's answer: "success" (nothing had committed) or "uncertain" (the claim had)
-    ("after_accept", "success"),
-    ("after_debit", "success"),
+    ("before_claim", "success"),
     ("after_claim", "uncertain"),
     ("after_upstream", "uncertain"),
     ("before_receipt", "uncertain"),

@@ -1,0 +1,80 @@
+-- gateway_claim: phase 1 of the governed call after authorization, in one statement.
+--
+-- The caller (mcpgateway.services._phase1) has read the permit, the quote and the
+-- policies, verified the signed statements and decided the authorization; what
+-- moves money and claims the dispatch is this one call, sent in autocommit: the
+-- statement is its own transaction, so nothing is held across a round trip and
+-- every lock is released when PostgreSQL commits it. In the lock order of every
+-- transaction that moves a wallet's money (docs/decisions.md, "Lock order"):
+--
+-- 1. the action row, inserted already 'dispatch_claimed' (p_action: the row as
+--    JSON, column by column). A concurrent request with the same (wallet,
+--    idempotency key) waits on the unique index, then fails with unique_violation
+--    (23505): the caller answers it as a replay or "in progress";
+-- 2. the quote, when the call has one (permits_quote_consume: once, at the
+--    verified price);
+-- 3. the debit, when the call has a price (billing_debit: the agent ancestors, the
+--    refill parent, the wallet; every spend rule);
+-- 4. the reservation on the permit (permits_reserve, requiring the signed limits
+--    the caller verified);
+-- 5. the audit event 'tool_call.dispatch_claimed' (audit_append: the tenant's
+--    chain head, last).
+--
+-- Answers billing_debit's columns (code 'ok'; the debit's figures when there was
+-- one). A refusal raises SQLSTATE P0T01 with the code as the message's last word
+-- and the answer's columns as JSON in DETAIL (codes: the debit's refusals,
+-- 'quote_unavailable', 'permit_refused'), so the statement, and with it everything
+-- written before the refusal, is rolled back; the caller maps the code to its
+-- exception and records the denial in a transaction of its own.
+CREATE OR REPLACE FUNCTION gateway_claim(
+    p_action jsonb,
+    q_quote_id text, q_credits numeric, q_signature text,
+    p_debit boolean,
+    d_wallet_id text, d_amount numeric, d_now timestamptz, d_category text, d_units numeric,
+    d_description text, d_request_path text, d_correlation_id text, d_ids text[],
+    d_hour_limit numeric, d_day_limit numeric,
+    r_permit_id text, r_price numeric, r_now timestamptz,
+    r_max_credits numeric, r_max_calls integer, r_expires_at timestamptz, r_signature text,
+    a_chain text, a_event_id text, a_event text, a_tenant_id text, a_wallet_id text, a_key_id text,
+    a_tool text, a_endpoint text, a_policy_decision_id text, a_request_id text, a_ok boolean,
+    a_detail jsonb, a_created_at timestamptz, a_prefix bytea, a_suffix bytea,
+    OUT code text, OUT subject_id text, OUT wallet_tenant text, OUT new_balance numeric,
+    OUT daily_spent numeric, OUT refilled numeric, OUT refill_parent text, OUT figure numeric,
+    OUT figure_limit numeric, OUT spend_window text, OUT refusal_reason text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d record;
+BEGIN
+    INSERT INTO mcpgateway_action SELECT * FROM jsonb_populate_record(NULL::mcpgateway_action, p_action);
+
+    IF q_quote_id <> '' AND NOT permits_quote_consume(q_quote_id, p_action->>'wallet_id', p_action->>'tool',
+                                                      q_credits, q_signature, p_action->>'action_id', r_now) THEN
+        code := 'quote_unavailable'; subject_id := q_quote_id;
+        RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
+            DETAIL = jsonb_build_object('code', code, 'subject_id', subject_id)::text;
+    END IF;
+
+    IF p_debit THEN
+        SELECT * INTO d FROM billing_debit(d_wallet_id, d_amount, d_now, d_category, d_units, d_description,
+                                           d_request_path, d_correlation_id, d_ids, d_hour_limit, d_day_limit, NULL);
+        IF d.code <> 'ok' THEN
+            RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || d.code,
+                DETAIL = to_jsonb(d)::text;
+        END IF;
+        code := d.code; subject_id := d.subject_id; wallet_tenant := d.wallet_tenant;
+        new_balance := d.new_balance; daily_spent := d.daily_spent; refilled := d.refilled;
+        refill_parent := d.refill_parent;
+    END IF;
+
+    IF NOT permits_reserve(r_permit_id, r_price, r_now, r_max_credits, r_max_calls, r_expires_at, r_signature) THEN
+        code := 'permit_refused'; subject_id := r_permit_id;
+        RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
+            DETAIL = jsonb_build_object('code', code, 'subject_id', subject_id)::text;
+    END IF;
+
+    PERFORM audit_append(a_chain, a_event_id, a_event, a_tenant_id, a_wallet_id, a_key_id, a_tool, a_endpoint,
+                         a_policy_decision_id, a_request_id, a_ok, a_detail, a_created_at, a_prefix, a_suffix);
+    code := 'ok';
+END;
+$$;

@@ -1,0 +1,34 @@
+"""The reservation requires the signed limits (permits/sql/permits_reserve.sql); quotes are consumed by
+``permits_quote_consume`` (permits/sql/permits_quote_consume.sql). Both are called by the governed call's
+single-statement claim and by ``permits.services``."""
+
+import importlib
+
+from django.db import migrations
+
+from config.sqlfiles import run_sql_file
+
+OLD_RESERVE = importlib.import_module("permits.migrations.0004_reserve_function").RESERVE
+
+
+class Migration(migrations.Migration):
+    dependencies = [("permits", "0004_reserve_function")]
+
+    operations = [
+        migrations.RunSQL("DROP FUNCTION IF EXISTS permits_reserve(text, numeric, timestamptz);", reverse_sql=OLD_RESERVE),
+        run_sql_file(
+            "permits",
+            "permits_reserve",
+            reverse_sql=(
+                "DROP FUNCTION IF EXISTS permits_reserve(text, numeric, timestamptz, numeric, integer, timestamptz, "
+                "text);"
+            ),
+        ),
+        run_sql_file(
+            "permits",
+            "permits_quote_consume",
+            reverse_sql=(
+                "DROP FUNCTION IF EXISTS permits_quote_consume(text, text, text, numeric, text, text, timestamptz);"
+            ),
+        ),
+    ]

@@ -1,0 +1,31 @@
+-- permits_quote_consume: spend an active quote exactly once, at the price that was verified.
+--
+-- One conditional UPDATE from 'active' to 'consumed': of two concurrent calls with
+-- one quote, one succeeds and the other is refused (the second waits for the row
+-- lock, then sees 'consumed'). The quote must be the caller's wallet's, for the
+-- tool being called, unexpired (p_now), and still carry the price and signature
+-- the caller verified against the signed statement (p_credits, p_signature), so a
+-- price edited in the table after signing is never charged. Returns whether it
+-- consumed the quote.
+--
+-- Callers: the governed call's claim (gateway_claim) and permits.services.quote_consume.
+-- Lock order: after the action row, before the wallet rows.
+CREATE OR REPLACE FUNCTION permits_quote_consume(
+    p_quote_id text,
+    p_wallet_id text,
+    p_tool text,
+    p_credits numeric,
+    p_signature text,
+    p_action_id text,
+    p_now timestamptz
+)
+RETURNS boolean
+LANGUAGE sql AS $$
+    WITH consumed AS (
+        UPDATE permits_quote SET status = 'consumed', consumed_at = p_now, consumed_by = p_action_id
+         WHERE quote_id = p_quote_id AND wallet_id = p_wallet_id AND tool = p_tool AND status = 'active'
+           AND expires_at > p_now AND quoted_credits = p_credits AND signature = p_signature
+        RETURNING 1
+    )
+    SELECT EXISTS (SELECT 1 FROM consumed);
+$$;

@@ -1,0 +1,228 @@
+"""Phase 1's claim as one statement (mcpgateway/sql/gateway_claim.sql), directly and through the API.
+
+The claim inserts the action already claimed, consumes the quote, debits, reserves and appends the
+audit event in one statement, after Python decided the authorization on rows it read a moment before.
+These tests call the function itself, then change rows between the read and the claim (as a
+concurrent request, or someone with write access to one table, would) and check that the claim
+refuses with nothing written: no action, no charge, no reservation, no quote spent, no event.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+import pytest
+from django.db import DatabaseError, connection
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from audit.services import audit_event_prepare
+from billing.services import debit_call
+from config import fastsql
+from config.ids import new_id
+from mcpgateway import services
+from mcpgateway.models import Action, ActionState
+from permits.models import Permit, Quote
+from permits.services import quote_consume, quote_create
+from tests import test_gateway_governance as governance
+from tests.gateway_helpers import issue_permit, setup_caller
+from tests.test_gateway_governance import assert_refused, balance, charges
+
+pytestmark = pytest.mark.django_db
+
+# The governance tests' scripted upstream, its tools registered at 2 credits each.
+fault_server = governance.fault_server
+fault = governance.fault
+
+
+def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple[Action, list[Any]]:
+    """The arguments of ``gateway_claim`` for a call of ``echo`` at ``amount``, as ``services._claim`` builds them."""
+    now = timezone.now()
+    action = Action(
+        action_id=new_id("act"),
+        tenant_id=tenant.agent.tenant_id,
+        wallet=tenant.agent,
+        api_key_id=tenant.agent_key_id,
+        idempotency_key=key,
+        request_hash="0" * 64,
+        tool="echo",
+        arguments={},
+        transport="test",
+        state=ActionState.DISPATCH_CLAIMED,
+        permit=permit,
+        price=Decimal(amount),
+        created_at=now,
+        claimed_at=now,
+    )
+    debit = debit_call(wallet_id=tenant.agent.wallet_id, amount=Decimal(amount), correlation_id=action.action_id)
+    action.ledger_entry_id = debit.entry_id
+    event = audit_event_prepare(
+        event="tool_call.dispatch_claimed",
+        ok=True,
+        tenant_id=tenant.agent.tenant_id,
+        wallet_id=tenant.agent.wallet_id,
+        detail={"action_id": action.action_id},
+    )
+    params = [
+        json.dumps(fastsql.json_row(action)),
+        "",
+        None,
+        None,
+        True,
+        *debit.params()[:11],
+        permit.permit_id,
+        Decimal(amount),
+        now,
+        permit.max_credits,
+        permit.max_calls,
+        permit.expires_at,
+        permit.signature,
+        *event.params(),
+    ]
+    return action, params
+
+
+def test_the_function_claims_in_one_statement(fault, tenant):
+    caller = setup_caller(tenant, balance=10)
+    permit = Permit.objects.get(pk=caller.permit_id)
+    action, params = claim_params(tenant, permit, amount="3", key="direct-1")
+    with connection.cursor() as cursor:
+        cursor.execute(services._CLAIM_SQL, params)
+        code, *_rest = cursor.fetchone()
+    assert code == "ok"
+    stored = Action.objects.get(pk=action.action_id)
+    assert stored.state == "dispatch_claimed"
+    assert stored.ledger_entry_id == action.ledger_entry_id
+    assert balance(tenant) == 7
+    permit.refresh_from_db()
+    assert (permit.spent_credits, permit.calls_used) == (3, 1)
+    assert AuditEvent.objects.filter(event="tool_call.dispatch_claimed", detail__action_id=action.action_id).exists()
+
+
+def test_a_refusal_raises_and_writes_nothing(fault, tenant):
+    caller = setup_caller(tenant, balance=2)
+    permit = Permit.objects.get(pk=caller.permit_id)
+    action, params = claim_params(tenant, permit, amount="3", key="direct-2")
+    events = AuditEvent.objects.count()
+    with pytest.raises(DatabaseError) as caught, fastsql.own_transaction(), connection.cursor() as cursor:
+        cursor.execute(services._CLAIM_SQL, params)
+    assert getattr(caught.value.__cause__, "sqlstate", None) == services.CLAIM_REFUSED
+    refusal = services._claim_refusal(caught.value)
+    assert refusal is not None
+    assert refusal["code"] == "insufficient_funds"
+    assert not Action.objects.filter(pk=action.action_id).exists()
+    assert balance(tenant) == 2
+    assert charges(tenant) == 0
+    assert AuditEvent.objects.count() == events
+
+
+def test_a_reservation_refused_after_the_debit_rolls_the_debit_back(fault, tenant, monkeypatch):
+    """The permit is spent by someone else between the read and the claim: the debit inside the
+    same statement is undone with it."""
+    caller = setup_caller(tenant, balance=10, max_credits="4")
+    real = services._claim
+
+    def exhausted_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        Permit.objects.filter(pk=caller.permit_id).update(spent_credits=Decimal("3"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "_claim", exhausted_meanwhile)
+    body = caller.rpc("echo", {}).json()
+    assert_refused(body, outcome="denied", reason="permit_exhausted")
+    assert balance(tenant) == 10
+    assert charges(tenant) == 0
+    assert Permit.objects.get(pk=caller.permit_id).calls_used == 0
+    assert fault.count("tools/call") == 0
+
+
+@pytest.mark.parametrize(
+    ("column", "value"),
+    [("max_credits", Decimal("1000")), ("max_calls", 1000), ("expires_at", None)],
+)
+def test_a_permit_limit_edited_after_the_check_is_refused(fault, tenant, monkeypatch, column, value):
+    """Someone with write access to the permits table widens a limit between authorization and the
+    reservation: the reservation requires the signed limits, so the call is denied as tampered."""
+    caller = setup_caller(tenant, balance=10, max_credits="4", max_calls=5)
+    real = services._claim
+
+    def edited_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        new = value if value is not None else timezone.now() + timedelta(days=400)
+        Permit.objects.filter(pk=caller.permit_id).update(**{column: new})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "_claim", edited_meanwhile)
+    body = caller.rpc("echo", {}).json()
+    receipt = assert_refused(body, outcome="denied", reason="permit_signature_invalid")
+    assert body["error"]["data"]["reason"] == f"statement_mismatch:{column}"
+    assert receipt.credits_charged == 0
+    assert balance(tenant) == 10
+    assert charges(tenant) == 0
+    assert fault.count("tools/call") == 0
+
+
+def test_a_quote_spent_or_edited_after_the_check_is_refused(fault, tenant, monkeypatch):
+    caller = setup_caller(tenant, balance=10)
+    spent = quote_create(wallet=tenant.agent, tool="echo")
+    edited = quote_create(wallet=tenant.agent, tool="echo")
+    meanwhile = [
+        lambda: quote_consume(quote_id=spent.quote_id, wallet=tenant.agent, tool="echo", action_id="act_other"),
+        lambda: Quote.objects.filter(pk=edited.pk).update(quoted_credits=Decimal("0.00000001")),
+    ]
+    real = services._claim
+
+    def changed_meanwhile(*args: Any, **kwargs: Any) -> Any:
+        meanwhile.pop(0)()
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(services, "_claim", changed_meanwhile)
+    for quote in (spent, edited):
+        body = caller.rpc("echo", {}, quote_id=quote.quote_id).json()
+        assert_refused(body, outcome="denied", reason="quote_unavailable")
+    assert Quote.objects.get(pk=edited.pk).status == "active"  # an edited price is never charged or spent
+    assert balance(tenant) == 10
+    assert charges(tenant) == 0
+    assert fault.count("tools/call") == 0
+
+
+def test_permits_reserve_requires_the_signed_limits(tenant):
+    permit = Permit.objects.get(pk=issue_permit(tenant, max_credits="5", max_calls=2))
+    now = timezone.now()
+    signed = [permit.max_credits, permit.max_calls, permit.expires_at, permit.signature]
+
+    def reserve(*verified: Any) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT permits_reserve(%s, %s, %s, %s, %s, %s, %s)", [permit.permit_id, 1, now, *verified])
+            return bool(cursor.fetchone()[0])
+
+    assert reserve(*signed)
+    assert not reserve(Decimal("6"), *signed[1:])  # what the caller verified is not what the row says
+    assert not reserve(signed[0], 3, *signed[2:])
+    assert not reserve(*signed[:3], "forged")
+    assert reserve(None, None, None, None)  # no verified statement: the allowance rules alone
+    assert not reserve(*signed)  # the call limit (2) is used up
+    permit.refresh_from_db()
+    assert (permit.spent_credits, permit.calls_used) == (2, 2)
+
+
+def test_permits_quote_consume_spends_once_at_the_signed_price(fault, tenant):
+    quote = quote_create(wallet=tenant.agent, tool="echo")
+    now = timezone.now()
+
+    def consume(credits: Decimal, signature: str, wallet_id: str = tenant.agent.wallet_id) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT permits_quote_consume(%s, %s, %s, %s, %s, %s, %s)",
+                [quote.quote_id, wallet_id, "echo", credits, signature, "act_x", now],
+            )
+            return bool(cursor.fetchone()[0])
+
+    assert not consume(quote.quoted_credits + 1, quote.signature)
+    assert not consume(quote.quoted_credits, "forged")
+    assert not consume(quote.quoted_credits, quote.signature, wallet_id=tenant.sponsor.wallet_id)
+    assert consume(quote.quoted_credits, quote.signature)
+    assert not consume(quote.quoted_credits, quote.signature)
+    quote.refresh_from_db()
+    assert (quote.status, quote.consumed_by) == ("consumed", "act_x")
