@@ -141,6 +141,8 @@ def _database_url() -> str:
 _db = environ.Env.db_url_config(_database_url())
 if _db["ENGINE"] != "django.db.backends.postgresql":
     raise ImproperlyConfigured("Tollgate runs on PostgreSQL only; DATABASE_URL must be postgres://...")
+# Django's backend with a health check that costs no round trip (config/postgresql/base.py).
+_db["ENGINE"] = "config.postgresql"
 if not _db.get("HOST") and "host" in _db.get("OPTIONS", {}):
     _db["HOST"] = _db["OPTIONS"].pop("host")  # Unix socket directory
 _db["CONN_MAX_AGE"] = env.int("CONN_MAX_AGE", default=0 if TESTING else 60)
