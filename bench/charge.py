@@ -11,10 +11,20 @@ provisions a sponsor and an agent wallet with an API key, starts gunicorn
 (gthread) on a free 127.0.0.1 port with ``RATE_LIMIT_REQUESTS`` raised so the
 limiter never refuses, then measures requests per second and p50/p99 latency of
 ``GET /health`` and of ``POST /v1/billing/charge`` (each with a fresh
-Idempotency-Key) at concurrency 1 and 8. It stops the server and drops the
-database at the end. Each charge costs 0.0001 credits, far below the velocity
-limit. Options: ``--seconds`` per measurement (default 5), ``--workers`` and
-``--threads`` for gunicorn (default 2 and 4).
+Idempotency-Key) at concurrency 1 and 8, and for each the CPU per request of
+every party over the same window: gunicorn (master and workers), PostgreSQL
+(the backends of the benchmark's database and the server's own processes), the
+load generator itself, their total and the requests/s the machine's cores
+would reach at that total. It stops the server and drops the database at the
+end. Each charge costs 0.0001 credits, far below the velocity limit. Options:
+``--seconds`` per measurement (default 5), ``--workers`` and ``--threads`` for
+gunicorn (default 2 and 4).
+
+The load generator is bench/loadgen.py, the same for the charge and for its
+``GET /health`` reference: one thread per unit of concurrency, each with one
+persistent HTTP/1.1 connection, a request counted good only with status 200
+and the expected body (a ledger entry; ``{"status": "ok"}``), failures counted.
+Each path is warmed up for a second (figures discarded) before it is measured.
 """
 
 from __future__ import annotations
@@ -25,11 +35,10 @@ import os
 import secrets
 import signal
 import socket
-import statistics
 import subprocess
 import sys
-import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -38,7 +47,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 PY = sys.executable
+
+import loadgen  # noqa: E402
 
 
 def free_port() -> int:
@@ -121,44 +133,22 @@ def start_server(env: dict[str, str], port: int, workers: int, threads: int) -> 
     raise SystemExit("gunicorn did not answer /health within 30 s")
 
 
-def measure(name: str, concurrency: int, seconds: float, request: Any) -> dict[str, Any]:
-    """Run ``request(client)`` in ``concurrency`` threads for ``seconds``; latency in milliseconds."""
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
-
-    def worker() -> None:
-        mine: list[float] = []
-        bad = 0
-        with httpx.Client(timeout=10) as client:
-            while time.monotonic() < stop_at:
-                started = time.perf_counter()
-                ok = request(client)
-                mine.append((time.perf_counter() - started) * 1000)
-                bad += 0 if ok else 1
-        with lock:
-            latencies.extend(mine)
-            errors[0] += bad
-
-    started = time.monotonic()
-    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
-    latencies.sort()
-    p99_index = max(0, min(len(latencies) - 1, round(0.99 * len(latencies)) - 1))
-    return {
-        "endpoint": name,
-        "concurrency": concurrency,
-        "requests": len(latencies),
-        "errors": errors[0],
-        "requests_per_second": round(len(latencies) / elapsed, 1),
-        "p50_ms": round(statistics.median(latencies), 2) if latencies else None,
-        "p99_ms": round(latencies[p99_index], 2) if latencies else None,
-    }
+def measure(
+    name: str,
+    port: int,
+    concurrency: int,
+    seconds: float,
+    make_request: Callable[[int], loadgen.Request],
+    check: Callable[[loadgen.Response], bool],
+    parties: dict[str, loadgen.CpuMeter | None],
+) -> dict[str, Any]:
+    """``make_request`` from ``concurrency`` workers for ``seconds`` (bench/loadgen.py); latency in milliseconds,
+    CPU per request of each party."""
+    result = loadgen.run(
+        "127.0.0.1", port, make_request, check, concurrency=concurrency, seconds=seconds, parties=parties
+    )
+    result["requests"], result["requests_per_second"] = result.pop("calls"), result.pop("calls_per_s")
+    return {"endpoint": name, **result}
 
 
 def main() -> int:
@@ -185,22 +175,32 @@ def main() -> int:
         data = setup_data(env)
         port = free_port()
         server = start_server(env, port, args.workers, args.threads)
-        url = f"http://127.0.0.1:{port}"
+        parties: dict[str, loadgen.CpuMeter | None] = {
+            "gateway": loadgen.ProcessTree(server.pid),
+            "postgres": loadgen.postgres_meter(env["DATABASE_URL"]),
+        }
         headers = {"X-API-Key": data["secret"]}
-        charge_url = f"{url}/v1/billing/charge?wallet_id={data['wallet_id']}&service_category=tooling&units=0.001"
+        charge_path = f"/v1/billing/charge?wallet_id={data['wallet_id']}&service_category=tooling&units=0.001"
 
-        def health(client: httpx.Client) -> bool:
-            return client.get(f"{url}/health").status_code == 200
+        def health(index: int) -> loadgen.Request:
+            return loadgen.Request("GET", "/health")
 
-        def charge(client: httpx.Client) -> bool:
-            key = {"Idempotency-Key": secrets.token_hex(12)}
-            return client.post(charge_url, headers={**headers, **key}).status_code == 200
+        def health_ok(response: loadgen.Response) -> bool:
+            return response.status == 200 and json.loads(response.body).get("status") == "ok"
 
-        for name, request in (("GET /health", health), ("POST /v1/billing/charge", charge)):
-            with httpx.Client() as warm:
-                request(warm)  # warm up the code path
+        def charge(index: int) -> loadgen.Request:
+            return loadgen.Request("POST", charge_path, {**headers, "Idempotency-Key": secrets.token_hex(12)})
+
+        def charge_ok(response: loadgen.Response) -> bool:
+            return response.status == 200 and "entry_id" in json.loads(response.body)
+
+        for name, request, check in (
+            ("GET /health", health, health_ok),
+            ("POST /v1/billing/charge", charge, charge_ok),
+        ):
+            loadgen.run("127.0.0.1", port, request, check, concurrency=4, seconds=1)  # warm up the code path
             for concurrency in (1, 8):
-                results.append(measure(name, concurrency, args.seconds, request))
+                results.append(measure(name, port, concurrency, args.seconds, request, check, parties))
     finally:
         if server is not None and server.poll() is None:
             server.send_signal(signal.SIGTERM)
@@ -218,8 +218,17 @@ def main() -> int:
             f"{r['endpoint']:<26}{r['concurrency']:>5}{r['requests']:>10}{r['errors']:>8}"
             f"{r['requests_per_second']:>10}{r['p50_ms']:>10}{r['p99_ms']:>10}"
         )
+    by_case = {f"{r['endpoint']} c{r['concurrency']}": {**r, "calls_per_s": r["requests_per_second"]} for r in results}
+    print("\n" + loadgen.cpu_table(by_case).replace("per call", "per request"))
+    loadgen.report_errors({k: {**r, "calls": r["requests"]} for k, r in by_case.items()})
     if args.json_path:
-        meta = {"workers": args.workers, "threads": args.threads, "seconds": args.seconds, "cpus": os.cpu_count()}
+        meta = {
+            "workers": args.workers,
+            "threads": args.threads,
+            "seconds": args.seconds,
+            "cpus": os.cpu_count(),
+            "load_generator": loadgen.DESCRIPTION,
+        }
         Path(args.json_path).write_text(json.dumps({"config": meta, "results": results}, indent=2) + "\n")
     return 0
 

@@ -13,9 +13,18 @@ key and a permit, then measures at concurrency 1 and 8:
 * the same ``tools/call`` sent directly to the upstream (the in-run reference);
 * at concurrency 8, the governed call spread over 8 agent wallets of one tenant (each
   worker its own wallet, key and permit): calls on one wallet serialize on its row lock;
-* gateway CPU per governed call (utime + stime of the gunicorn master and workers over the
-  run, divided by the calls) and PostgreSQL CPU per call (the server's processes), read
-  from /proc.
+* CPU per call of every party, in every case (the references' too), over each measured
+  window: the gateway (utime + stime of the gunicorn master and workers, from /proc),
+  PostgreSQL (the backends of the throwaway database and the server's own processes),
+  the upstream (the demo upstream's process), the load generator (this process,
+  ``getrusage``), their total, the calls/s the machine's cores would reach at that total,
+  and the rest of the machine's busy CPU (other work, kernel threads).
+
+The load generator is bench/loadgen.py, the same for the governed calls and for the direct
+reference: one thread per unit of concurrency, each with one persistent HTTP/1.1
+connection; a call is good only with status 200 and a JSON-RPC body carrying ``result``,
+and every failure is counted. Each path is warmed up (figures discarded) before it is
+measured.
 
 Everything (gateway, PostgreSQL, upstream, load generator) shares the machine,
 as the targets assume. Stops everything and drops the database at the end.
@@ -31,12 +40,11 @@ import os
 import platform
 import signal
 import socket
-import statistics
 import subprocess
 import sys
-import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +52,10 @@ import httpx
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import loadgen  # noqa: E402
+from loadgen import postgres_pid, process_tree_cpu  # noqa: E402, F401  (kept importable from here)
 
 
 def free_port() -> int:
@@ -111,90 +123,38 @@ def call_body(tool: str, args: dict[str, Any], meta: dict[str, Any]) -> dict[str
     }
 
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+MCP_HEADERS = {
+    "MCP-Protocol-Version": "2026-07-28",
+    "Mcp-Method": "tools/call",
+    "Mcp-Name": "math.add",
+    "Accept": "application/json, text/event-stream",
+    "Content-Type": "application/json",
+}
 
 
-def process_tree_cpu(root_pid: int) -> float:
-    """CPU seconds (user + system) of ``root_pid`` and its direct children, from /proc."""
-    total = 0.0
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        pid, ppid = int(stat.parent.name), int(fields[1])
-        if pid == root_pid or ppid == root_pid:
-            total += (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
-    return total
+def tools_call(headers: dict[str, str], meta: dict[str, Any]) -> loadgen.Request:
+    """``tools/call`` of ``math.add`` as ``POST /mcp`` (the gateway's path and the upstream's alike)."""
+    body = json.dumps(call_body("math.add", {"a": 1, "b": 2}, meta), separators=(",", ":")).encode()
+    return loadgen.Request("POST", "/mcp", headers, body)
 
 
-def postgres_pid(dsn: str) -> int | None:
-    """The PostgreSQL server's main process, when it runs on this machine."""
-    import psycopg
-
-    try:
-        with psycopg.connect(dsn) as conn:
-            data_dir = conn.execute("SHOW data_directory").fetchone()[0]  # type: ignore[index]
-        return int(Path(data_dir, "postmaster.pid").read_text().splitlines()[0])
-    except Exception:  # a remote server, or no permission: report nothing rather than a wrong figure
-        return None
+def has_result(response: loadgen.Response) -> bool:
+    """A call is good only when it is a 200 whose JSON-RPC body carries ``result`` (not ``error``)."""
+    return response.status == 200 and "result" in json.loads(response.body)
 
 
 def run_load(
-    url: str,
-    headers: dict[str, str] | list[dict[str, str]],
-    make_meta: Any,
+    port: int,
+    make_request: Callable[[int], loadgen.Request],
     concurrency: int,
     seconds: float,
-    cpu_of: dict[str, int | None] | None = None,
+    parties: dict[str, loadgen.CpuMeter | None] | None = None,
 ) -> dict[str, Any]:
-    """Calls from ``concurrency`` threads for ``seconds``; worker i uses ``headers[i]`` and ``make_meta(i)``
-    when given lists/callables per worker. With ``cpu_of`` ({label: root pid}) also reports CPU ms per call."""
-    latencies: list[float] = []
-    errors = [0]
-    lock = threading.Lock()
-    stop_at = time.monotonic() + seconds
-    per_worker = isinstance(headers, list)
-    cpu_before = {k: process_tree_cpu(pid) for k, pid in (cpu_of or {}).items() if pid}
-
-    def worker(index: int) -> None:
-        local: list[float] = []
-        bad = 0
-        worker_headers = headers[index % len(headers)] if isinstance(headers, list) else headers
-        meta_of = (lambda: make_meta(index)) if per_worker else make_meta
-        with httpx.Client(headers=worker_headers, timeout=30) as client:
-            while time.monotonic() < stop_at:
-                body = call_body("math.add", {"a": 1, "b": 2}, meta_of())
-                started = time.perf_counter()
-                r = client.post(url, json=body)
-                local.append(time.perf_counter() - started)
-                if r.status_code != 200 or "result" not in r.json():
-                    bad += 1
-        with lock:
-            latencies.extend(local)
-            errors[0] += bad
-
-    threads = [threading.Thread(target=worker, args=(i,)) for i in range(concurrency)]
-    started = time.monotonic()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    elapsed = time.monotonic() - started
-    latencies.sort()
-    n = len(latencies)
-    result: dict[str, Any] = {
-        "concurrency": concurrency,
-        "calls": n,
-        "errors": errors[0],
-        "calls_per_s": round(n / elapsed, 1),
-        "p50_ms": round(statistics.median(latencies) * 1000, 2) if n else None,
-        "p99_ms": round(latencies[min(n - 1, int(n * 0.99))] * 1000, 2) if n else None,
-    }
-    for label, pid in (cpu_of or {}).items():
-        if pid and n:
-            result[f"{label}_cpu_ms_per_call"] = round((process_tree_cpu(pid) - cpu_before[label]) / n * 1000, 2)
-    return result
+    """``tools/call`` from ``concurrency`` workers for ``seconds`` (bench/loadgen.py); worker i sends
+    ``make_request(i)``. With ``parties`` also reports each party's CPU per call over the window."""
+    return loadgen.run(
+        "127.0.0.1", port, make_request, has_result, concurrency=concurrency, seconds=seconds, parties=parties
+    )
 
 
 def provision(env: dict[str, str], upstream_port: int, procs: list[subprocess.Popen[bytes]]) -> dict[str, Any]:
@@ -344,50 +304,47 @@ def main() -> int:
             )
         )  # fmt: skip
         wait_http(f"http://127.0.0.1:{gateway_port}/health")
-        cpu_of = {"gateway": procs[-1].pid, "postgres": postgres_pid(dsn)}
-
-        gateway_headers = {
-            "X-API-Key": creds["secret"],
-            "MCP-Protocol-Version": "2026-07-28",
-            "Mcp-Method": "tools/call",
-            "Mcp-Name": "math.add",
-            "Accept": "application/json, text/event-stream",
+        # Every party's CPU is measured in every case, the references' too: an idle party shows as ~0.
+        parties: dict[str, loadgen.CpuMeter | None] = {
+            "gateway": loadgen.ProcessTree(procs[-1].pid),
+            "postgres": loadgen.postgres_meter(dsn),
+            "upstream": loadgen.ProcessTree(procs[0].pid),  # provision() started it first
         }
-        upstream_headers = {k: v for k, v in gateway_headers.items() if k != "X-API-Key"}
 
-        def governed_meta() -> dict[str, Any]:
-            return {"permit_id": creds["permit_id"], "idempotency_key": uuid.uuid4().hex}
+        gateway_headers = {**MCP_HEADERS, "X-API-Key": creds["secret"]}
+        spread_headers = [{**MCP_HEADERS, "X-API-Key": w["secret"]} for w in spread]
 
-        def direct_meta() -> dict[str, Any]:
-            return {"io.tollgate/idempotency-key": uuid.uuid4().hex}
+        def governed(index: int) -> loadgen.Request:
+            return tools_call(gateway_headers, {"permit_id": creds["permit_id"], "idempotency_key": uuid.uuid4().hex})
 
-        gw_url, up_url = f"http://127.0.0.1:{gateway_port}/mcp", f"http://127.0.0.1:{upstream_port}/mcp"
+        def direct(index: int) -> loadgen.Request:
+            return tools_call(MCP_HEADERS, {"io.tollgate/idempotency-key": uuid.uuid4().hex})
+
+        def governed_spread(index: int) -> loadgen.Request:
+            wallet = spread[index % len(spread)]  # each worker its own wallet, key and permit
+            meta = {"permit_id": wallet["permit_id"], "idempotency_key": uuid.uuid4().hex}
+            return tools_call(spread_headers[index % len(spread)], meta)
+
         # Warm up both paths (connections, caches, the workers' first requests).
-        run_load(gw_url, gateway_headers, governed_meta, 4, 2)
-        run_load(up_url, upstream_headers, direct_meta, 4, 1)
+        run_load(gateway_port, governed, 4, 2)
+        run_load(upstream_port, direct, 4, 1)
         results = {}
         for c in (1, 8):
-            results[f"direct_c{c}"] = run_load(up_url, upstream_headers, direct_meta, c, args.seconds)
-            results[f"governed_c{c}"] = run_load(gw_url, gateway_headers, governed_meta, c, args.seconds, cpu_of=cpu_of)
-        spread_headers = [{**gateway_headers, "X-API-Key": w["secret"]} for w in spread]
-
-        def spread_meta(index: int) -> dict[str, Any]:
-            return {"permit_id": spread[index % len(spread)]["permit_id"], "idempotency_key": uuid.uuid4().hex}
-
-        results["governed_spread_c8"] = run_load(gw_url, spread_headers, spread_meta, 8, args.seconds, cpu_of=cpu_of)
+            results[f"direct_c{c}"] = run_load(upstream_port, direct, c, args.seconds, parties)
+            results[f"governed_c{c}"] = run_load(gateway_port, governed, c, args.seconds, parties)
+        results["governed_spread_c8"] = run_load(gateway_port, governed_spread, 8, args.seconds, parties)
         history: dict[str, Any] = {}
         if args.history:
             # The long-history case: the same wallet and tenant after ``--history`` earlier calls.
             print(f"adding {args.history:,} earlier calls to the measured wallet ...", file=sys.stderr, flush=True)
             history = add_history(dsn, creds["wallet_id"], args.history)
-            run_load(gw_url, gateway_headers, governed_meta, 4, 2)  # warm up after the bulk insert
-            results["governed_history_c8"] = run_load(
-                gw_url, gateway_headers, governed_meta, 8, args.seconds, cpu_of=cpu_of
-            )
+            run_load(gateway_port, governed, 4, 2)  # warm up after the bulk insert
+            results["governed_history_c8"] = run_load(gateway_port, governed, 8, args.seconds, parties)
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d"),
             "gunicorn": f"{args.workers} workers x {args.threads} threads",
+            "load_generator": loadgen.DESCRIPTION,
             "results": results,
             "overhead_ratio_p50_c1": round(results["governed_c1"]["p50_ms"] / results["direct_c1"]["p50_ms"], 2),
             "throughput_ratio_c8": round(
@@ -413,6 +370,8 @@ def main() -> int:
             print("| " + " | ".join(str(c) for c in cells) + " |")
         print(f"\np50 overhead ratio at c=1 (governed / direct): {report['overhead_ratio_p50_c1']}")
         print(f"throughput ratio at c=8 (governed / direct): {report['throughput_ratio_c8']}")
+        print("\n" + loadgen.cpu_table(results))
+        loadgen.report_errors(results)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         return 0
