@@ -10,7 +10,11 @@ beside the reference measured in the same run (a direct upstream call,
 so the figures can be compared across machines. The report also records the
 machine (CPU model, cores, memory, Python, PostgreSQL), the date, the load
 average at the start and at the end (other work on the machine shows there),
-the targets and whether they were met, and the exact commands.
+the targets and whether they were met (never with failed requests), and the
+exact commands. For the HTTP benchmarks (governed call, charge) it adds per
+case the CPU per call of every party (gateway, PostgreSQL, upstream, the load
+generator bench/loadgen.py), their total, the calls/s the cores would reach at
+that total and the rest of the machine's busy CPU.
 
 With ``DATABASE_URL`` unset the embedded PostgreSQL server is used, started
 for the run and stopped afterwards unless it was already running. The whole
@@ -144,7 +148,11 @@ def _ratio(a: Any, b: Any) -> str:
         return "n/a"
 
 
-def _met(ok: bool) -> str:
+def _met(ok: bool, *cases: dict[str, Any]) -> str:
+    """The verdict; a figure measured with failed requests in its cases never meets its target."""
+    failed = sum(int(c.get("errors") or 0) for c in cases)
+    if failed:
+        return f"**not met** ({failed:,} failed requests)"
     return "**met**" if ok else "**not met**"
 
 
@@ -155,6 +163,54 @@ class Row:
     reference: str
     ratio: str
     target: str = "none set"
+
+
+CPU_PARTIES = (
+    ("gateway", "gateway"),
+    ("postgres", "PostgreSQL"),
+    ("upstream", "upstream"),
+    ("loadgen", "load generator"),
+)
+
+
+def cpu_table(cases: list[tuple[str, dict[str, Any] | None]], unit: str) -> list[str]:
+    """The per-case table of CPU per ``unit`` by party (bench/loadgen.py's figures), with how to read it."""
+    rows = [(label, r) for label, r in cases if r is not None and "total_cpu_ms_per_call" in r]
+    if not rows:
+        return []
+    titles = [title for _, title in CPU_PARTIES]
+    lines = [
+        f"CPU per {unit}, in ms (utime + stime of each party over the measured window / {unit}s):",
+        "",
+        f"| case | {unit}s/s measured | {' | '.join(titles)} | total | ceiling {unit}s/s | rest of the machine |",
+        "|---|" + "---|" * (len(titles) + 4),
+    ]
+    for label, r in rows:
+        rate = r.get("calls_per_s", r.get("requests_per_second"))
+        cells = [label, _n(rate, 1)]
+        for key, _title in CPU_PARTIES:
+            key_ms = f"{key}_cpu_ms_per_call"
+            cells.append(("n/a" if r[key_ms] is None else f"{r[key_ms]:.2f}") if key_ms in r else "–")
+        cells += [
+            f"{r['total_cpu_ms_per_call']:.2f}",
+            _n(r.get("ceiling_calls_per_s")),
+            _n(r.get("other_cpu_ms_per_call"), 2),
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    cores = next((r.get("cores") for _, r in rows if r.get("cores")), "?")
+    lines += [
+        "",
+        f"Every party is measured in every case, the references' too (an idle party shows about 0; – : not "
+        f"part of this benchmark). Gateway: the gunicorn master and workers; PostgreSQL: the backends of the "
+        f"benchmark's database and the server's own processes (other databases' backends left out); upstream: "
+        f"the demo upstream's process; load generator: the benchmark's own process (`getrusage`), which does "
+        f"nothing else during the window. Ceiling: the machine's {cores} cores / total CPU per {unit}, the rate "
+        f"this machine would reach if CPU were the only limit. Rest of the machine: its busy CPU over the window "
+        f"(/proc/stat) minus the parties' total, per {unit}: kernel threads and any other work on the machine; "
+        f"a large figure means the run shared the machine with something else. /proc counts in 10 ms ticks, "
+        f"so the per-party figures of short or slow cases carry that much uncertainty over all their {unit}s.",
+    ]
+    return lines
 
 
 def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
@@ -168,7 +224,7 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
             f"{_n(g1['p50_ms'], 2)} ms",
             f"direct upstream call: {_n(d1['p50_ms'], 2)} ms",
             _ratio(g1["p50_ms"], d1["p50_ms"]),
-            f"<= {GOVERNED_C1_P50_MS:g} ms: {_met(p50_ok)}",
+            f"<= {GOVERNED_C1_P50_MS:g} ms: {_met(p50_ok, g1)}",
         ),
         Row(
             "governed `tools/call` p99 latency, concurrency 1",
@@ -187,7 +243,7 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
             f"{_n(g8['calls_per_s'], 1)} calls/s",
             f"direct upstream call: {_n(d8['calls_per_s'], 1)} calls/s",
             _ratio(g8["calls_per_s"], d8["calls_per_s"]),
-            f">= {GOVERNED_C8_CALLS_PER_S} calls/s: {_met(rate_ok)}",
+            f">= {GOVERNED_C8_CALLS_PER_S} calls/s: {_met(rate_ok, g8)}",
         ),
         Row(
             "governed `tools/call` p50 / p99 latency, concurrency 8",
@@ -204,7 +260,8 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
                 f"{_n(spread['calls_per_s'], 1)} calls/s",
                 f"direct upstream call: {_n(d8['calls_per_s'], 1)} calls/s",
                 _ratio(spread["calls_per_s"], d8["calls_per_s"]),
-                f">= {GOVERNED_C8_CALLS_PER_S} calls/s: {_met(spread['calls_per_s'] >= GOVERNED_C8_CALLS_PER_S)}",
+                f">= {GOVERNED_C8_CALLS_PER_S} calls/s: "
+                f"{_met(spread['calls_per_s'] >= GOVERNED_C8_CALLS_PER_S, spread)}",
             )
         )
     history = r.get("governed_history_c8")
@@ -217,7 +274,7 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
                 f"{_n(history['calls_per_s'], 1)} calls/s",
                 f"the same wallet fresh: {_n(g8['calls_per_s'], 1)} calls/s",
                 f"{ratio:.2f}",
-                f">= {HISTORY_RATIO_MIN:g} of fresh: {_met(ratio >= HISTORY_RATIO_MIN)}",
+                f">= {HISTORY_RATIO_MIN:g} of fresh: {_met(ratio >= HISTORY_RATIO_MIN, history, g8)}",
             )
         )
     runs_with_cpu = [("concurrency 1", g1), ("concurrency 8", g8)]
@@ -235,20 +292,31 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
                 f"{_n(gateway_cpu, 2)} ms",
                 f"PostgreSQL CPU per call: {_n(postgres_cpu, 2) if postgres_cpu is not None else 'n/a'} ms",
                 _ratio(gateway_cpu, postgres_cpu),
-                f"<= {GATEWAY_CPU_MS_PER_CALL:g} ms: {_met(gateway_cpu <= GATEWAY_CPU_MS_PER_CALL)}",
+                f"<= {GATEWAY_CPU_MS_PER_CALL:g} ms: {_met(gateway_cpu <= GATEWAY_CPU_MS_PER_CALL, run)}",
             )
         )
     errors = sum(int(x.get("errors") or 0) for x in r.values())
     notes = [
         f"gunicorn {f.get('gunicorn', '?')}; failed calls during the measurement: {errors}.",
     ]
+    if f.get("load_generator"):
+        notes.append(f"Load generator: {f['load_generator']}.")
     if f.get("history"):
         h = f["history"]
         notes.append(
             f"Long history: {_n(h['earlier_calls'])} calls on the measured wallet (its real calls copied "
             f"{h['copies']} times: actions, receipts, ledger entries, audit events) in {h['seconds']} s."
         )
-    return rows, notes
+    cases = [
+        ("governed, concurrency 1", g1),
+        ("governed, concurrency 8", g8),
+        ("governed, concurrency 8 over 8 wallets", spread),
+        ("governed, concurrency 8 after the long history", history),
+        ("direct upstream call (reference), concurrency 1", d1),
+        ("direct upstream call (reference), concurrency 8", d8),
+    ]
+    table = cpu_table(cases, "call")
+    return rows, notes + (["", *table] if table else [])
 
 
 def charge_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
@@ -261,7 +329,7 @@ def charge_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
         target = "none set"
         if c == 8:
             ok = charge["requests_per_second"] >= CHARGE_C8_REQUESTS_PER_S
-            target = f">= {CHARGE_C8_REQUESTS_PER_S:,} req/s: {_met(ok)}"
+            target = f">= {CHARGE_C8_REQUESTS_PER_S:,} req/s: {_met(ok, charge)}"
         rows.append(
             Row(
                 f"`POST /v1/billing/charge` throughput, concurrency {c}",
@@ -285,7 +353,14 @@ def charge_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
         f"gunicorn {cfg.get('workers', '?')} workers x {cfg.get('threads', '?')} threads; "
         f"failed requests during the measurement: {errors}."
     ]
-    return rows, notes
+    if cfg.get("load_generator"):
+        notes.append(f"Load generator: {cfg['load_generator']}.")
+    cases: list[tuple[str, dict[str, Any] | None]] = [
+        (f"`POST /v1/billing/charge`, concurrency {c}", by.get(("POST /v1/billing/charge", c))) for c in (1, 8)
+    ]
+    cases += [(f"`GET /health` (reference), concurrency {c}", by.get(("GET /health", c))) for c in (1, 8)]
+    table = cpu_table(cases, "request")
+    return rows, notes + (["", *table] if table else [])
 
 
 def audit_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
@@ -387,7 +462,9 @@ def render(runs: list[Run], machine: dict[str, str], load: tuple[str, str], star
         "Generated by `make bench` (`.venv/bin/python -m devtools.bench`). Every figure stands beside a",
         "reference measured in the same run on the same machine; the ratio (figure / reference) is the",
         "part that carries over to other machines. The gateway, PostgreSQL, the upstream and the load",
-        "generator all share the machine.",
+        "generator all share the machine; the HTTP benchmarks report the CPU each of them spends per call",
+        "(and what the machine's cores would allow at that cost) beside their figures. Their load generator",
+        "(`bench/loadgen.py`) is the same for every figure and its reference.",
         "",
         "## Machine and run",
         "",
