@@ -492,7 +492,11 @@ def run(
     threads = [threading.Thread(target=worker, args=(i,), daemon=True) for i in range(concurrency)]
     for t in threads:
         t.start()
-    before = cpu_snapshot(parties or {})
+    try:
+        before = cpu_snapshot(parties or {})
+    except BaseException:
+        start_gate.set()  # with stop_at still 0 the workers end at once
+        raise
     started = time.monotonic()
     stop_at[0] = started + seconds
     start_gate.set()
