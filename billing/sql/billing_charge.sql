@@ -1,0 +1,223 @@
+-- billing_charge: POST /v1/billing/charge as one statement (billing.services.wallet_charge).
+--
+-- Guarantees, in one call, which in autocommit is one transaction:
+--
+-- 1. Reach. The wallet exists (else code 'not_found') and, when p_reach_wallet_id is given (a
+--    wallet key), belongs to p_tenant_id with p_reach_wallet_id on its path, i.e. it is the
+--    key's wallet or below it (else 'access_denied'; billing.selectors.wallet_in_reach). Without
+--    p_reach_wallet_id the caller has checked access; a wallet outside p_tenant_id is then an
+--    error (the events would go to the wrong chain).
+-- 2. Idempotency, as billing.services did it in Python: with p_idempotency_key, a stored record
+--    of (wallet, key) answers before any lock: 'idempotency_key_reused' when its request hash
+--    differs from p_request_hash, 'idempotency_key_in_progress' when it holds no response yet,
+--    else 'replay' with the stored status and body. A record that commits while this call waits
+--    for the wallet's lock is found by billing_debit ('replay') and answered the same way.
+-- 3. Price. Credits per unit from billing_service_price, else p_default_price (the built-in
+--    price; NULL: 'unknown_category'); amount = round(price * units, 8), the half-up rounding of
+--    billing.services.to_money ('amount_too_small' when it is zero). Prices are read in the
+--    statement that uses them, so a price change applies from the next charge on.
+-- 4. The debit: billing_debit (billing/migrations/0008), the only copy of the spend rules. Its
+--    refusals come back as its codes with nothing written, so a refused charge leaves no
+--    idempotency record (the key is not burnt) and no event. The velocity freeze is the
+--    caller's second transaction.
+-- 5. On success, the rows Python wrote before, with the same contents: the idempotency record
+--    (request hash, status 200, the response body) and the audit events ledger.refill (when a
+--    refill was posted) and ledger.charge, appended by audit_append in that order.
+--
+-- Figures known only after the debit. Python prepares everything else (ids, time, request hash,
+-- the events' canonical bytes, the body's other fields); this function adds the figures in forms
+-- that are canonical by construction, so no second JSON encoder exists here:
+--   * decimals as JSON strings round(x, 8)::text: digits, an optional '-' and exactly 8 places,
+--     the text billing.exceptions.money() writes for the same value;
+--   * the refill's parent wallet id as to_json(id)::text: an id is [A-Za-z0-9_], which JSON
+--     writes as itself between quotes.
+-- An event's canonical bytes come split: p_*_parts = the bytes before the seq, cut at each late
+-- value in key order, then the bytes after the seq (audit_append's p_suffix). Late values:
+--   ledger.charge: detail.amount (-amount), detail.balance_after
+--   ledger.refill: detail.amount, detail.balance_after, detail.counterparty (the parent)
+-- and the stored detail is p_*_detail plus the same keys with the same values, so verify-chain
+-- recomputes the hash the append computed. tests/test_billing_charge_fn.py proves the bytes equal
+-- Python's canonical encoding of the stored event across values.
+--
+-- The refill event is optional: preparing it costs Python CPU on every charge and refills are
+-- rare. A refill posted without p_refill_parts raises SQLSTATE 'TGRF1', so the statement rolls
+-- back whole and the caller repeats it with the event prepared (inside a transaction the caller
+-- holds, it prepares the event from the start instead).
+--
+-- Lock order (docs/decisions.md, "Lock order"): none before billing_debit, which locks the agent
+-- ancestors and the refill parent top down, then the wallet; then the idempotency record's unique
+-- index entry; the audit chain head last (audit_append). In autocommit every lock is released
+-- when this statement's transaction commits on the server.
+--
+-- Assumes: the caller passes billing_debit's arguments as billing.services.debit_call prepares
+-- them (ids, now, truncated texts), units > 0 at 8 places, p_tenant_id = the wallet's tenant as
+-- the caller knows it, and the server encoding is UTF8 (as audit_append does).
+CREATE OR REPLACE FUNCTION billing_charge(
+    p_wallet_id text,
+    p_tenant_id text,
+    p_reach_wallet_id text,       -- a wallet key's wallet; NULL: the caller has checked access
+    p_category text,
+    p_default_price numeric,      -- the category's built-in price; NULL: unknown category
+    p_units numeric,
+    p_description text,
+    p_request_path text,
+    p_correlation_id text,
+    p_now timestamptz,
+    p_ids text[],                 -- billing_debit's: charge tx, wallet entry, revenue entry, refill tx, parent, wallet
+    p_hour_limit numeric,
+    p_day_limit numeric,
+    p_idempotency_key text,
+    p_request_hash text,
+    p_body jsonb,                 -- the response body's fields known before the debit
+    p_key_id text,                -- the events' key, endpoint and request id
+    p_endpoint text,
+    p_request_id text,
+    p_charge_event_id text,
+    p_charge_created_at timestamptz,
+    p_charge_detail jsonb,        -- without amount and balance_after
+    p_charge_parts bytea[],       -- 3 cuts of the bytes before the seq, then the bytes after it
+    p_refill_event_id text,
+    p_refill_created_at timestamptz,
+    p_refill_detail jsonb,        -- without amount, balance_after and counterparty
+    p_refill_parts bytea[],       -- 4 cuts, then the bytes after the seq; NULL: not prepared
+    OUT code text,                -- billing_debit's codes, and not_found, access_denied, replay,
+                                  -- idempotency_key_reused, idempotency_key_in_progress,
+                                  -- unknown_category, amount_too_small
+    OUT subject_id text,
+    OUT wallet_tenant text,
+    OUT new_balance numeric,
+    OUT daily_spent numeric,
+    OUT refilled numeric,
+    OUT refill_parent text,
+    OUT figure numeric,
+    OUT figure_limit numeric,
+    OUT spend_window text,
+    OUT refusal_reason text,
+    OUT unit_price numeric,
+    OUT charged numeric,          -- the amount debited (or that would have been)
+    OUT response_status integer,  -- 200, or a replay's stored status
+    OUT body text                 -- the response body (stored for replay), or a replay's
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    wallet_path text;
+    stored billing_charge_idempotency;
+    d record;
+    money_amount text;
+    money_balance text;
+    money_refill text;
+    response jsonb;
+    payload bytea;
+BEGIN
+    SELECT w.tenant_id, w.path INTO wallet_tenant, wallet_path FROM billing_wallet w WHERE w.wallet_id = p_wallet_id;
+    IF NOT FOUND THEN
+        code := 'not_found'; subject_id := p_wallet_id; RETURN;
+    END IF;
+    IF p_reach_wallet_id IS NOT NULL THEN
+        IF wallet_tenant IS DISTINCT FROM p_tenant_id
+           OR NOT p_reach_wallet_id = ANY(string_to_array(wallet_path, '/')) THEN
+            code := 'access_denied'; subject_id := p_wallet_id; RETURN;
+        END IF;
+    ELSIF wallet_tenant IS DISTINCT FROM p_tenant_id THEN
+        RAISE EXCEPTION 'billing_charge: wallet % belongs to tenant %, not %', p_wallet_id, wallet_tenant, p_tenant_id;
+    END IF;
+
+    IF p_idempotency_key IS NOT NULL THEN  -- a replay needs no lock
+        SELECT * INTO stored FROM billing_charge_idempotency c
+         WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key;
+        IF FOUND THEN
+            code := CASE WHEN stored.request_hash <> p_request_hash THEN 'idempotency_key_reused'
+                         WHEN stored.status <> 'done' OR stored.response_status IS NULL
+                              THEN 'idempotency_key_in_progress'
+                         ELSE 'replay' END;
+            response_status := stored.response_status; body := stored.response_body::text;
+            RETURN;
+        END IF;
+    END IF;
+
+    SELECT sp.credits_per_unit INTO unit_price FROM billing_service_price sp WHERE sp.category = p_category;
+    IF NOT FOUND THEN
+        unit_price := p_default_price;
+    END IF;
+    IF unit_price IS NULL THEN
+        code := 'unknown_category'; RETURN;
+    END IF;
+    charged := round(unit_price * p_units, 8);
+    IF charged <= 0 THEN
+        code := 'amount_too_small'; RETURN;
+    END IF;
+
+    SELECT * INTO d FROM billing_debit(
+        p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path, p_correlation_id, p_ids,
+        p_hour_limit, p_day_limit, p_idempotency_key
+    );
+    code := d.code; subject_id := d.subject_id; new_balance := d.new_balance; daily_spent := d.daily_spent;
+    refilled := d.refilled; refill_parent := d.refill_parent; figure := d.figure; figure_limit := d.figure_limit;
+    spend_window := d.spend_window; refusal_reason := d.refusal_reason;
+    IF code = 'replay' THEN  -- a duplicate committed while this call waited for the wallet's lock
+        SELECT * INTO stored FROM billing_charge_idempotency c
+         WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key;
+        code := CASE WHEN stored.request_hash <> p_request_hash THEN 'idempotency_key_reused'
+                     WHEN stored.status <> 'done' OR stored.response_status IS NULL
+                          THEN 'idempotency_key_in_progress'
+                     ELSE 'replay' END;
+        response_status := stored.response_status; body := stored.response_body::text;
+        RETURN;
+    END IF;
+    IF code <> 'ok' THEN
+        RETURN;  -- refused: billing_debit wrote nothing
+    END IF;
+    IF refilled IS NOT NULL AND p_refill_parts IS NULL THEN
+        RAISE EXCEPTION 'billing_charge: a refill was posted but its audit event was not prepared'
+              USING ERRCODE = 'TGRF1';
+    END IF;
+
+    money_amount := round(charged, 8)::text;
+    money_balance := round(new_balance, 8)::text;
+    response_status := 200;
+    response := p_body || jsonb_build_object(
+        'unit_price', round(unit_price, 8)::text,
+        'amount', money_amount,
+        'balance', money_balance,
+        'daily_spent', round(daily_spent, 8)::text,
+        'refill', CASE WHEN refilled IS NULL THEN NULL ELSE jsonb_build_object(
+            'entry_id', p_ids[6], 'amount', round(refilled, 8)::text, 'parent_wallet_id', refill_parent
+        ) END
+    );
+    body := response::text;
+    IF p_idempotency_key IS NOT NULL THEN
+        INSERT INTO billing_charge_idempotency
+            (wallet_id, tenant_id, key, request_hash, status, response_status, response_body, entry_id,
+             created_at, updated_at)
+        VALUES (p_wallet_id, wallet_tenant, p_idempotency_key, p_request_hash, 'done', 200, response, p_ids[2],
+                p_now, p_now);
+    END IF;
+
+    IF refilled IS NOT NULL THEN
+        money_refill := round(refilled, 8)::text;
+        payload := p_refill_parts[1] || convert_to('"' || money_refill || '"', 'UTF8')
+                || p_refill_parts[2] || convert_to('"' || round(new_balance + refilled, 8)::text || '"', 'UTF8')
+                || p_refill_parts[3] || convert_to(to_json(refill_parent)::text, 'UTF8')
+                || p_refill_parts[4];
+        PERFORM audit_append(
+            wallet_tenant, p_refill_event_id, 'ledger.refill', wallet_tenant, p_wallet_id, p_key_id, NULL, p_endpoint,
+            NULL, p_request_id, true,
+            p_refill_detail || jsonb_build_object(
+                'amount', money_refill,
+                'balance_after', round(new_balance + refilled, 8)::text,
+                'counterparty', refill_parent
+            ),
+            p_refill_created_at, payload, p_refill_parts[5]
+        );
+    END IF;
+    payload := p_charge_parts[1] || convert_to('"' || round(-charged, 8)::text || '"', 'UTF8')
+            || p_charge_parts[2] || convert_to('"' || money_balance || '"', 'UTF8')
+            || p_charge_parts[3];
+    PERFORM audit_append(
+        wallet_tenant, p_charge_event_id, 'ledger.charge', wallet_tenant, p_wallet_id, p_key_id, NULL, p_endpoint,
+        NULL, p_request_id, true,
+        p_charge_detail || jsonb_build_object('amount', round(-charged, 8)::text, 'balance_after', money_balance),
+        p_charge_created_at, payload, p_charge_parts[4]
+    );
+END;
+$$;
