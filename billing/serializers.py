@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.plumbing import ResolvedComponent
@@ -11,9 +12,6 @@ from rest_framework import serializers
 
 from billing.models import APIKey, KeyRotationLog, ServiceCategory, WalletStatus, WalletType
 from config.pagination import MAX_LIMIT, MAX_OFFSET, list_envelope
-
-if TYPE_CHECKING:
-    from billing.services import DebitResult
 
 
 class NamedChoiceField(serializers.ChoiceField):
@@ -355,31 +353,39 @@ class InsufficientFundsError(serializers.Serializer):
     detail = InsufficientFundsResponse()
 
 
-def charge_response_body(*, result: DebitResult, unit_price: Decimal, idempotency_key: str | None) -> dict[str, Any]:
-    """The JSON body of a posted charge (stored for idempotent replay)."""
-    entry = result.entry
-    refill = None
-    if result.refill is not None:
-        refill = {
-            "entry_id": result.refill.entry_id,
-            "amount": result.refill.amount,
-            "parent_wallet_id": result.refill.counterparty,
-        }
-    data = {
-        "entry_id": entry.entry_id,
-        "transaction_id": entry.transaction_id,
-        "wallet_id": entry.account,
-        "service_category": entry.service_category,
-        "units": entry.units,
-        "unit_price": unit_price,
-        "amount": -entry.amount,
-        "balance": entry.balance_after,
-        "daily_spent": result.daily_spent,
-        "refill": refill,
-        "description": entry.description,
-        "request_path": entry.request_path,
-        "correlation_id": entry.correlation_id,
+# Written as ChargeResponse writes them (unbound fields, so a template costs no serializer copy).
+_MONEY = MoneyField()
+_DATETIME = serializers.DateTimeField()
+
+
+def charge_response_template(
+    *,
+    entry_id: str,
+    transaction_id: str,
+    wallet_id: str,
+    service_category: str,
+    units: Decimal,
+    description: str,
+    request_path: str,
+    correlation_id: str,
+    idempotency_key: str | None,
+    created_at: datetime,
+) -> dict[str, Any]:
+    """The fields of a ChargeResponse known before the debit, each as ChargeResponse writes it.
+
+    The database function ``billing_charge`` adds ``unit_price``, ``amount``, ``balance``,
+    ``daily_spent`` and ``refill`` once the debit is known, stores the whole body for replay and
+    returns it; tests/test_billing_charge_fn.py checks that body against ``ChargeResponse``.
+    """
+    return {
+        "entry_id": entry_id,
+        "transaction_id": transaction_id,
+        "wallet_id": wallet_id,
+        "service_category": service_category,
+        "units": _MONEY.to_representation(units),
+        "description": description,
+        "request_path": request_path,
+        "correlation_id": correlation_id,
         "idempotency_key": idempotency_key,
-        "created_at": entry.created_at,
+        "created_at": _DATETIME.to_representation(created_at),
     }
-    return dict(ChargeResponse(data).data)

@@ -62,17 +62,20 @@ rolled back.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any, Unpack
 
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q, Sum
 from django.db.models.functions import Greatest
 from django.utils import timezone
 
-from audit.services import alert_raise, audit_record
+from audit.canonical import canonical_bytes_fast
+from audit.models import AuditEvent
+from audit.services import EventFields, alert_raise, audit_event_prepare, audit_record
 from billing import selectors
 from billing.exceptions import (
     BudgetExceeded,
@@ -89,12 +92,11 @@ from billing.exceptions import (
 )
 from billing.keys import hash_secret, make_secret
 from billing.models import (
+    DEFAULT_CATEGORY_PRICES,
     WALLET_PREFIX,
     ZERO,
     APIKey,
     APIKeyStatus,
-    ChargeIdempotency,
-    IdempotencyStatus,
     KeyLogAction,
     KeyRotationLog,
     LedgerEntry,
@@ -115,10 +117,14 @@ from config.errors import (
     IdempotencyKeyReused,
     NotFound,
     RequestValidationError,
+    WalletAccessDenied,
 )
 from config.idempotency import request_hash
 from config.ids import new_id
 from config.middleware import get_request_id
+
+if TYPE_CHECKING:
+    from config.authentication import Principal
 
 
 @dataclass(frozen=True)
@@ -916,27 +922,48 @@ def ledger_refund(
     return entry
 
 
+def ledger_event_detail(
+    *,
+    entry_id: str,
+    transaction_id: str,
+    kind: str,
+    amount: str,
+    balance_after: str | None,
+    counterparty: str,
+    service_category: str = "",
+    request_path: str = "",
+    refund_of: str | None = None,
+    actor: str = "",
+) -> dict[str, Any]:
+    """The detail of a ``ledger.<kind>`` audit event: one definition for ``ledger_audit`` and the charge.
+
+    ``amount`` and ``balance_after`` are money strings (``money``), or the charge's placeholders
+    for the figures the database fills in.
+    """
+    detail: dict[str, Any] = {
+        "entry_id": entry_id,
+        "transaction_id": transaction_id,
+        "kind": kind,
+        "amount": amount,
+        "balance_after": balance_after,
+        "counterparty": counterparty,
+    }
+    if service_category:
+        detail["service_category"] = service_category
+    if request_path:
+        detail["request_path"] = request_path
+    if refund_of:
+        detail["refund_of"] = refund_of
+    if actor:
+        detail["actor"] = actor
+    return detail
+
+
 def ledger_audit(entry: LedgerEntry, *, actor_key_id: str = "", actor: str = "", endpoint: str | None = None) -> None:
     """Record the movement of ``entry`` (a wallet's entry) in the tenant's audit chain.
 
     Caller holds the transaction; call it among the last statements (it locks the chain head).
     """
-    detail: dict[str, Any] = {
-        "entry_id": entry.entry_id,
-        "transaction_id": entry.transaction_id,
-        "kind": entry.kind,
-        "amount": money(entry.amount),
-        "balance_after": money(entry.balance_after) if entry.balance_after is not None else None,
-        "counterparty": entry.counterparty,
-    }
-    if entry.service_category:
-        detail["service_category"] = entry.service_category
-    if entry.request_path:
-        detail["request_path"] = entry.request_path
-    if entry.refund_of_id:
-        detail["refund_of"] = entry.refund_of_id
-    if actor:
-        detail["actor"] = actor
     audit_record(
         event=f"ledger.{entry.kind}",
         ok=True,
@@ -945,7 +972,18 @@ def ledger_audit(entry: LedgerEntry, *, actor_key_id: str = "", actor: str = "",
         key_id=actor_key_id or None,
         endpoint=endpoint,
         request_id=entry.correlation_id or None,
-        detail=detail,
+        detail=ledger_event_detail(
+            entry_id=entry.entry_id,
+            transaction_id=entry.transaction_id,
+            kind=entry.kind,
+            amount=money(entry.amount),
+            balance_after=money(entry.balance_after) if entry.balance_after is not None else None,
+            counterparty=entry.counterparty,
+            service_category=entry.service_category,
+            request_path=entry.request_path,
+            refund_of=entry.refund_of_id,
+            actor=actor,
+        ),
     )
 
 
@@ -1310,17 +1348,123 @@ def charge_request_hash(
     )
 
 
-def _replay(record: ChargeIdempotency, request_hash: str) -> ChargeOutcome:
-    if record.request_hash != request_hash:
-        raise IdempotencyKeyReused()
-    if record.status != IdempotencyStatus.DONE or record.response_status is None:
-        raise IdempotencyKeyInProgress(headers={"Retry-After": "1"})
-    return ChargeOutcome(status=record.response_status, body=dict(record.response_body or {}), replayed=True)
+CHARGE_ENDPOINT = "/v1/billing/charge"
+# The answer of billing_charge (billing/sql/billing_charge.sql): billing_debit's columns, then its own.
+CHARGE_COLUMNS = (*DEBIT_COLUMNS, "unit_price", "charged", "response_status", "body")
+_CHARGE_SQL = (
+    f"SELECT {', '.join(CHARGE_COLUMNS)} FROM billing_charge("  # noqa: S608
+    "%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s, "
+    "%s, %s, %s::jsonb, %s::bytea[], %s, %s, %s::jsonb, %s::bytea[])"
+)
+# billing_charge raises it when the debit posted a refill whose audit event was not prepared.
+_REFILL_EVENT_NEEDED = "TGRF1"
+# A figure the database writes into an audit event, and its canonical JSON (RFC 8785 escapes the NULs,
+# and the key before it anchors it: a quote inside a string is always escaped, so '"key":' followed
+# by these bytes occurs only where the detail holds the placeholder).
+_LATE = "\x00late\x00"
+_LATE_JSON = canonical_bytes_fast(_LATE)
+
+
+@dataclass(frozen=True)
+class LateEvent:
+    """An audit event ready for ``billing_charge``, whose ``late`` detail figures the database writes.
+
+    ``parts`` are the event's canonical bytes before its seq, cut where each late value goes
+    (in key order, each cut ending with ``"key":``), then the bytes after the seq: the database
+    joins them with the values it writes and hands the two halves to ``audit_append``.
+    """
+
+    record: AuditEvent
+    detail: dict[str, Any]
+    parts: list[bytes]
+
+
+def late_event_prepare(*, late: tuple[str, ...], **fields: Unpack[EventFields]) -> LateEvent:
+    """Prepare an event (``audit_event_prepare``) with placeholders for the ``late`` keys of its detail.
+
+    ``detail`` must hold the placeholder ``_LATE`` at each late key, at its top level. The
+    canonical bytes are Python's (the one encoder); the database only splices values that are
+    canonical by construction (billing/sql/billing_charge.sql).
+    """
+    prepared = audit_event_prepare(**fields)
+    parts: list[bytes] = []
+    rest = prepared.prefix
+    for key in sorted(late):
+        marker = b'"' + key.encode() + b'":'
+        head, found, rest = rest.partition(marker + _LATE_JSON)
+        if not found or marker + _LATE_JSON in rest:
+            raise AssertionError(f"the event's canonical bytes do not hold the placeholder of {key!r} once")
+        parts.append(head + marker)
+    parts.extend((rest, prepared.suffix))
+    detail = {key: value for key, value in prepared.record.detail.items() if key not in late}
+    return LateEvent(prepared.record, detail, parts)
+
+
+def _charge_events(
+    *,
+    ids: tuple[str, ...],
+    wallet_id: str,
+    tenant_id: str,
+    service_category: str,
+    request_path: str,
+    actor_key_id: str,
+    correlation_id: str,
+    refill: bool,
+) -> tuple[LateEvent, LateEvent | None]:
+    """The ledger.charge event (and ledger.refill with ``refill``), as ``ledger_audit`` writes them."""
+
+    def fields(kind: str, detail: dict[str, Any]) -> EventFields:
+        return {
+            "event": f"ledger.{kind}",
+            "ok": True,
+            "tenant_id": tenant_id,
+            "wallet_id": wallet_id,
+            "key_id": actor_key_id or None,
+            "endpoint": CHARGE_ENDPOINT,
+            "request_id": correlation_id or None,
+            "detail": detail,
+        }
+
+    refill_event = None
+    if refill:  # prepared first: it is appended first
+        kind = LedgerKind.REFILL.value
+        refill_event = late_event_prepare(
+            late=("amount", "balance_after", "counterparty"),
+            **fields(
+                kind,
+                ledger_event_detail(
+                    entry_id=ids[5],
+                    transaction_id=ids[3],
+                    kind=kind,
+                    amount=_LATE,
+                    balance_after=_LATE,
+                    counterparty=_LATE,
+                ),
+            ),
+        )
+    kind = LedgerKind.CHARGE.value
+    charge_event = late_event_prepare(
+        late=("amount", "balance_after"),
+        **fields(
+            kind,
+            ledger_event_detail(
+                entry_id=ids[1],
+                transaction_id=ids[0],
+                kind=kind,
+                amount=_LATE,
+                balance_after=_LATE,
+                counterparty=SystemAccount.REVENUE.value,
+                service_category=service_category,
+                request_path=request_path,
+            ),
+        ),
+    )
+    return charge_event, refill_event
 
 
 def wallet_charge(
     *,
-    wallet: Wallet,
+    wallet: Wallet | str,
     service_category: str = ServiceCategory.OTHER,
     units: Decimal | int = 1,
     request_path: str = "",
@@ -1328,16 +1472,39 @@ def wallet_charge(
     idempotency_key: str | None = None,
     actor_key_id: str = "",
     correlation_id: str = "",
+    caller: Principal | None = None,
 ) -> ChargeOutcome:
     """Charge ``price(service_category) * units`` from ``wallet`` to revenue (POST /v1/billing/charge).
 
-    Owns its transaction. Idempotent per (wallet, ``idempotency_key``) as the
-    module docstring describes. On a velocity refusal, commits the freeze in a
-    second transaction before the refusal propagates.
+    One statement, ``billing_charge`` (billing/sql/billing_charge.sql), which in autocommit is its
+    own transaction: the wallet's reach, the idempotency record, the price, the debit
+    (``billing_debit``), the record's insert and the audit events. Idempotent per (wallet,
+    ``idempotency_key``) as the module docstring describes; a refused charge writes nothing. On a
+    velocity refusal, commits the freeze in a second transaction before the refusal propagates.
+
+    With ``caller`` (the API), a wallet key must reach the wallet (403 ``wallet_access_denied``,
+    also for an unknown wallet) and an operator gets 404 for an unknown wallet, as
+    ``selectors.wallet_for_caller`` answers; without it the caller has checked access.
+    Owns its transaction: refuses to run inside another one (tests' transactions excepted).
     """
+    _require_own_transaction("wallet_charge")
+    wallet_id = wallet.wallet_id if isinstance(wallet, Wallet) else wallet
+    reach = caller.wallet_id if caller is not None and not caller.is_operator else None
+    if reach is not None:
+        tenant_id = caller.tenant_id if caller is not None else None  # the wallet must be in the key's tenant
+    elif isinstance(wallet, Wallet):
+        tenant_id = wallet.tenant_id
+    else:  # an operator: the tenant (the events' chain) comes from the wallet
+        tenant_id = Wallet.objects.filter(wallet_id=wallet_id).values_list("tenant_id", flat=True).first()
+        if tenant_id is None:
+            raise NotFound("No such wallet.", wallet_id=wallet_id)
+    if tenant_id is None:
+        raise WalletAccessDenied(wallet_id=wallet_id)
     try:
         return _charge(
-            wallet=wallet,
+            wallet_id=wallet_id,
+            tenant_id=tenant_id,
+            reach_wallet_id=reach,
             service_category=service_category,
             units=to_money(Decimal(units)),
             request_path=request_path,
@@ -1351,10 +1518,18 @@ def wallet_charge(
         raise
 
 
-@transaction.atomic(durable=True)
+def _require_own_transaction(name: str) -> None:
+    """What ``transaction.atomic(durable=True)`` checks, for a service that is one statement in autocommit."""
+    blocks = connection.atomic_blocks
+    if blocks and not getattr(blocks[-1], "_from_testcase", False):
+        raise RuntimeError(f"{name} owns its transaction; it cannot run inside another one")
+
+
 def _charge(
     *,
-    wallet: Wallet,
+    wallet_id: str,
+    tenant_id: str,
+    reach_wallet_id: str | None,
     service_category: str,
     units: Decimal,
     request_path: str,
@@ -1363,59 +1538,118 @@ def _charge(
     actor_key_id: str,
     correlation_id: str,
 ) -> ChargeOutcome:
-    from billing.serializers import charge_response_body
+    """One call of ``billing_charge`` (one round trip), and its answer as an outcome or an exception.
 
-    request_hash = charge_request_hash(
-        wallet_id=wallet.wallet_id,
+    Python prepares what only Python does: ids, the time, the request hash, the response body's
+    known fields and the audit events' canonical bytes. The ledger.refill event is prepared only
+    when the database asks for it (SQLSTATE TGRF1: the statement rolled back whole) or inside a
+    caller's transaction, where a failed statement would abort the transaction.
+    """
+    from billing.serializers import charge_response_template
+
+    hashed = charge_request_hash(
+        wallet_id=wallet_id,
         service_category=service_category,
         units=units,
         request_path=request_path,
         description=description,
     )
-    if idempotency_key is not None:
-        # Replays need no wallet lock.
-        record = ChargeIdempotency.objects.filter(wallet_id=wallet.wallet_id, key=idempotency_key).first()
-        if record is not None:
-            return _replay(record, request_hash)
-    unit_price = selectors.price_for_category(service_category)
-    amount = to_money(unit_price * units)
-    if amount <= 0:
+    now = timezone.now()
+    ids = (new_id("ltx"), new_id("led"), new_id("led"), new_id("ltx"), new_id("led"), new_id("led"))
+    description, request_path = description[:500], request_path[:300]
+    correlation_id = (correlation_id or get_request_id() or "")[:128]
+    body = charge_response_template(
+        entry_id=ids[1],
+        transaction_id=ids[0],
+        wallet_id=wallet_id,
+        service_category=service_category,
+        units=units,
+        description=description,
+        request_path=request_path,
+        correlation_id=correlation_id,
+        idempotency_key=idempotency_key,
+        created_at=now,
+    )
+    refill = connection.in_atomic_block
+    while True:
+        charge_event, refill_event = _charge_events(
+            ids=ids,
+            wallet_id=wallet_id,
+            tenant_id=tenant_id,
+            service_category=service_category,
+            request_path=request_path,
+            actor_key_id=actor_key_id,
+            correlation_id=correlation_id,
+            refill=refill,
+        )
+        event = charge_event.record
+        params = [
+            wallet_id,
+            tenant_id,
+            reach_wallet_id,
+            service_category,
+            DEFAULT_CATEGORY_PRICES.get(service_category),
+            units,
+            description,
+            request_path,
+            correlation_id,
+            now,
+            list(ids),
+            VELOCITY_HOUR_LIMIT,
+            VELOCITY_DAY_LIMIT,
+            idempotency_key,
+            hashed,
+            json.dumps(body),
+            event.key_id,
+            event.endpoint,
+            event.request_id,
+            event.event_id,
+            event.created_at,
+            json.dumps(charge_event.detail),
+            charge_event.parts,
+            None if refill_event is None else refill_event.record.event_id,
+            None if refill_event is None else refill_event.record.created_at,
+            None if refill_event is None else json.dumps(refill_event.detail),
+            None if refill_event is None else refill_event.parts,
+        ]
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute(_CHARGE_SQL, params)
+                row = dict(zip(CHARGE_COLUMNS, cursor.fetchone(), strict=True))
+        except DatabaseError as exc:
+            if refill or getattr(exc.__cause__, "sqlstate", None) != _REFILL_EVENT_NEEDED:
+                raise
+            refill = True
+            continue
+        return _charge_outcome(
+            row, wallet_id=wallet_id, reach_wallet_id=reach_wallet_id, service_category=service_category, units=units
+        )
+
+
+def _charge_outcome(
+    row: dict[str, Any], *, wallet_id: str, reach_wallet_id: str | None, service_category: str, units: Decimal
+) -> ChargeOutcome:
+    """The outcome ``billing_charge`` answered, or its refusal raised as today's exception."""
+    code = row["code"]
+    if code in ("ok", "replay"):
+        return ChargeOutcome(status=row["response_status"], body=json.loads(row["body"]), replayed=code == "replay")
+    if code == "idempotency_key_reused":
+        raise IdempotencyKeyReused()
+    if code == "idempotency_key_in_progress":
+        raise IdempotencyKeyInProgress(headers={"Retry-After": "1"})
+    if code == "access_denied" or (code == "not_found" and reach_wallet_id is not None):
+        raise WalletAccessDenied(wallet_id=wallet_id)
+    if code == "unknown_category":
+        raise NotFound("No such service category.", service_category=service_category)
+    if code == "amount_too_small":
         raise RequestValidationError.single(
             ["query", "units"],
-            f"The charge amount (price {money(unit_price)} x units {money(units)}) is zero at 8 decimal places.",
+            f"The charge amount (price {money(row['unit_price'])} x units {money(units)}) is zero at 8 decimal places.",
             "amount_too_small",
         )
-    result = _debit(
-        debit_call(
-            wallet_id=wallet.wallet_id,
-            amount=amount,
-            service_category=service_category,
-            units=units,
-            description=description,
-            request_path=request_path,
-            correlation_id=correlation_id,
-        ),
-        idempotency_key,
-    )
-    if result is None:  # a duplicate that held the wallet's lock before us has committed its record
-        record = ChargeIdempotency.objects.get(wallet_id=wallet.wallet_id, key=idempotency_key)
-        return _replay(record, request_hash)
-    body = charge_response_body(result=result, unit_price=unit_price, idempotency_key=idempotency_key)
-    if idempotency_key is not None:
-        ChargeIdempotency.objects.create(
-            wallet_id=wallet.wallet_id,
-            tenant_id=result.entry.tenant_id,
-            key=idempotency_key,
-            request_hash=request_hash,
-            status=IdempotencyStatus.DONE,
-            response_status=200,
-            response_body=body,
-            entry=result.entry,
-        )
-    if result.refill is not None:
-        ledger_audit(result.refill, actor_key_id=actor_key_id, endpoint="/v1/billing/charge")
-    ledger_audit(result.entry, actor_key_id=actor_key_id, endpoint="/v1/billing/charge")
-    return ChargeOutcome(status=200, body=body, replayed=False)
+    refusal = _refusal(row, row["charged"])
+    assert refusal is not None
+    raise refusal
 
 
 # --- Prices ----------------------------------------------------------------------------
