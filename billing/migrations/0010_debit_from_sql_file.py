@@ -1,0 +1,17 @@
+"""``billing_debit`` from its own file (billing/sql/billing_debit.sql), with one plan per statement for every
+call (``plan_cache_mode = force_generic_plan``) and the charge endpoint's idempotency query run only for
+keyed charges. The rules are unchanged."""
+
+import importlib
+
+from django.db import migrations
+
+from config.sqlfiles import run_sql_file
+
+PREVIOUS = importlib.import_module("billing.migrations.0008_debit_function").DEBIT
+
+
+class Migration(migrations.Migration):
+    dependencies = [("billing", "0009_charge_function")]
+
+    operations = [run_sql_file("billing", "billing_debit", reverse_sql=PREVIOUS)]

@@ -1,0 +1,213 @@
+-- billing_debit: the debit, the only copy of the spend rules.
+--
+-- Every charge (``POST /v1/billing/charge``, governed tool calls, the console) is
+-- one call of this function, so a debit is one round trip however many wallets
+-- it touches. Python prepares what only Python does (ids, the time, truncated
+-- texts) and maps the refusal codes to exceptions (``billing.services.ledger_debit``).
+--
+-- In one call, inside the caller's transaction:
+--
+-- 1. Locks, top-down (the lock order of docs/decisions.md, "Lock order"): every
+--    agent ancestor of the wallet (their spend windows count the charge), the
+--    parent when an auto-refill is likely (a hint read before the locks; the
+--    decision is re-checked under them), then the wallet.
+-- 2. With ``p_idempotency_key``, answers ``replay`` when the charge endpoint's
+--    record for (wallet, key) committed while this call waited for the lock.
+-- 3. Refuses, in this order, naming the wallet that refuses: the wallet's own
+--    status (closed, frozen, expired), then the highest ancestor that is not
+--    active or has expired (a freeze covers the subtree); funds, counting an
+--    auto-refill the parent can pay (``insufficient_funds``, which freezes
+--    nothing); budget and daily limit of the wallet, then of each agent ancestor
+--    upwards; velocity (hour, then day) of the same, in the same order
+--    (``velocity``: the caller freezes the wallet named).
+-- 4. Posts the refill (parent -> wallet) when due, then the charge (wallet ->
+--    revenue) as balanced ledger transactions, moves the balances and the
+--    lifetime ``total_spent`` of the wallet and of every agent ancestor, and adds
+--    the amount to each owner's spend bucket of the hour.
+--
+-- Spend windows are read from ``billing_spend_bucket`` (at most 25 rows per
+-- owner), as ``billing.selectors.spend_windows`` reads them: last hour = the
+-- current and previous clock hours, last day = the current and 24 previous,
+-- today = since 00:00 UTC.
+CREATE OR REPLACE FUNCTION billing_debit(
+    p_wallet_id text,
+    p_amount numeric,
+    p_now timestamptz,
+    p_category text,
+    p_units numeric,
+    p_description text,
+    p_request_path text,
+    p_correlation_id text,
+    p_ids text[],               -- charge transaction, wallet entry, revenue entry, refill transaction, parent entry, wallet entry
+    p_hour_limit numeric,
+    p_day_limit numeric,
+    p_idempotency_key text,
+    OUT code text,              -- ok, replay, not_found, wallet_closed, wallet_frozen, wallet_expired,
+                                -- insufficient_funds, budget_exceeded, daily_limit_exceeded, velocity
+    OUT subject_id text,        -- the wallet that refuses (or the wallet charged)
+    OUT wallet_tenant text,
+    OUT new_balance numeric,  -- the wallet's balance after the charge (insufficient_funds: its balance)
+    OUT daily_spent numeric,    -- the wallet's spend today including this charge
+    OUT refilled numeric,  -- the auto-refill posted, if any
+    OUT refill_parent text,
+    OUT figure numeric,         -- refusals: the figure that would go over (total spent, today's or the window's spend)
+    OUT figure_limit numeric,   -- refusals: the limit
+    OUT spend_window text,      -- velocity: hour or day
+    OUT refusal_reason text
+)
+LANGUAGE plpgsql
+-- Every statement below looks rows up by key (a wallet, a wallet's buckets of the last 25 hours), so one
+-- plan serves every call; without this the spend-window query was planned again on every call.
+SET plan_cache_mode = force_generic_plan
+AS $$
+DECLARE
+    hint billing_wallet;
+    w billing_wallet;
+    parent billing_wallet;
+    path_ids text[];
+    owner_ids text[];
+    lock_ids text[];
+    blocked billing_wallet;
+    wallet_id_ text;
+    refill_due boolean := false;
+    hour_start timestamptz := date_trunc('hour', p_now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+    midnight timestamptz := date_trunc('day', p_now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+    r record;
+    ids text[] := '{}';
+    hours numeric[] := '{}';
+    days numeric[] := '{}';
+    i int;
+    n int;
+BEGIN
+    SELECT * INTO hint FROM billing_wallet WHERE wallet_id = p_wallet_id;
+    IF NOT FOUND THEN
+        code := 'not_found'; subject_id := p_wallet_id; RETURN;
+    END IF;
+    path_ids := string_to_array(hint.path, '/');
+    n := array_length(path_ids, 1);
+    owner_ids := COALESCE(path_ids[2:n - 1], '{}');  -- agent ancestors, root first (never the sponsor)
+    lock_ids := owner_ids;
+    IF hint.parent_id IS NOT NULL AND hint.refill_threshold IS NOT NULL AND hint.refill_amount IS NOT NULL
+       AND hint.balance - p_amount < hint.refill_threshold AND NOT hint.parent_id = ANY(lock_ids) THEN
+        lock_ids := lock_ids || hint.parent_id;
+    END IF;
+    FOREACH wallet_id_ IN ARRAY lock_ids LOOP  -- the parent is the last ancestor: top-down order holds
+        PERFORM 1 FROM billing_wallet WHERE wallet_id = wallet_id_ FOR NO KEY UPDATE;
+    END LOOP;
+    SELECT * INTO w FROM billing_wallet WHERE wallet_id = p_wallet_id FOR NO KEY UPDATE;
+    wallet_tenant := w.tenant_id;
+
+    -- Two IFs, not one condition: a query that runs only for keyed charges keeps one plan for all of them.
+    IF p_idempotency_key IS NOT NULL THEN
+        IF EXISTS (SELECT 1 FROM billing_charge_idempotency c
+                    WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key) THEN
+            code := 'replay'; subject_id := p_wallet_id; RETURN;
+        END IF;
+    END IF;
+
+    -- Status: the wallet, then the highest ancestor that stops it.
+    subject_id := w.wallet_id;
+    IF w.status = 'closed' THEN code := 'wallet_closed'; RETURN; END IF;
+    IF w.status = 'frozen' THEN code := 'wallet_frozen'; refusal_reason := w.frozen_reason; RETURN; END IF;
+    IF w.status = 'expired' OR w.expires_at <= p_now THEN code := 'wallet_expired'; RETURN; END IF;
+    SELECT * INTO blocked FROM billing_wallet
+     WHERE wallet_id = ANY(path_ids[1:n - 1]) AND (status <> 'active' OR expires_at <= p_now)
+     ORDER BY path LIMIT 1;
+    IF FOUND THEN
+        subject_id := blocked.wallet_id;
+        IF blocked.status = 'closed' THEN code := 'wallet_closed'; RETURN; END IF;
+        IF blocked.status = 'frozen' THEN code := 'wallet_frozen'; refusal_reason := blocked.frozen_reason; RETURN; END IF;
+        code := 'wallet_expired'; RETURN;
+    END IF;
+
+    -- Funds, counting an auto-refill the parent can pay.
+    IF w.parent_id IS NOT NULL AND w.parent_id = ANY(lock_ids) AND w.refill_threshold IS NOT NULL
+       AND w.refill_amount IS NOT NULL AND w.balance - p_amount < w.refill_threshold THEN
+        SELECT * INTO parent FROM billing_wallet WHERE wallet_id = w.parent_id;
+        refill_due := parent.status = 'active' AND (parent.expires_at IS NULL OR parent.expires_at > p_now)
+                      AND parent.balance >= w.refill_amount;
+    END IF;
+    IF w.balance + (CASE WHEN refill_due THEN w.refill_amount ELSE 0 END) < p_amount THEN
+        code := 'insufficient_funds'; new_balance := w.balance; RETURN;
+    END IF;
+
+    -- Budget and daily limit, then velocity: the wallet first, then each agent ancestor upwards.
+    FOR r IN
+        SELECT o.id, o.ord, bw.budget, bw.total_spent, bw.daily_limit,
+               COALESCE(s.last_hour, 0) AS last_hour, COALESCE(s.last_day, 0) AS last_day,
+               COALESCE(s.today, 0) AS today
+          FROM unnest(owner_ids || w.wallet_id) WITH ORDINALITY AS o(id, ord)
+          JOIN billing_wallet bw ON bw.wallet_id = o.id
+          LEFT JOIN LATERAL (
+              SELECT SUM(b.amount) FILTER (WHERE b.hour >= hour_start - interval '1 hour') AS last_hour,
+                     SUM(b.amount) FILTER (WHERE b.hour >= hour_start - interval '24 hours') AS last_day,
+                     SUM(b.amount) FILTER (WHERE b.hour >= midnight) AS today
+                FROM billing_spend_bucket b
+               WHERE b.wallet_id = o.id AND b.hour >= LEAST(hour_start - interval '24 hours', midnight)
+          ) s ON true
+         ORDER BY o.ord DESC
+    LOOP
+        subject_id := r.id;
+        IF r.budget IS NOT NULL AND r.total_spent + p_amount > r.budget THEN
+            code := 'budget_exceeded'; figure := r.total_spent; figure_limit := r.budget; RETURN;
+        END IF;
+        IF r.daily_limit IS NOT NULL AND r.today + p_amount > r.daily_limit THEN
+            code := 'daily_limit_exceeded'; figure := r.today; figure_limit := r.daily_limit; RETURN;
+        END IF;
+        IF r.id = w.wallet_id THEN
+            daily_spent := r.today + p_amount;
+        END IF;
+        ids := ids || r.id;
+        hours := hours || r.last_hour;
+        days := days || r.last_day;
+    END LOOP;
+    FOR i IN 1 .. COALESCE(array_length(ids, 1), 0) LOOP
+        subject_id := ids[i];
+        IF hours[i] + p_amount > p_hour_limit THEN
+            code := 'velocity'; spend_window := 'hour'; figure := hours[i]; figure_limit := p_hour_limit; RETURN;
+        END IF;
+        IF days[i] + p_amount > p_day_limit THEN
+            code := 'velocity'; spend_window := 'day'; figure := days[i]; figure_limit := p_day_limit; RETURN;
+        END IF;
+    END LOOP;
+    subject_id := w.wallet_id;
+
+    IF refill_due THEN
+        refilled := w.refill_amount;
+        refill_parent := parent.wallet_id;
+        UPDATE billing_wallet SET balance = balance - refilled, updated_at = p_now
+         WHERE wallet_id = parent.wallet_id;
+        INSERT INTO billing_ledger_entry
+            (entry_id, transaction_id, tenant_id, wallet_id, account, counterparty, kind, amount, balance_after,
+             service_category, units, description, request_path, correlation_id, refund_of_id, created_at)
+        VALUES
+            (p_ids[5], p_ids[4], w.tenant_id, parent.wallet_id, parent.wallet_id, w.wallet_id, 'refill',
+             -refilled, parent.balance - refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL,
+             p_now - interval '1 microsecond'),
+            (p_ids[6], p_ids[4], w.tenant_id, w.wallet_id, w.wallet_id, parent.wallet_id, 'refill',
+             refilled, w.balance + refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL,
+             p_now - interval '1 microsecond');  -- just before the charge it pays for, in every listing
+        w.balance := w.balance + refilled;
+    END IF;
+
+    new_balance := w.balance - p_amount;
+    UPDATE billing_wallet
+       SET balance = new_balance, total_spent = total_spent + p_amount, updated_at = p_now
+     WHERE wallet_id = w.wallet_id;
+    INSERT INTO billing_ledger_entry
+        (entry_id, transaction_id, tenant_id, wallet_id, account, counterparty, kind, amount, balance_after,
+         service_category, units, description, request_path, correlation_id, refund_of_id, created_at)
+    VALUES
+        (p_ids[2], p_ids[1], w.tenant_id, w.wallet_id, w.wallet_id, 'revenue', 'charge', -p_amount, new_balance,
+         p_category, p_units, p_description, p_request_path, p_correlation_id, NULL, p_now),
+        (p_ids[3], p_ids[1], w.tenant_id, NULL, 'revenue', w.wallet_id, 'charge', p_amount, NULL,
+         p_category, p_units, p_description, p_request_path, p_correlation_id, NULL, p_now);
+    IF array_length(owner_ids, 1) > 0 THEN
+        UPDATE billing_wallet SET total_spent = total_spent + p_amount WHERE wallet_id = ANY(owner_ids);
+    END IF;
+    INSERT INTO billing_spend_bucket (wallet_id, tenant_id, hour, amount)
+    SELECT o, w.tenant_id, hour_start, p_amount FROM unnest(owner_ids || w.wallet_id) AS o
+        ON CONFLICT (wallet_id, hour) DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount;
+    code := 'ok';
+END;
+$$;
