@@ -106,6 +106,7 @@ DECLARE
     money_amount text;
     money_balance text;
     money_refill text;
+    money_refilled_balance text;
     response jsonb;
     payload bytea;
 BEGIN
@@ -193,10 +194,11 @@ BEGIN
                 p_now, p_now);
     END IF;
 
-    IF refilled IS NOT NULL THEN
+    IF refilled IS NOT NULL THEN  -- the refill entry's balance_after: before the charge it pays for
         money_refill := round(refilled, 8)::text;
+        money_refilled_balance := round(new_balance + charged, 8)::text;
         payload := p_refill_parts[1] || convert_to('"' || money_refill || '"', 'UTF8')
-                || p_refill_parts[2] || convert_to('"' || round(new_balance + refilled, 8)::text || '"', 'UTF8')
+                || p_refill_parts[2] || convert_to('"' || money_refilled_balance || '"', 'UTF8')
                 || p_refill_parts[3] || convert_to(to_json(refill_parent)::text, 'UTF8')
                 || p_refill_parts[4];
         PERFORM audit_append(
@@ -204,7 +206,7 @@ BEGIN
             NULL, p_request_id, true,
             p_refill_detail || jsonb_build_object(
                 'amount', money_refill,
-                'balance_after', round(new_balance + refilled, 8)::text,
+                'balance_after', money_refilled_balance,
                 'counterparty', refill_parent
             ),
             p_refill_created_at, payload, p_refill_parts[5]
