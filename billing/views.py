@@ -8,6 +8,7 @@ from typing import Any
 
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
+from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -156,6 +157,22 @@ class PricingView(APIView):
 
 
 class ChargeView(APIView):
+    def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
+        """DRF's negotiation, answered directly in the usual case (no ``Accept`` or ``*/*`` or JSON, no ``format``).
+
+        The answer is the one DRF gives there (the JSON renderer, ``application/json``); any other
+        request is negotiated by DRF, which may refuse it (406, or 404 for an unknown ``format``).
+        """
+        accept = request.META.get("HTTP_ACCEPT")
+        if (accept is None or accept in ("*/*", "application/json")) and (
+            self.settings.URL_FORMAT_OVERRIDE not in request.query_params
+        ):
+            renderer = self.get_renderers()[0]
+            if renderer.media_type == "application/json":
+                return renderer, renderer.media_type
+        negotiated: tuple[BaseRenderer, str] = super().perform_content_negotiation(request, force)
+        return negotiated
+
     @extend_schema(
         operation_id="billing_charge",
         tags=BILLING,
