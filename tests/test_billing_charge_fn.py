@@ -1,0 +1,640 @@
+"""billing_charge (billing/sql/billing_charge.sql): called directly in SQL, through the API, and under races.
+
+The function answers the charge in one statement: reach, idempotency record, price, the debit
+(billing_debit), the record and the ledger audit events. Figures known only after the debit are
+spliced by PostgreSQL into canonical bytes Python prepared; the tests here prove those bytes equal
+the reference RFC 8785 encoding of the stored events, and that verify-chain recomputes every link.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from decimal import Decimal
+from typing import Any
+from urllib.parse import urlencode
+
+import pytest
+from django.db import DatabaseError, connection, transaction
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from rest_framework.request import Request
+from rest_framework.test import APIRequestFactory
+
+from audit.canonical import audit_event_payload, canonical_bytes, iso_utc
+from audit.evidence_core import GENESIS_HASH, chain_hash
+from audit.models import Alert, AuditEvent
+from audit.services import audit_chain_verify
+from billing import services
+from billing.exceptions import money
+from billing.models import ChargeIdempotency, LedgerEntry, ServicePrice, Wallet
+from billing.serializers import ChargeQuery, ChargeResponse
+from billing.views import charge_query
+from config.errors import RequestValidationError
+from config.pagination import parse_query
+from tests import factories
+from tests.conftest import client_for
+from tests.test_billing_concurrency import run_threads
+
+D = Decimal
+
+# billing_charge called by name, as a reader of the SQL file would call it.
+FN_SQL = (
+    f"SELECT {', '.join(services.CHARGE_COLUMNS)} FROM billing_charge("
+    + ", ".join(f"{name} => %({name})s{services._CASTS.get(name, '')}" for name in services.CHARGE_ARGUMENTS)
+    + ")"
+)
+
+
+def prepared(
+    wallet: Wallet,
+    *,
+    units: str = "1",
+    category: str = "compute",
+    key: str | None = None,
+    reach: str | None = None,
+    request_path: str = "/work",
+    refill_event: bool = True,
+) -> tuple[services.ChargeCall, dict[str, Any]]:
+    call = services.charge_call(
+        wallet_id=wallet.wallet_id,
+        tenant_id=wallet.tenant_id,
+        reach_wallet_id=reach,
+        service_category=category,
+        units=services.to_money(D(units)),
+        request_path=request_path,
+        description="direct",
+        idempotency_key=key,
+        actor_key_id="key_direct",
+        correlation_id="req_direct",
+    )
+    return call, call.arguments(refill_event=refill_event)
+
+
+def billing_charge(arguments: dict[str, Any]) -> dict[str, Any]:
+    with connection.cursor() as cursor:
+        cursor.execute(FN_SQL, arguments)
+        return dict(zip(services.CHARGE_COLUMNS, cursor.fetchone(), strict=True))
+
+
+def written() -> tuple[int, int, int]:
+    return LedgerEntry.objects.count(), ChargeIdempotency.objects.count(), AuditEvent.objects.count()
+
+
+def reference_bytes(event: AuditEvent) -> bytes:
+    """The event's canonical bytes by the reference RFC 8785 encoder (not the fast path)."""
+    return canonical_bytes(
+        audit_event_payload(
+            event_id=event.event_id,
+            chain=event.chain,
+            seq=event.seq,
+            event=event.event,
+            tenant_id=event.tenant_id,
+            wallet_id=event.wallet_id,
+            key_id=event.key_id,
+            tool=event.tool,
+            endpoint=event.endpoint,
+            policy_decision_id=event.policy_decision_id,
+            request_id=event.request_id,
+            ok=event.ok,
+            detail=event.detail,
+            created_at=iso_utc(event.created_at),
+        )
+    )
+
+
+def assert_chain_recomputes(chain: str) -> int:
+    """Every link of ``chain`` recomputed from the stored rows with the reference encoder, and by verify-chain."""
+    prev = GENESIS_HASH
+    events = list(AuditEvent.objects.filter(chain=chain).order_by("seq"))
+    for seq, event in enumerate(events, start=1):
+        assert event.seq == seq
+        assert event.prev_hash == prev, event.event_id
+        assert event.hash == chain_hash(prev, reference_bytes(event)), (event.event, event.detail)
+        prev = event.hash
+    verdict = audit_chain_verify(chain=chain)
+    assert verdict.valid, verdict
+    assert verdict.checked_events == len(events)
+    return len(events)
+
+
+def expected_body(
+    entry: LedgerEntry, *, unit_price: Decimal, daily_spent: Decimal, key: str | None, refill: LedgerEntry | None = None
+) -> dict[str, Any]:
+    """The response body as the ChargeResponse serializer writes it from the posted entries."""
+    data = {
+        "entry_id": entry.entry_id,
+        "transaction_id": entry.transaction_id,
+        "wallet_id": entry.account,
+        "service_category": entry.service_category,
+        "units": entry.units,
+        "unit_price": unit_price,
+        "amount": -entry.amount,
+        "balance": entry.balance_after,
+        "daily_spent": daily_spent,
+        "refill": None
+        if refill is None
+        else {"entry_id": refill.entry_id, "amount": refill.amount, "parent_wallet_id": refill.counterparty},
+        "description": entry.description,
+        "request_path": entry.request_path,
+        "correlation_id": entry.correlation_id,
+        "idempotency_key": key,
+        "created_at": entry.created_at,
+    }
+    return dict(ChargeResponse(data).data)
+
+
+# --- the function, directly in SQL ---------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_billing_charge_posts_the_charge_its_record_and_its_event(tenant):
+    factories.top_up(tenant.agent, 10)
+    call, arguments = prepared(tenant.agent, units="2.5", category="search", key="order-1")
+    row = billing_charge(arguments)
+    assert row["code"] == "ok"
+    assert (row["unit_price"], row["charged"], row["new_balance"]) == (D("0.25"), D("0.625"), D("9.375"))
+    assert row["refilled"] is None
+
+    entry = LedgerEntry.objects.get(entry_id=call.ids[1])
+    assert (entry.kind, entry.amount, entry.balance_after, entry.transaction_id) == (
+        "charge",
+        D("-0.625"),
+        D("9.375"),
+        call.ids[0],
+    )
+    body = json.loads(row["body"])
+    assert body == expected_body(entry, unit_price=D("0.25"), daily_spent=D("0.625"), key="order-1")
+    record = ChargeIdempotency.objects.get(wallet=tenant.agent, key="order-1")
+    assert (record.request_hash, record.status, record.response_status) == (call.request_hash, "done", 200)
+    assert record.response_body == body
+    assert record.entry_id == entry.entry_id
+
+    event = AuditEvent.objects.get(event="ledger.charge")
+    assert event.event_id == arguments["p_charge_event_id"]
+    assert (event.chain, event.tenant_id, event.wallet_id) == (tenant.sponsor.wallet_id,) * 2 + (
+        tenant.agent.wallet_id,
+    )
+    assert (event.key_id, event.endpoint, event.request_id) == ("key_direct", "/v1/billing/charge", "req_direct")
+    assert event.detail == {
+        "entry_id": entry.entry_id,
+        "transaction_id": entry.transaction_id,
+        "kind": "charge",
+        "amount": "-0.62500000",
+        "balance_after": "9.37500000",
+        "counterparty": "revenue",
+        "service_category": "search",
+        "request_path": "/work",
+    }
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@pytest.mark.django_db
+def test_billing_charge_answers_like_the_python_it_replaces(tenant, other_tenant):
+    factories.top_up(tenant.agent, 10)
+
+    # Reach: unknown wallet, a wallet outside the key's subtree, another tenant's wallet.
+    ghost = Wallet(wallet_id="agt_ghost", tenant_id=tenant.sponsor.wallet_id)
+    assert billing_charge(prepared(ghost)[1])["code"] == "not_found"
+    assert billing_charge(prepared(tenant.sponsor, reach=tenant.agent.wallet_id)[1])["code"] == "access_denied"
+    _, foreign = prepared(other_tenant.agent, reach=tenant.sponsor.wallet_id)
+    foreign["p_tenant_id"] = tenant.sponsor.wallet_id
+    assert billing_charge(foreign)["code"] == "access_denied"
+    # Without a reach check, a tenant that is not the wallet's is the caller's error: refused whole.
+    _, misdirected = prepared(other_tenant.agent)
+    misdirected["p_tenant_id"] = tenant.sponsor.wallet_id
+    with pytest.raises(DatabaseError), transaction.atomic():
+        billing_charge(misdirected)
+    # A key of the sponsor reaches the agent below it.
+    assert billing_charge(prepared(tenant.agent, reach=tenant.sponsor.wallet_id, units="1")[1])["code"] == "ok"
+    after_first = written()
+
+    # Price: the list's row, else the built-in default, else unknown; an amount of zero at 8 places.
+    ServicePrice.objects.filter(category="other").delete()
+    _, arguments = prepared(tenant.agent, category="other", units="1")
+    arguments["p_default_price"] = None
+    assert billing_charge(arguments)["code"] == "unknown_category"
+    row = billing_charge(prepared(tenant.agent, category="tooling", units="0.00000004")[1])
+    assert (row["code"], row["unit_price"], row["charged"]) == ("amount_too_small", D("0.1"), D("0"))
+    assert written() == after_first
+
+    # Idempotency: replay (nothing written), conflict, in progress.
+    first = billing_charge(prepared(tenant.agent, units="2", key="k")[1])
+    assert first["code"] == "ok"
+    counts = written()
+    again = billing_charge(prepared(tenant.agent, units="2", key="k")[1])
+    assert (again["code"], again["response_status"]) == ("replay", 200)
+    assert json.loads(again["body"]) == json.loads(first["body"])
+    assert billing_charge(prepared(tenant.agent, units="3", key="k")[1])["code"] == "idempotency_key_reused"
+    ChargeIdempotency.objects.create(
+        wallet=tenant.agent, tenant_id=tenant.sponsor.wallet_id, key="busy", request_hash="h", status="in_progress"
+    )
+    _, busy = prepared(tenant.agent, units="2", key="busy")
+    busy["p_request_hash"] = "h"
+    assert billing_charge(busy)["code"] == "idempotency_key_in_progress"
+    assert written() == (counts[0], counts[1] + 1, counts[2])
+
+    # Refusals of billing_debit come back with its figures; nothing is written, the key stays free.
+    counts = written()
+    row = billing_charge(prepared(tenant.agent, units="100", key="too-much")[1])
+    assert (row["code"], row["subject_id"], row["new_balance"], row["charged"]) == (
+        "insufficient_funds",
+        tenant.agent.wallet_id,
+        D("7"),
+        D("100"),
+    )
+    assert written() == counts
+    assert not ChargeIdempotency.objects.filter(key="too-much").exists()
+
+
+@pytest.mark.django_db
+def test_velocity_refusal_writes_nothing_and_freezes_nothing_by_itself(tenant):
+    factories.top_up(tenant.agent, 1500)
+    assert billing_charge(prepared(tenant.agent, units="999")[1])["code"] == "ok"
+    counts = written()
+    row = billing_charge(prepared(tenant.agent, units="2", key="v")[1])
+    assert (row["code"], row["spend_window"], row["figure"], row["figure_limit"]) == (
+        "velocity",
+        "hour",
+        D("999"),
+        D("1000"),
+    )
+    assert written() == counts
+    tenant.agent.refresh_from_db()
+    assert tenant.agent.status == "active"  # the caller freezes, in a transaction of its own
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_refill_event_is_prepared_when_the_database_asks_for_it(tenant):
+    agent = factories.make_wallet(tenant.sponsor, "bot", 12, refill_threshold=D("10"), refill_amount=D("50"))
+    factories.top_up(tenant.sponsor, 100)
+    counts = written()
+    call, arguments = prepared(agent, units="5", key="r1", refill_event=False)
+    with pytest.raises(DatabaseError) as raised:
+        billing_charge(arguments)
+    assert getattr(raised.value.__cause__, "sqlstate", None) == "TGRF1"
+    assert written() == counts  # rolled back whole, refill and charge alike
+
+    row = billing_charge(call.arguments(refill_event=True))
+    assert (row["code"], row["refilled"], row["refill_parent"], row["new_balance"]) == (
+        "ok",
+        D("50"),
+        tenant.sponsor.wallet_id,
+        D("57"),
+    )
+    ledger_events = AuditEvent.objects.filter(wallet_id=agent.wallet_id, event__startswith="ledger.").order_by("seq")
+    refill, charge = ledger_events[1:]  # after the funding of the new wallet
+    assert (refill.event, charge.event) == ("ledger.refill", "ledger.charge")
+    assert refill.detail == {
+        "entry_id": call.ids[5],
+        "transaction_id": call.ids[3],
+        "kind": "refill",
+        "amount": "50.00000000",
+        "balance_after": "62.00000000",
+        "counterparty": tenant.sponsor.wallet_id,
+    }
+    assert charge.detail["balance_after"] == "57.00000000"
+    body = json.loads(row["body"])
+    assert body["refill"] == {
+        "entry_id": call.ids[5],
+        "amount": "50.00000000",
+        "parent_wallet_id": tenant.sponsor.wallet_id,
+    }
+    entry, refill_entry = (LedgerEntry.objects.get(entry_id=entry_id) for entry_id in (call.ids[1], call.ids[5]))
+    assert body == expected_body(entry, unit_price=D("1"), daily_spent=D("5"), key="r1", refill=refill_entry)
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+    # Through the service, the same charge needs no second thought: it asks, prepares, repeats.
+    services.wallet_provision(wallet=tenant.sponsor, amount=100)
+    outcome = services.wallet_charge(wallet=Wallet.objects.get(pk=agent.pk), service_category="compute", units=50)
+    assert outcome.body["refill"]["amount"] == "50.00000000"
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+# Decimals the ledger holds: numeric(20, 8), signs included (a charge's event amount is negative). A
+# negative zero never reaches an event (amounts are not zero; PostgreSQL's numeric has no -0).
+MONEY = st.decimals(
+    min_value=D("-999999999999.99999999"), max_value=D("999999999999.99999999"), places=8, allow_nan=False
+).filter(lambda value: not (value.is_zero() and value.is_signed()))
+IDS = st.from_regex(r"(agt|chd|spn)_[0-9A-Za-z]{1,22}", fullmatch=True)
+
+
+@pytest.mark.django_db
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(amount=MONEY, balance=MONEY, parent=IDS, seq=st.integers(min_value=1, max_value=2**53 - 1))
+def test_the_spliced_bytes_are_pythons_canonical_bytes(tenant, amount, balance, parent, seq):
+    """What billing_charge writes for a late figure (round(x, 8)::text, to_json(id)) joins the prepared
+    cuts into exactly the reference RFC 8785 bytes of the event with that figure in its detail."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT '\"' || round(%s::numeric, 8)::text || '\"', '\"' || round(%s::numeric, 8)::text || '\"', "
+            "to_json(%s::text)::text",
+            [amount, balance, parent],
+        )
+        amount_json, balance_json, parent_json = cursor.fetchone()
+    assert json.loads(amount_json) == money(amount)
+    assert json.loads(balance_json) == money(balance)
+    for late, values in (
+        (("amount", "balance_after"), {"amount": amount_json, "balance_after": balance_json}),
+        (
+            ("amount", "balance_after", "counterparty"),
+            {"amount": amount_json, "balance_after": balance_json, "counterparty": parent_json},
+        ),
+    ):
+        detail = services.ledger_event_detail(
+            entry_id="led_x",
+            transaction_id="ltx_x",
+            kind="charge",
+            amount=services._LATE,
+            balance_after=services._LATE,
+            counterparty=services._LATE if "counterparty" in late else "revenue",
+            service_category="tooling",
+            request_path='/a "quoted" \\ path\n',
+        )
+        event = services.late_event_prepare(
+            late=late,
+            event="ledger.charge",
+            ok=True,
+            tenant_id=tenant.sponsor.wallet_id,
+            wallet_id=tenant.agent.wallet_id,
+            key_id="key_x",
+            endpoint="/v1/billing/charge",
+            request_id="req_x",
+            detail=detail,
+        )
+        parts = event.parts
+        spliced = parts[0]
+        for index, key in enumerate(sorted(late)):
+            spliced += values[key].encode() + parts[index + 1]
+        spliced += str(seq).encode() + parts[-1]
+        record = event.record
+        record.seq = seq
+        record.detail = {**event.detail, **{key: json.loads(values[key]) for key in late}}
+        assert spliced == reference_bytes(record)
+
+
+# --- through the API ---------------------------------------------------------------------------
+
+
+def post_charge(client: Any, wallet_id: str, *, key: str | None = None, **params: str) -> Any:
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key else {}
+    return client.post(f"/v1/billing/charge?{urlencode({'wallet_id': wallet_id, **params})}", **headers)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_charges_refills_replays_and_a_velocity_freeze_leave_a_chain_that_verifies(tenant):
+    factories.top_up(tenant.agent, 1500)
+    refiller = factories.make_wallet(tenant.agent, "child", 3, refill_threshold=D("2"), refill_amount=D("4"))
+    agent = tenant.agent_client
+
+    first = post_charge(agent, tenant.agent.wallet_id, key="a", service_category="search", units="4")
+    assert first.status_code == 200, first.content
+    replay = post_charge(agent, tenant.agent.wallet_id, key="a", service_category="search", units="4.0")
+    assert (replay.status_code, replay["Idempotent-Replayed"]) == (200, "true")
+    assert replay.json() == first.json()
+    assert ChargeIdempotency.objects.get(key="a").response_body == first.json()
+    assert post_charge(agent, tenant.agent.wallet_id, key="a", units="5").json()["detail"][0]["type"] == (
+        "idempotency_key_reused"
+    )
+    # A charge on a child that posts an auto-refill from the agent: ledger.refill then ledger.charge.
+    r = post_charge(agent, refiller.wallet_id, key="child-1", service_category="compute", units="2")
+    assert r.status_code == 200, r.content
+    assert r.json()["refill"]["parent_wallet_id"] == tenant.agent.wallet_id
+    assert r.json()["balance"] == "5.00000000"
+    assert [e.event for e in AuditEvent.objects.filter(wallet_id=refiller.wallet_id).order_by("seq")][-2:] == [
+        "ledger.refill",
+        "ledger.charge",
+    ]
+    # Spend up to the velocity limit, then a refusal that freezes the agent (its own transaction).
+    assert post_charge(agent, tenant.agent.wallet_id, service_category="compute", units="990").status_code == 200
+    r = post_charge(agent, tenant.agent.wallet_id, key="over", service_category="compute", units="8")
+    assert (r.status_code, r.json()["detail"]["error"]) == (403, "wallet_frozen")
+    assert not ChargeIdempotency.objects.filter(key="over").exists()
+    assert Alert.objects.filter(wallet_id=tenant.agent.wallet_id, kind="wallet_frozen_velocity").count() == 1
+    assert AuditEvent.objects.filter(event="wallet.frozen", wallet_id=tenant.agent.wallet_id).count() == 1
+
+    checked = assert_chain_recomputes(tenant.sponsor.wallet_id)
+    verdict = tenant.sponsor_client.post("/v1/audit/verify-chain", {}, format="json").json()
+    assert verdict["valid"] is True
+    assert verdict["checked_events"] == checked
+
+
+@pytest.mark.django_db
+def test_reach_through_the_api(tenant, other_tenant, operator_client):
+    factories.top_up(tenant.agent, 10)
+    child = factories.make_wallet(tenant.agent, "child", 5)
+    # A wallet key charges its own wallet and those below it; a sponsor key its agents.
+    assert post_charge(tenant.agent_client, child.wallet_id, units="1").status_code == 200
+    assert post_charge(tenant.sponsor_client, tenant.agent.wallet_id, units="1").status_code == 200
+    # Upwards, sideways, unknown: 403 for wallet keys (existence does not leak); 404 for operators.
+    for client, wallet_id in (
+        (tenant.agent_client, tenant.sponsor.wallet_id),
+        (tenant.agent_client, other_tenant.agent.wallet_id),
+        (tenant.agent_client, "agt_nosuchwallet"),
+        (other_tenant.sponsor_client, tenant.agent.wallet_id),
+    ):
+        r = post_charge(client, wallet_id, units="1")
+        assert (r.status_code, r.json()["detail"]["error"]) == (403, "wallet_access_denied"), wallet_id
+    r = post_charge(operator_client, "agt_nosuchwallet", units="1")
+    assert (r.status_code, r.json()["detail"]["error"]) == (404, "not_found")
+    r = post_charge(operator_client, tenant.agent.wallet_id, key="op", units="1")
+    assert r.status_code == 200
+    assert AuditEvent.objects.get(event="ledger.charge", request_id=r["X-Request-Id"]).chain == (
+        tenant.sponsor.wallet_id
+    )
+    assert LedgerEntry.objects.filter(kind="charge", wallet_id=other_tenant.agent.wallet_id).count() == 0
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@pytest.mark.django_db
+def test_negotiation_outside_the_usual_case_is_drfs(tenant):
+    factories.top_up(tenant.agent, 10)
+    path = f"/v1/billing/charge?wallet_id={tenant.agent.wallet_id}&units=1"
+    client = tenant.agent_client
+    assert client.post(path, HTTP_ACCEPT="application/json").status_code == 200
+    assert client.post(path, HTTP_ACCEPT="*/*").status_code == 200
+    # Answers a view without the shortcut gives too (the price list).
+    for accept in ("text/html", "application/xml"):
+        expected = client.get("/v1/billing/pricing", HTTP_ACCEPT=accept).status_code
+        assert client.post(path, HTTP_ACCEPT=accept).status_code == expected, accept
+    expected = client.get("/v1/billing/pricing?format=xml").status_code
+    assert client.post(path + "&format=xml").status_code == expected
+    assert LedgerEntry.objects.filter(kind="charge", wallet=tenant.agent).count() == 2
+
+
+QUERY_VALUES = st.one_of(
+    st.sampled_from(
+        [
+            "",
+            " ",
+            "1",
+            "0",
+            "0.00000001",
+            "2.5",
+            " 2",
+            "1e3",
+            "+1",
+            "-1",
+            "NaN",
+            "1.000000001",
+            "9" * 12 + ".5",
+            "9" * 13,
+            "compute",
+            "tooling",
+            "other",
+            "teleport",
+            "agt_x",
+            " agt_x",
+            "x" * 41,
+            "x" * 301,
+            "caf\u00e9",
+            "a\x00b",
+            "/p",
+            "d" * 501,
+        ]
+    ),
+    st.text(st.characters(exclude_categories=["Cs"]), max_size=12),
+)
+QUERY = st.dictionaries(
+    st.sampled_from(["wallet_id", "service_category", "service", "units", "request_path", "description", "other"]),
+    QUERY_VALUES,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(query=QUERY)
+def test_the_plain_query_reader_answers_as_the_serializer(query):
+    """charge_query gives what parse_query(ChargeQuery) gives: the same parameters or the same 422."""
+    django_request = APIRequestFactory().post("/v1/billing/charge?" + urlencode(query))
+
+    def outcome(read: Any) -> Any:
+        try:
+            return ("ok", read(Request(django_request)))
+        except RequestValidationError as exc:
+            return ("422", exc.errors)
+
+    fast = outcome(charge_query)
+    reference = outcome(lambda request: parse_query(request, ChargeQuery))
+    assert fast == reference
+    if fast[0] == "ok":  # same values, same exponent (units reach the request hash as money strings)
+        assert str(fast[1]["units"]) == str(reference[1]["units"])
+
+
+# --- races (real threads, real PostgreSQL) ------------------------------------------------------
+
+races = pytest.mark.django_db(transaction=True)
+
+
+def charge_thread(secret: str, wallet_id: str, key: str, units: str) -> tuple[int, str, dict[str, Any]]:
+    r = post_charge(client_for(secret), wallet_id, key=key, service_category="compute", units=units)
+    body = r.json()
+    code = body["detail"]["error"] if isinstance(body.get("detail"), dict) else ""
+    return r.status_code, code or r.get("Idempotent-Replayed", "first"), body
+
+
+@pytest.fixture
+def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Sizes of the group-committed batches; the first charge of a wallet is slowed so others queue behind it."""
+    sizes: list[int] = []
+    together, single = services._charge_rows_together, services._charge_row
+    first = threading.Event()
+
+    def counted(calls: list[list[Any]]) -> list[dict[str, Any]]:
+        sizes.append(len(calls))
+        return together(calls)
+
+    def slow_first(params: list[Any]) -> dict[str, Any]:
+        if not first.is_set():
+            first.set()
+            time.sleep(0.3)
+        return single(params)
+
+    monkeypatch.setattr(services, "_charge_rows_together", counted)
+    monkeypatch.setattr(services, "_charge_row", slow_first)
+    return sizes
+
+
+@races
+def test_one_key_from_many_threads_is_one_debit(tenant, batches):
+    factories.top_up(tenant.agent, 100)
+    results = run_threads(24, lambda i: charge_thread(tenant.agent_secret, tenant.agent.wallet_id, "same", "1"))
+    statuses = Counter((status, how) for status, how, _ in results)
+    assert statuses[(200, "first")] == 1, statuses
+    assert set(statuses) <= {(200, "first"), (200, "true")}, statuses
+    bodies = {json.dumps(body, sort_keys=True) for _, _, body in results}
+    assert len(bodies) == 1  # every answer is the first charge's
+    assert max(batches) > 1  # the duplicates went in batches: the first of them did the work
+    assert LedgerEntry.objects.filter(wallet=tenant.agent, kind="charge").count() == 1
+    assert ChargeIdempotency.objects.filter(wallet=tenant.agent).count() == 1
+    assert AuditEvent.objects.filter(event="ledger.charge").count() == 1
+    tenant.agent.refresh_from_db()
+    assert tenant.agent.balance == D("99")
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@races
+def test_distinct_charges_over_the_balance_never_go_negative_and_refusals_write_nothing(tenant, batches):
+    factories.top_up(tenant.agent, 10)
+    results = run_threads(30, lambda i: charge_thread(tenant.agent_secret, tenant.agent.wallet_id, f"k{i}", "1"))
+    accepted = [body["idempotency_key"] for status, _, body in results if status == 200]
+    refused = [i for i, (status, how, _) in enumerate(results) if status != 200]
+    assert len(accepted) == 10, results
+    assert all(results[i][:2] == (402, "insufficient_funds") for i in refused), results
+    assert max(batches) > 1
+    tenant.agent.refresh_from_db()
+    assert tenant.agent.balance == 0
+    assert LedgerEntry.objects.filter(wallet=tenant.agent, kind="charge").count() == 10
+    assert set(ChargeIdempotency.objects.values_list("key", flat=True)) == set(accepted)
+    assert AuditEvent.objects.filter(event="ledger.charge").count() == 10
+    # A refused key is free: it goes through once the wallet can pay.
+    factories.top_up(Wallet.objects.get(pk=tenant.agent.pk), 1)
+    assert charge_thread(tenant.agent_secret, tenant.agent.wallet_id, f"k{refused[0]}", "1")[:2] == (200, "first")
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@races
+def test_a_replay_racing_the_first_request(tenant):
+    factories.top_up(tenant.agent, 100)
+    for round_ in range(8):
+
+        def attempt(i: int, key: str = f"race-{round_}") -> tuple[int, str, dict[str, Any]]:
+            return charge_thread(tenant.agent_secret, tenant.agent.wallet_id, key, "1")
+
+        results = run_threads(2, attempt)
+        assert sorted(how for _, how, _ in results) == ["first", "true"], results
+        assert all(status == 200 for status, _, _ in results)
+        assert results[0][2] == results[1][2]
+    assert LedgerEntry.objects.filter(wallet=tenant.agent, kind="charge").count() == 8
+    tenant.agent.refresh_from_db()
+    assert tenant.agent.balance == D("92")
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@races
+def test_a_batch_that_posts_refills_and_meets_the_velocity_limit(tenant, batches):
+    """Refills make a batch roll back and its charges run one by one (each preparing its refill
+    event when asked); a velocity refusal in a batch freezes the wallet once, after the batch."""
+    factories.top_up(tenant.sponsor, 5000)
+    bot = factories.make_wallet(tenant.sponsor, "bot", 10, refill_threshold=D("5"), refill_amount=D("20"))
+    bot_key = factories.make_key(bot)
+    results = run_threads(12, lambda i: charge_thread(bot_key.secret, bot.wallet_id, f"r{i}", "4"))
+    assert [status for status, _, _ in results] == [200] * 12, results
+    bot.refresh_from_db()
+    refills = LedgerEntry.objects.filter(wallet=bot, kind="refill").count()
+    assert refills >= 2
+    assert bot.balance == D(10) + refills * D(20) - 12 * D(4)
+    assert max(batches) > 1
+
+    factories.top_up(tenant.agent, 2000)
+    services.wallet_charge(wallet=Wallet.objects.get(pk=tenant.agent.pk), service_category="compute", units=994)
+    results = run_threads(8, lambda i: charge_thread(tenant.agent_secret, tenant.agent.wallet_id, f"v{i}", "2"))
+    assert sorted(status for status, _, _ in results) == [200] * 3 + [403] * 5, results
+    assert all(how == "wallet_frozen" for status, how, _ in results if status == 403)
+    tenant.agent.refresh_from_db()
+    assert tenant.agent.status == "frozen"
+    assert Alert.objects.filter(wallet_id=tenant.agent.wallet_id, kind="wallet_frozen_velocity").count() == 1
+    assert not ChargeIdempotency.objects.filter(wallet=tenant.agent, response_status__isnull=True).exists()
+    assert ChargeIdempotency.objects.filter(wallet=tenant.agent).count() == 3
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
