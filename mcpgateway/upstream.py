@@ -1,43 +1,73 @@
 """Client for the configured upstream MCP server over Streamable HTTP.
 
 The gateway dispatches ``tools/call`` with this client in phase 2 of the governed
-action (DESIGN.md section 6). It is written on httpx directly rather than on the
-MCP SDK because the gateway must tell apart "the request never left this host"
-(refund) from "the request may have reached the upstream" (keep the charge,
-reconcile): the SDK hides that boundary behind its own streams, and its client
-resends a ``tools/call`` on its own in some cases (``HEADER_MISMATCH`` on 2026-07-28).
+action (DESIGN.md section 6). It speaks HTTP/1.1 itself, over the standard
+library's sockets, rather than through the MCP SDK or a general HTTP client: the
+gateway must tell apart "the request never left this host" (refund) from "the
+request may have reached the upstream" (keep the charge, reconcile), and the
+classification is only as exact as the knowledge of where the first byte was
+written. The SDK hides that boundary behind its own streams, and its client
+resends a ``tools/call`` on its own in some cases (``HEADER_MISMATCH`` on
+2026-07-28); a general client costs several times the CPU of the exchange (see
+``bench/upstream_client.py``).
 
 Protocol: the handshake revisions (``initialize``, ``notifications/initialized``,
 ``Mcp-Session-Id``, ``MCP-Protocol-Version``); see ``SUPPORTED_PROTOCOL_VERSIONS``.
 
 Guarantees:
 
-- A ``tools/call`` is never sent twice by this client. Only ``initialize``,
-  ``tools/list`` and ``ping`` are re-sent, and only after the upstream answered
-  404 to a request carrying a session id (the session expired).
+- A ``tools/call`` is never sent twice by this client, not even when a pooled
+  keep-alive connection turns out to be dead: a failure once a request byte may
+  have been written is reported, never retried. What keeps that rare: an idle
+  connection is checked before reuse (readable means the peer closed it or sent
+  garbage: it is discarded) and is not reused once idle for ``keepalive_expiry``
+  (below common server idle timeouts, which would close it under a request).
+  Only ``initialize``, ``tools/list`` and ``ping`` are re-sent, and only after
+  the upstream answered 404 to a request carrying a session id (the session
+  expired).
 - ``call_tool`` never raises for an upstream failure; it returns a ``CallResult``
   whose ``kind`` says whether the tool can have run (see ``CallResult``).
-- One ``UpstreamClient`` may be shared by many threads: the httpx connection pool
-  is thread-safe and session (re)initialization happens under a lock, once per
-  expired session however many threads notice the expiry.
+  ``not_sent`` is reported only when no byte of the request was written: the URL
+  was unusable, the request could not be encoded, name resolution, the TCP
+  connect or the TLS handshake failed or timed out, no pooled connection came
+  free within the pool timeout, or the client had been closed.
+- One ``UpstreamClient`` may be shared by many threads: the connection pool is
+  thread-safe (a connection carries one exchange at a time) and session
+  (re)initialization happens under a lock, once per expired session however many
+  threads notice the expiry.
+
+The wire (``_Pool``, ``_Response``): HTTP/1.1 over ``http://`` and ``https://``
+(certificates verified against the system trust store and certifi's, with SNI),
+persistent connections bounded by ``max_connections``, bodies framed by
+Content-Length, chunked transfer coding (extensions and trailers read and
+ignored) or the end of the connection, ``Connection: close`` and HTTP/1.0
+answers honoured. No proxy settings from the environment, no redirects followed,
+no content codings (``Accept-Encoding: identity``).
 """
 
 from __future__ import annotations
 
+import base64
 import codecs
+import contextlib
 import hashlib
 import json
 import logging
+import os
 import re
+import select
+import socket
+import ssl
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal
+from urllib.parse import quote, unquote, urlsplit
 
-import httpx
 import jsonschema  # type: ignore[import-untyped]  # no stubs in the environment; its package imports the submodules
 
 logger = logging.getLogger(__name__)
@@ -47,11 +77,14 @@ IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 SESSION_HEADER: Final = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"
 ACCEPT: Final = "application/json, text/event-stream"
+USER_AGENT: Final = "tollgate-upstream/1"
 
 SUPPORTED_PROTOCOL_VERSIONS: Final[tuple[str, ...]] = ("2025-11-25", "2025-06-18", "2025-03-26")
 """Handshake revisions this client speaks, newest first; the first is offered in ``initialize``."""
 
 DEFAULT_MAX_RESPONSE_BYTES: Final = 10 * 1024 * 1024
+DEFAULT_KEEPALIVE_EXPIRY: Final = 1.5
+"""Seconds an idle connection may wait in the pool; below the shortest common server idle timeout (2 s)."""
 _MAX_LIST_PAGES: Final = 100
 
 CallKind = Literal["not_sent", "http_error", "jsonrpc_error", "tool_error", "success", "invalid_response", "uncertain"]
@@ -67,8 +100,10 @@ class CallResult:
     ``kind``:
 
     - ``not_sent``: no byte of the ``tools/call`` request was written: connection
-      refused, DNS failure, connect or pool timeout, or the session could not be
-      (re)initialized. Also ``reason == "session_expired"``: the upstream answered
+      refused, DNS failure, TLS handshake or certificate failure, connect or pool
+      timeout, a request that could not be built (arguments that are not JSON, an
+      idempotency key that cannot be a header value), a closed client, or the
+      session could not be (re)initialized. Also ``reason == "session_expired"``: the upstream answered
       404 to our session id. The MCP transport spec says a server MUST answer 404
       to a request carrying a session id it does not know, so it rejected the
       request before dispatching it; the tool did not run. The client has
@@ -87,9 +122,10 @@ class CallResult:
       ``structuredContent`` breaks the outputSchema. The tool may have run.
     - ``uncertain``: the request may have been delivered but no complete answer
       came back: read timeout, write error or timeout, connection reset or
-      closed mid-response, a 5xx status (from an intermediary or the upstream),
-      an SSE stream that ended without our response, or the total timeout.
-      The tool may or may not have run; nothing is resent.
+      closed mid-response (also a pooled keep-alive connection the upstream
+      closed just as the request left), a 5xx status (from an intermediary or
+      the upstream), an SSE stream that ended without our response, or the
+      total timeout. The tool may or may not have run; nothing is resent.
     """
 
     kind: CallKind
@@ -136,8 +172,7 @@ class _IncompleteReply(Exception):
     """The answer stopped (stream end, total timeout) before our response arrived."""
 
 
-_NOT_SENT_ERRORS: Final = (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout, httpx.UnsupportedProtocol)
-"""httpx errors raised before any request byte is written (connection setup, pool wait, URL scheme)."""
+_TOTAL_TIMEOUT_REASON: Final = "total timeout passed before the response arrived"
 
 
 class UpstreamClient:
@@ -154,38 +189,65 @@ class UpstreamClient:
         total_timeout: float | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         max_connections: int = 20,
+        keepalive_expiry: float = DEFAULT_KEEPALIVE_EXPIRY,
         headers: Mapping[str, str] | None = None,
         client_info: Mapping[str, str] | None = None,
-        transport: httpx.BaseTransport | None = None,
+        ssl_context: ssl.SSLContext | None = None,
     ) -> None:
-        """Configure the client; nothing is sent until the first request.
+        """Configure the client; nothing is sent (and no connection opened) until the first request.
 
-        ``read_timeout`` bounds each wait for response bytes; ``total_timeout``
-        (optional) bounds a whole response, which matters for SSE streams that
-        keep a connection alive with pings. ``write_timeout`` defaults to
-        ``read_timeout`` and ``pool_timeout`` to ``connect_timeout``. Redirects
-        are not followed and proxy settings from the environment are ignored,
-        so "sent" always means "sent to ``url``".
+        ``connect_timeout`` bounds the TCP connect and the TLS handshake;
+        ``read_timeout`` bounds each wait for response bytes; ``write_timeout``
+        (default ``read_timeout``) bounds writing one request; ``pool_timeout``
+        (default ``connect_timeout``) bounds the wait for a free connection when
+        ``max_connections`` are busy; ``total_timeout`` (optional) bounds a whole
+        response from the moment the request is sent, which matters for SSE
+        streams that keep a connection alive with comments. An idle connection is
+        not reused after ``keepalive_expiry`` seconds, so that a server's idle
+        timeout does not close it under a request. ``ssl_context`` replaces the
+        default verifying context for ``https://``. ``headers`` are sent with
+        every request (the MCP headers, Content-Type, Accept and the framing
+        headers are the client's own). Redirects are not followed and proxy
+        settings from the environment are ignored, so "sent" always means "sent
+        to ``url``". A URL that is not ``http://`` or ``https://`` with a host
+        makes every request fail as not sent (``UnsupportedProtocol``).
+
+        Raises ``ValueError`` for a header that cannot be sent (not ASCII, or a
+        control character) and for ``max_connections`` below 1.
         """
         self.url = url
         self._total_timeout = total_timeout
         self._max_response_bytes = max_response_bytes
         self._client_info = dict(client_info or {"name": "tollgate", "version": "1"})
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(
-                connect=connect_timeout,
-                read=read_timeout,
-                write=write_timeout if write_timeout is not None else read_timeout,
-                pool=pool_timeout if pool_timeout is not None else connect_timeout,
-            ),
-            limits=httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections),
-            headers=dict(headers or {}),
-            follow_redirects=False,
-            trust_env=False,
-            transport=transport,
+        origin = _Origin.parse(url)
+        self._pool = _Pool(
+            origin,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            write_timeout=write_timeout if write_timeout is not None else read_timeout,
+            pool_timeout=pool_timeout if pool_timeout is not None else connect_timeout,
+            max_connections=max_connections,
+            keepalive_expiry=keepalive_expiry,
+            ssl_context=ssl_context,
         )
+        defaults = {"Host": origin.host_header, "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+        if origin.authorization:
+            defaults["Authorization"] = origin.authorization
+        fixed: dict[str, tuple[str, str]] = {}
+        for name, value in [*defaults.items(), *(headers or {}).items()]:
+            fixed[name.lower()] = (name, value)
+        for own in _OWN_HEADERS:
+            fixed.pop(own, None)
+        self._request_close = "close" in _tokens(fixed.get("connection", ("", ""))[1])
+        common = "".join(f"{_check_header(name, value)}\r\n" for name, value in fixed.values())
+        # Everything of a request but its per-request lines, built and checked once.
+        self._post_head = (
+            f"POST {origin.target} HTTP/1.1\r\n{common}Content-Type: application/json\r\nAccept: {ACCEPT}\r\n"
+        )
+        self._delete_head = f"DELETE {origin.target} HTTP/1.1\r\n{common}"
         self._lock = threading.Lock()
         self._session: UpstreamSession | None = None
+        _clients.add(self)
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -198,19 +260,34 @@ class UpstreamClient:
         self.close()
 
     def close(self) -> None:
-        """End the session (best-effort ``DELETE``) and close the connection pool."""
+        """End the session (best-effort ``DELETE``) and close the connection pool.
+
+        Requests made after ``close`` fail as not sent; connections still carrying
+        an exchange are closed when it ends.
+        """
         session, self._session = self._session, None
         if session is not None and session.session_id is not None:
             try:
-                self._http.delete(self.url, headers=self._session_headers(session))
-            except httpx.HTTPError:
+                head = f"{self._delete_head}{_session_lines(session)}\r\n".encode("ascii")
+                response = self._pool.request(head, b"", self._deadline(), close=self._request_close)
+                try:
+                    for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
+                        pass
+                finally:
+                    response.close()
+            except (TransportError, _IncompleteReply, _InvalidReply, ValueError):
                 logger.debug("upstream session DELETE failed", exc_info=True)
-        self._http.close()
+        self._pool.close()
 
     @property
     def session(self) -> UpstreamSession | None:
         """The current session, or ``None`` before the first request or after expiry."""
         return self._session
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's sockets and locks are not this process's to use."""
+        self._lock = threading.Lock()
+        self._pool.after_fork()
 
     # -- public requests -------------------------------------------------------------------------
 
@@ -283,21 +360,23 @@ class UpstreamClient:
             return CallResult(kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid)
 
         try:
-            request = self._build(payload, session, {IDEMPOTENCY_HEADER: idempotency_key})
+            head, body = self._build(payload, session, f"{IDEMPOTENCY_HEADER}: {_check_value(idempotency_key)}\r\n")
         except Exception as exc:
-            # Arguments that are not JSON, a header value that cannot be encoded, a bad URL.
+            # Arguments that are not JSON, a header value that cannot be sent.
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
 
         started = time.monotonic()
         try:
-            response = self._http.send(request, stream=True)
-        except _NOT_SENT_ERRORS as exc:
+            response = self._pool.request(head, body, self._deadline(started), close=self._request_close)
+        except RequestNotSent as exc:
             return CallResult(
                 kind="not_sent", reason=_describe(exc), request_id=rid, elapsed=time.monotonic() - started
             )
+        except _IncompleteReply as exc:
+            return CallResult(kind="uncertain", reason=str(exc), request_id=rid, elapsed=time.monotonic() - started)
         except Exception as exc:
-            # Write errors and timeouts, resets before the status line, and anything
-            # unexpected: some bytes may have reached the upstream.
+            # Write errors and timeouts, resets and timeouts before a complete response head, and
+            # anything unexpected: some bytes may have reached the upstream.
             return CallResult(
                 kind="uncertain", reason=_describe(exc), request_id=rid, elapsed=time.monotonic() - started
             )
@@ -310,26 +389,29 @@ class UpstreamClient:
 
     def _classify(
         self,
-        response: httpx.Response,
+        response: _Response,
         rid: str | int,
         session: UpstreamSession,
         validator: jsonschema.protocols.Validator | None,
         started: float,
     ) -> CallResult:
         """Read the answer to a ``tools/call`` and map it to a ``CallResult`` (see its docstring)."""
-        status = response.status_code
+        status = response.status
         hasher = hashlib.sha256()
         message: dict[str, Any] | None = None
         problem: str | None = None
         interrupted = False
         try:
-            message = self._read_reply(response, rid, hasher.update, started)
+            message = self._read_reply(response, rid, hasher.update)
         except _InvalidReply as exc:
             problem = str(exc)
         except _IncompleteReply as exc:
             problem, interrupted = str(exc), True
         except Exception as exc:
             problem, interrupted = f"response interrupted: {_describe(exc)}", True
+        # The answer is in; the connection goes back before anything else (the re-initialization
+        # below needs one, and the pool may hold only this one).
+        response.close()
 
         def result(kind: CallKind, reason: str, **extra: Any) -> CallResult:
             return CallResult(
@@ -424,7 +506,7 @@ class UpstreamClient:
         version = result.get("protocolVersion")
         if version not in SUPPORTED_PROTOCOL_VERSIONS:
             raise UpstreamError(f"initialize: upstream chose unsupported protocol version {version!r}")
-        session_id = response_headers.get(SESSION_HEADER)
+        session_id = response_headers.get(SESSION_HEADER.lower())
         session = UpstreamSession(
             session_id=session_id,
             protocol_version=str(version),
@@ -434,15 +516,19 @@ class UpstreamClient:
         )
         notification = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         try:
-            response = self._send(notification, session, {})
-            response.read()
-            response.close()
-        except httpx.HTTPError as exc:
+            head, body = self._build(notification, session, "")
+            response = self._pool.request(head, body, self._deadline(), close=self._request_close)
+        except (TransportError, _IncompleteReply, ValueError, UnicodeError) as exc:
             raise UpstreamError(f"notifications/initialized: {_describe(exc)}") from exc
-        if not 200 <= response.status_code < 300:
-            raise UpstreamError(
-                f"notifications/initialized: HTTP {response.status_code}", status_code=response.status_code
-            )
+        try:
+            for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
+                pass
+        except (TransportError, _IncompleteReply, _InvalidReply) as exc:
+            raise UpstreamError(f"notifications/initialized: {_describe(exc)}") from exc
+        finally:
+            response.close()
+        if not 200 <= response.status < 300:
+            raise UpstreamError(f"notifications/initialized: HTTP {response.status}", status_code=response.status)
         return session
 
     def _safe_request(self, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
@@ -464,22 +550,22 @@ class UpstreamClient:
 
     def _exchange(
         self, payload: dict[str, Any], session: UpstreamSession | None, method: str
-    ) -> tuple[dict[str, Any], httpx.Headers]:
+    ) -> tuple[dict[str, Any], dict[str, str]]:
         """Send a request and return (result, response headers); raises ``UpstreamError`` on anything else."""
-        started = time.monotonic()
         try:
-            response = self._send(payload, session, {})
-        except httpx.HTTPError as exc:
+            head, body = self._build(payload, session, "")
+            response = self._pool.request(head, body, self._deadline(), close=self._request_close)
+        except (TransportError, _IncompleteReply, ValueError, UnicodeError) as exc:
             raise UpstreamError(f"{method}: {_describe(exc)}") from exc
         try:
-            status = response.status_code
+            status = response.status
             try:
-                message = self._read_reply(response, payload["id"], hashlib.sha256().update, started)
+                message = self._read_reply(response, payload["id"], _ignore)
             except (_InvalidReply, _IncompleteReply) as exc:
                 if 200 <= status < 300:
                     raise UpstreamError(f"{method}: {exc}", status_code=status) from exc
                 raise UpstreamError(f"{method}: HTTP {status}", status_code=status) from exc
-            except httpx.HTTPError as exc:
+            except TransportError as exc:
                 raise UpstreamError(f"{method}: {_describe(exc)}", status_code=status) from exc
             error = message.get("error")
             if error is not None:
@@ -494,38 +580,33 @@ class UpstreamClient:
         finally:
             response.close()
 
-    # -- wire ------------------------------------------------------------------------------------
+    # -- requests and replies --------------------------------------------------------------------
 
-    def _session_headers(self, session: UpstreamSession | None) -> dict[str, str]:
-        if session is None:
-            return {}
-        headers = {PROTOCOL_VERSION_HEADER: session.protocol_version}
-        if session.session_id is not None:
-            headers[SESSION_HEADER] = session.session_id
-        return headers
+    def _deadline(self, started: float | None = None) -> float | None:
+        """When a response must be complete (``total_timeout`` after ``started``), or ``None``."""
+        if self._total_timeout is None:
+            return None
+        return (started if started is not None else time.monotonic()) + self._total_timeout
 
-    def _build(self, payload: dict[str, Any], session: UpstreamSession | None, extra: dict[str, str]) -> httpx.Request:
-        """The POST for one JSON-RPC message; raises (nothing sent) if it cannot be encoded."""
-        headers = {"Content-Type": "application/json", "Accept": ACCEPT, **self._session_headers(session), **extra}
+    def _build(self, payload: dict[str, Any], session: UpstreamSession | None, extra: str) -> tuple[bytes, bytes]:
+        """The POST head and body for one JSON-RPC message; raises (nothing sent) if it cannot be encoded.
+
+        ``extra`` holds further, already checked header lines (each ending in CRLF).
+        """
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        return self._http.build_request("POST", self.url, content=body, headers=headers)
+        lines = _session_lines(session) if session is not None else ""
+        head = f"{self._post_head}{lines}{extra}Content-Length: {len(body)}\r\n\r\n"
+        return head.encode("ascii"), body
 
-    def _send(self, payload: dict[str, Any], session: UpstreamSession | None, extra: dict[str, str]) -> httpx.Response:
-        """POST one JSON-RPC message and return the streaming response (headers read, body not yet)."""
-        return self._http.send(self._build(payload, session, extra), stream=True)
-
-    def _read_reply(
-        self, response: httpx.Response, rid: str | int, on_chunk: Callable[[bytes], None], started: float
-    ) -> dict[str, Any]:
+    def _read_reply(self, response: _Response, rid: str | int, on_chunk: Callable[[bytes], None]) -> dict[str, Any]:
         """Read the JSON-RPC response for ``rid`` from a JSON body or an SSE stream.
 
         SSE notifications and server-to-client requests are skipped; reading stops
         at our response. Raises ``_InvalidReply`` for a body that is not a valid
         response for ``rid``, ``_IncompleteReply`` when the stream ends or the total
-        timeout passes first; httpx errors propagate.
+        timeout passes first; ``TransportError`` for a failed read.
         """
-        deadline = started + self._total_timeout if self._total_timeout is not None else None
-        chunks = _bounded_chunks(response, deadline, self._max_response_bytes, on_chunk)
+        chunks = _bounded_chunks(response.iter_chunks(), self._max_response_bytes, on_chunk)
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "text/event-stream":
             try:
@@ -544,12 +625,26 @@ class UpstreamClient:
             raise _IncompleteReply("SSE stream ended without a response")
         body = b"".join(chunks)
         if not body:
-            raise _InvalidReply(f"empty body (HTTP {response.status_code})")
+            raise _InvalidReply(f"empty body (HTTP {response.status})")
         try:
             message = json.loads(body)
         except ValueError as exc:
             raise _InvalidReply("body is not JSON") from exc
         return _match_response(message, rid)
+
+
+_clients: weakref.WeakSet[UpstreamClient] = weakref.WeakSet()
+
+
+def _forget_inherited_connections() -> None:
+    for client in list(_clients):
+        client._after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    # A client created before a fork (gunicorn --preload) must not share its sockets with the
+    # children: two processes reading one connection would take each other's responses.
+    os.register_at_fork(after_in_child=_forget_inherited_connections)
 
 
 # -- helpers -------------------------------------------------------------------------------------
@@ -637,24 +732,19 @@ def _output_validator(schema: Mapping[str, Any] | None) -> jsonschema.protocols.
     return validator
 
 
-def _bounded_chunks(
-    response: httpx.Response, deadline: float | None, max_bytes: int, on_chunk: Callable[[bytes], None]
-) -> Iterator[bytes]:
-    """The response body in chunks, each passed to ``on_chunk`` first.
+def _ignore(chunk: bytes) -> None:
+    """An ``on_chunk`` for bodies whose hash nobody keeps."""
 
-    Raises ``_InvalidReply`` past ``max_bytes``, and ``_IncompleteReply`` when the
-    deadline has passed before a wait for more bytes. The consumer stops pulling
-    once it has its answer (an SSE event), so an answer that has arrived is never
-    discarded; a JSON body counts as arrived when its end has been read.
+
+def _bounded_chunks(chunks: Iterator[bytes], max_bytes: int, on_chunk: Callable[[bytes], None]) -> Iterator[bytes]:
+    """The response body in chunks, each passed to ``on_chunk`` first; ``_InvalidReply`` past ``max_bytes``.
+
+    The consumer stops pulling once it has its answer (an SSE event), so an answer
+    that has arrived is never discarded; a JSON body counts as arrived when its end
+    has been read. The total timeout is the wire's (``_Response``).
     """
     total = 0
-    chunks = response.iter_bytes()
-    while True:
-        if deadline is not None and time.monotonic() > deadline:
-            raise _IncompleteReply("total timeout passed before the response arrived")
-        chunk = next(chunks, None)
-        if chunk is None:
-            return
+    for chunk in chunks:
         on_chunk(chunk)
         total += len(chunk)
         if total > max_bytes:
@@ -711,3 +801,639 @@ def _sse_events(chunks: Iterator[bytes]) -> Iterator[_SSEEvent]:
             data.append(value)
         elif name == "event":
             event_type = value
+
+
+# -- the wire: HTTP/1.1 over a pool of kept-alive sockets ----------------------------------------
+#
+# The exception classes name the failure in ``CallResult.reason`` (``_describe``). Every one
+# raised before the first request byte is handed to the socket is a ``RequestNotSent``; that
+# is the whole of the "not sent" judgement, so nothing else may subclass it.
+
+
+class TransportError(Exception):
+    """The HTTP exchange failed before a complete response; the class name opens the reported reason."""
+
+
+class RequestNotSent(TransportError):
+    """Raised only before the first byte of the request reached the socket: the upstream saw nothing."""
+
+
+class UnsupportedProtocol(RequestNotSent):
+    """The URL is not ``http://`` or ``https://`` with a host and a valid port."""
+
+
+class ConnectError(RequestNotSent):
+    """Name resolution, the TCP connect or the TLS handshake (certificate verification included) failed."""
+
+
+class ConnectTimeout(RequestNotSent):
+    """The TCP connect or the TLS handshake took longer than the connect timeout."""
+
+
+class PoolTimeout(RequestNotSent):
+    """Every connection stayed busy for the whole pool timeout."""
+
+
+class ClientClosed(RequestNotSent):
+    """The client had been closed."""
+
+
+class WriteError(TransportError):
+    """Writing the request failed; part of it may have reached the upstream."""
+
+
+class WriteTimeout(TransportError):
+    """Writing the request took longer than the write timeout; part of it may have reached the upstream."""
+
+
+class ReadError(TransportError):
+    """Reading the response failed (connection reset, TLS error)."""
+
+
+class ReadTimeout(TransportError):
+    """No response byte arrived within the read timeout."""
+
+
+class RemoteProtocolError(TransportError):
+    """The upstream closed the connection before a complete response, or broke HTTP/1.1 framing."""
+
+
+_HEAD_END: Final = re.compile(rb"\n\r?\n")
+_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e]*")
+_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
+_OWN_HEADERS: Final = frozenset(
+    {
+        "accept",
+        "content-length",
+        "content-type",
+        "idempotency-key",
+        "mcp-protocol-version",
+        "mcp-session-id",
+        "transfer-encoding",
+    }
+)
+"""Headers each request sets itself; the same names in the ``headers`` argument are dropped."""
+_MAX_HEAD_BYTES: Final = 64 * 1024
+_MAX_LINE_BYTES: Final = 8 * 1024
+_RECV_BYTES: Final = 64 * 1024
+_DRAIN_GRACE: Final = 0.002
+_DRAIN_BYTES: Final = 64 * 1024
+
+
+def _check_value(value: str) -> str:
+    """``value`` if it can be sent as a header value (printable ASCII and tabs), else ``ValueError``."""
+    if not _HEADER_VALUE.fullmatch(value):
+        raise ValueError("header value is not printable ASCII")
+    return value
+
+
+def _check_header(name: str, value: str) -> str:
+    """The header line ``name: value`` (without CRLF), or ``ValueError`` if it cannot be sent."""
+    if not _HEADER_NAME.fullmatch(name):
+        raise ValueError(f"invalid header name {name!r}")
+    return f"{name}: {_check_value(value)}"
+
+
+def _session_lines(session: UpstreamSession) -> str:
+    lines = f"{PROTOCOL_VERSION_HEADER}: {_check_value(session.protocol_version)}\r\n"
+    if session.session_id is not None:
+        lines += f"{SESSION_HEADER}: {_check_value(session.session_id)}\r\n"
+    return lines
+
+
+def _tokens(value: str) -> set[str]:
+    return {token.strip().lower() for token in value.split(",")}
+
+
+@dataclass(frozen=True)
+class _Origin:
+    """Where requests go, parsed once from the URL; ``error`` is set for a URL no request can use."""
+
+    tls: bool = False
+    host: str = ""
+    port: int = 0
+    target: str = "/"
+    host_header: str = ""
+    authorization: str = ""
+    error: str | None = None
+
+    @classmethod
+    def parse(cls, url: str) -> _Origin:
+        try:
+            parts = urlsplit(url)
+            port = parts.port
+            scheme = parts.scheme.lower()
+            if scheme not in ("http", "https"):
+                return cls(error=f"Request URL has an unsupported protocol '{scheme}://'")
+            host = parts.hostname
+            if not host:
+                return cls(error="Request URL is missing a host")
+            tls = scheme == "https"
+            default_port = 443 if tls else 80
+            port = port or default_port
+            host_header = f"[{host}]" if ":" in host else host.encode("idna").decode("ascii")
+            if port != default_port:
+                host_header += f":{port}"
+        except ValueError as exc:  # UnicodeError included (a host IDNA cannot encode)
+            return cls(error=f"invalid URL: {exc}")
+        target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
+        if parts.query:
+            target += "?" + quote(parts.query, safe="/?%:@!$&'()*+,;=-._~")
+        authorization = ""
+        if parts.username is not None:
+            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+            authorization = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
+        return cls(tls=tls, host=host, port=port, target=target, host_header=host_header, authorization=authorization)
+
+
+_default_context: ssl.SSLContext | None = None
+_default_context_lock = threading.Lock()
+
+
+def _default_ssl_context() -> ssl.SSLContext:
+    """The verifying client context: the system trust store plus certifi's bundle when installed.
+
+    Built once per process (loading the bundles costs milliseconds); an ``SSLContext``
+    may wrap sockets from several threads.
+    """
+    global _default_context
+    with _default_context_lock:
+        if _default_context is None:
+            context = ssl.create_default_context()
+            try:
+                import certifi
+            except ImportError:
+                pass
+            else:
+                context.load_verify_locations(cafile=certifi.where())
+            context.set_alpn_protocols(["http/1.1"])
+            _default_context = context
+        return _default_context
+
+
+if hasattr(select, "poll"):
+
+    def _readable(sock: socket.socket) -> bool:
+        poller = select.poll()
+        poller.register(sock, select.POLLIN)
+        return bool(poller.poll(0))
+
+else:  # pragma: no cover - platforms without poll(); select() is limited to low descriptors
+
+    def _readable(sock: socket.socket) -> bool:
+        return bool(select.select([sock], [], [], 0)[0])
+
+
+class _Connection:
+    """One socket to the upstream and the bytes read from it but not yet consumed."""
+
+    __slots__ = ("buffer", "idle_since", "sock", "timeout")
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buffer = bytearray()
+        self.idle_since = 0.0
+        self.timeout = sock.gettimeout()
+
+    def _set_timeout(self, timeout: float) -> None:
+        if timeout != self.timeout:  # each settimeout() is a system call
+            self.sock.settimeout(timeout)
+            self.timeout = timeout
+
+    def send(self, data: bytes, timeout: float) -> None:
+        """Write all of ``data`` within ``timeout`` seconds (``sendall``'s timeout covers the whole write)."""
+        try:
+            self._set_timeout(timeout)
+            self.sock.sendall(data)
+        except TimeoutError as exc:
+            raise WriteTimeout(str(exc) or "timed out") from exc
+        except OSError as exc:
+            raise WriteError(str(exc) or type(exc).__name__) from exc
+
+    def recv(self, timeout: float) -> bytes:
+        """The next bytes from the socket (``b""`` at the end of the stream), waiting at most ``timeout``."""
+        try:
+            self._set_timeout(timeout)
+            return self.sock.recv(_RECV_BYTES)
+        except TimeoutError as exc:
+            raise ReadTimeout(str(exc) or "timed out") from exc
+        except OSError as exc:
+            raise ReadError(str(exc) or type(exc).__name__) from exc
+
+    def reusable(self, now: float, expiry: float) -> bool:
+        """Whether an idle connection can carry the next request.
+
+        An idle socket that is readable has been closed by the peer (or holds bytes
+        nobody asked for): a request written to it would be lost or misread, so it
+        is not reused. Nor is one idle for longer than ``expiry``.
+        """
+        if self.buffer or now - self.idle_since > expiry:
+            return False
+        sock = self.sock
+        try:
+            if isinstance(sock, ssl.SSLSocket) and sock.pending():
+                return False
+            return not _readable(sock)
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.sock.close()
+
+
+class _Pool:
+    """Kept-alive connections to one origin, shared by threads; at most ``max_connections`` open at once.
+
+    A connection is held by one exchange at a time. Idle connections are reused
+    newest first, after ``_Connection.reusable`` says yes.
+    """
+
+    def __init__(
+        self,
+        origin: _Origin,
+        *,
+        connect_timeout: float,
+        read_timeout: float,
+        write_timeout: float,
+        pool_timeout: float,
+        max_connections: int,
+        keepalive_expiry: float,
+        ssl_context: ssl.SSLContext | None,
+    ) -> None:
+        if max_connections < 1:
+            raise ValueError("max_connections must be at least 1")
+        self.origin = origin
+        self.read_timeout = read_timeout
+        self.write_timeout = write_timeout
+        self._connect_timeout = connect_timeout
+        self._pool_timeout = pool_timeout
+        self._max = max_connections
+        self._keepalive_expiry = keepalive_expiry
+        self._ssl_context = ssl_context
+        self._cond = threading.Condition(threading.Lock())
+        self._idle: list[_Connection] = []
+        self._open = 0  # idle, busy and being opened
+        self._closed = False
+
+    def request(self, head: bytes, body: bytes, deadline: float | None, *, close: bool) -> _Response:
+        """Send one request on a pooled or new connection and read the response head.
+
+        Raises ``RequestNotSent`` when nothing was written (unusable URL, closed
+        client, pool wait, connect), another ``TransportError`` once a byte may
+        have left, and ``_IncompleteReply`` when ``deadline`` passes before the head
+        arrived. Never resends, on any connection. The caller must ``close()`` the
+        response. ``close`` says the request asked the server to close the connection.
+        """
+        if self.origin.error is not None:
+            raise UnsupportedProtocol(self.origin.error)
+        response = _Response(self, self._acquire(), deadline, keep_alive=not close)
+        try:
+            response.send(head + body)  # one write: the head and a small body leave in one segment
+            response.read_head()
+        except BaseException:
+            response.discard()
+            raise
+        return response
+
+    def _acquire(self) -> _Connection:
+        stale: list[_Connection] = []
+        try:
+            with self._cond:
+                deadline: float | None = None
+                while True:
+                    if self._closed:
+                        raise ClientClosed("the upstream client is closed")
+                    now = time.monotonic()
+                    while self._idle:
+                        conn = self._idle.pop()
+                        if conn.reusable(now, self._keepalive_expiry):
+                            return conn
+                        stale.append(conn)
+                        self._open -= 1
+                    if self._open < self._max:
+                        self._open += 1
+                        break
+                    if deadline is None:
+                        deadline = now + self._pool_timeout
+                    if now >= deadline:
+                        raise PoolTimeout(f"no connection came free within {self._pool_timeout} s")
+                    self._cond.wait(deadline - now)
+        finally:
+            for conn in stale:
+                conn.close()
+        try:
+            return self._connect()
+        except BaseException:
+            self._forget_one()
+            raise
+
+    def _connect(self) -> _Connection:
+        origin = self.origin
+        try:
+            sock = socket.create_connection((origin.host, origin.port), timeout=self._connect_timeout)
+        except TimeoutError as exc:
+            raise ConnectTimeout(str(exc) or "timed out") from exc
+        except (OSError, ValueError) as exc:  # socket.gaierror is an OSError
+            raise ConnectError(str(exc) or type(exc).__name__) from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if origin.tls:
+                context = self._ssl_context or _default_ssl_context()
+                sock = context.wrap_socket(sock, server_hostname=origin.host)  # handshake, under the connect timeout
+        except TimeoutError as exc:
+            sock.close()
+            raise ConnectTimeout(str(exc) or "timed out") from exc
+        except (OSError, ValueError) as exc:  # ssl.SSLError (certificate verification too) is an OSError
+            sock.close()
+            raise ConnectError(str(exc) or type(exc).__name__) from exc
+        return _Connection(sock)
+
+    def release(self, conn: _Connection, reusable: bool) -> None:
+        """Take back ``conn``: into the idle list when ``reusable`` (and the pool is open), else close it."""
+        if reusable:
+            conn.idle_since = time.monotonic()
+            with self._cond:
+                if not self._closed:
+                    self._idle.append(conn)
+                    self._cond.notify()
+                    return
+        conn.close()
+        self._forget_one()
+
+    def _forget_one(self) -> None:
+        with self._cond:
+            self._open -= 1
+            self._cond.notify()
+
+    def close(self) -> None:
+        """Close the idle connections and refuse new requests; busy ones close when released."""
+        with self._cond:
+            self._closed = True
+            idle, self._idle = self._idle, []
+            self._open -= len(idle)
+            self._cond.notify_all()
+        for conn in idle:
+            conn.close()
+
+    def after_fork(self) -> None:
+        """In a forked child: drop the parent's connections (closing only this process's descriptors)."""
+        self._cond = threading.Condition(threading.Lock())
+        idle, self._idle = self._idle, []
+        self._open = 0
+        for conn in idle:
+            conn.close()
+
+
+class _Response:
+    """One exchange on a connection: the parsed response head, then the body as chunks.
+
+    ``headers`` maps lower-case names to values (repeated fields joined with ", ").
+    The body is framed by chunked transfer coding, Content-Length or the end of the
+    connection (RFC 9112 section 6.3). ``close()`` returns the connection to the pool
+    only when the body was read to its end, nothing followed it, neither side asked
+    to close and the answer was HTTP/1.1; otherwise the socket is closed.
+    """
+
+    status: int
+    headers: dict[str, str]
+
+    def __init__(self, pool: _Pool, conn: _Connection, deadline: float | None, *, keep_alive: bool) -> None:
+        self._pool = pool
+        self._conn: _Connection | None = conn
+        self._deadline = deadline
+        self._grace: float | None = None
+        self._keep_alive = keep_alive
+        self._chunked = False
+        self._length: int | None = None
+        self._state = "head"  # head, ready, body, complete, broken
+        self._body: Iterator[bytes] | None = None
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def send(self, data: bytes) -> None:
+        assert self._conn is not None
+        self._conn.send(data, self._pool.write_timeout)
+
+    def _recv(self) -> bytes:
+        """One read, bounded by the read timeout, the total deadline (``_IncompleteReply``) and the drain grace."""
+        assert self._conn is not None
+        timeout, by_deadline = self._pool.read_timeout, False
+        if self._deadline is not None or self._grace is not None:
+            now = time.monotonic()
+            if self._deadline is not None:
+                left = self._deadline - now
+                if left <= 0:
+                    raise _IncompleteReply(_TOTAL_TIMEOUT_REASON)
+                if left < timeout:
+                    timeout, by_deadline = left, True
+            if self._grace is not None:
+                left = self._grace - now
+                if left <= 0:
+                    raise ReadTimeout("nothing more arrived")
+                if left < timeout:
+                    timeout, by_deadline = left, False
+        try:
+            return self._conn.recv(timeout)
+        except ReadTimeout:
+            if by_deadline:
+                raise _IncompleteReply(_TOTAL_TIMEOUT_REASON) from None
+            raise
+
+    def read_head(self) -> None:
+        """Read and parse the status line and header fields, skipping interim (1xx) responses."""
+        assert self._conn is not None
+        buf = self._conn.buffer
+        while True:
+            searched = 0
+            match = _HEAD_END.search(buf)
+            while match is None:
+                if len(buf) > _MAX_HEAD_BYTES:
+                    raise RemoteProtocolError(f"response head larger than {_MAX_HEAD_BYTES} bytes")
+                data = self._recv()
+                if not data:
+                    if buf:
+                        raise RemoteProtocolError("Server disconnected in the middle of the response head.")
+                    raise RemoteProtocolError("Server disconnected without sending a response.")
+                searched = max(0, len(buf) - 2)
+                buf += data
+                match = _HEAD_END.search(buf, searched)
+            lines = bytes(buf[: match.start()]).split(b"\n")
+            del buf[: match.end()]
+            status_line = lines[0].rstrip(b"\r")
+            version, _, rest = status_line.partition(b" ")
+            code = rest[:3]
+            if version not in (b"HTTP/1.1", b"HTTP/1.0") or not code.isdigit() or rest[3:4] not in (b"", b" "):
+                raise RemoteProtocolError(f"malformed status line {status_line[:100]!r}")
+            status = int(code)
+            if status >= 200:
+                break
+            if status == 101:
+                raise RemoteProtocolError("unexpected 101 Switching Protocols")
+        self.status = status
+        self.headers = headers = _parse_fields(lines[1:])
+        if version == b"HTTP/1.0" or ("connection" in headers and "close" in _tokens(headers["connection"])):
+            self._keep_alive = False
+        if status in (204, 304):
+            self._length = 0
+        elif "transfer-encoding" in headers:
+            self._chunked = headers["transfer-encoding"].rsplit(",", 1)[-1].strip().lower() == "chunked"
+            if not self._chunked or "content-length" in headers:
+                self._keep_alive = False  # close-delimited, or framing a proxy could read otherwise
+        elif "content-length" in headers:
+            values = {value.strip() for value in headers["content-length"].split(",")}
+            value = values.pop()
+            if values or not (value.isascii() and value.isdigit()) or len(value) > 18:
+                raise RemoteProtocolError(f"invalid Content-Length {headers['content-length'][:40]!r}")
+            self._length = int(value)
+        else:
+            self._keep_alive = False  # the body ends when the server closes the connection
+        self._state = "ready"
+
+    def iter_chunks(self) -> Iterator[bytes]:
+        """The body's bytes as they arrive (one iterator per response; stopping early is allowed)."""
+        if self._body is None:
+            self._body = self._read_body()
+        return self._body
+
+    def _read_body(self) -> Iterator[bytes]:
+        self._state = "body"
+        try:
+            if self._chunked:
+                yield from self._chunked_body()
+            elif self._length is not None:
+                yield from self._sized_body(self._length)
+            else:
+                yield from self._close_delimited_body()
+        except BaseException:
+            self._state = "broken"
+            raise
+        self._state = "complete"
+
+    def _sized_body(self, length: int) -> Iterator[bytes]:
+        assert self._conn is not None
+        buf = self._conn.buffer
+        remaining = length
+        while remaining:
+            if buf:
+                if len(buf) <= remaining:
+                    piece = bytes(buf)
+                    buf.clear()
+                else:
+                    piece = bytes(buf[:remaining])
+                    del buf[:remaining]
+            else:
+                piece = self._recv()
+                if not piece:
+                    raise RemoteProtocolError(
+                        "peer closed connection without sending complete message body "
+                        f"(received {length - remaining} of {length} bytes)"
+                    )
+                if len(piece) > remaining:
+                    buf += piece[remaining:]  # more than was announced: kept, so the connection is not reused
+                    piece = piece[:remaining]
+            remaining -= len(piece)
+            yield piece
+
+    def _chunked_body(self) -> Iterator[bytes]:
+        while True:
+            line = self._line()
+            size = line.split(b";", 1)[0].strip(b" \t")  # chunk extensions are ignored
+            if not _CHUNK_SIZE.fullmatch(size):
+                raise RemoteProtocolError(f"malformed chunk size line {line[:100]!r}")
+            if size.strip(b"0") == b"":
+                break
+            yield from self._sized_body(int(size, 16))
+            if self._line():
+                raise RemoteProtocolError("chunk data not followed by CRLF")
+        trailer_bytes = 0
+        while line := self._line():  # trailer fields are read and ignored
+            trailer_bytes += len(line)
+            if trailer_bytes > _MAX_HEAD_BYTES:
+                raise RemoteProtocolError(f"trailer fields larger than {_MAX_HEAD_BYTES} bytes")
+
+    def _line(self) -> bytes:
+        """One line of chunked framing (CRLF or LF), without its end."""
+        assert self._conn is not None
+        buf = self._conn.buffer
+        searched = 0
+        while (end := buf.find(b"\n", searched)) < 0:
+            if len(buf) > _MAX_LINE_BYTES:
+                raise RemoteProtocolError("chunked framing line too long")
+            data = self._recv()
+            if not data:
+                raise RemoteProtocolError("peer closed connection without sending complete message body")
+            searched = len(buf)
+            buf += data
+        line = bytes(buf[:end])
+        del buf[: end + 1]
+        return line[:-1] if line.endswith(b"\r") else line
+
+    def _close_delimited_body(self) -> Iterator[bytes]:
+        assert self._conn is not None
+        buf = self._conn.buffer
+        if buf:
+            piece = bytes(buf)
+            buf.clear()
+            yield piece
+        while data := self._recv():
+            yield data
+
+    # -- ending ----------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Give the connection back: to the pool if the exchange ended cleanly (see the class docstring)."""
+        conn = self._conn
+        if conn is None:
+            return
+        reusable = self._keep_alive and self._finish() and not conn.buffer
+        self._conn = None
+        self._pool.release(conn, reusable)
+
+    def discard(self) -> None:
+        """Close the connection whatever its state (the exchange failed)."""
+        conn, self._conn = self._conn, None
+        if conn is not None:
+            self._pool.release(conn, False)
+
+    def _finish(self) -> bool:
+        """Whether the body has been read to its end, reading on briefly if the consumer stopped early.
+
+        A consumer stops at our SSE event; the server usually ends the stream right
+        after it, and reading that end (at most ``_DRAIN_BYTES`` within
+        ``_DRAIN_GRACE`` seconds) keeps the connection for the next call.
+        """
+        if self._state in ("ready", "body"):
+            self._grace = time.monotonic() + _DRAIN_GRACE
+            drained = 0
+            try:
+                for piece in self.iter_chunks():
+                    drained += len(piece)
+                    if drained > _DRAIN_BYTES:
+                        return False
+            except Exception:
+                return False
+        return self._state == "complete"
+
+
+def _parse_fields(lines: list[bytes]) -> dict[str, str]:
+    """Header fields from the lines of a response head (CRLF or LF; obsolete line folding unfolded)."""
+    headers: dict[str, str] = {}
+    last: str | None = None
+    for raw in lines:
+        line = raw[:-1] if raw.endswith(b"\r") else raw
+        if line[:1] in (b" ", b"\t"):
+            if last is None:
+                raise RemoteProtocolError("response head starts with a continuation line")
+            headers[last] = headers[last] + " " + line.strip(b" \t").decode("latin-1")
+            continue
+        name, colon, value = line.partition(b":")
+        if not colon or not _TOKEN.fullmatch(name):
+            raise RemoteProtocolError(f"malformed header line {line[:100]!r}")
+        key = name.decode("ascii").lower()
+        text = value.strip(b" \t").decode("latin-1")
+        headers[key] = f"{headers[key]}, {text}" if key in headers else text
+        last = key
+    return headers
