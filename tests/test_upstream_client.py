@@ -1,25 +1,38 @@
-"""UpstreamClient against the SDK demo upstream and against a fault-injecting upstream.
+"""UpstreamClient against the SDK demo upstream, a fault-injecting upstream and a raw-socket upstream.
 
 Every fault case asserts the CallResult kind and that the upstream received the
-``tools/call`` exactly once: the client never resends a call.
+``tools/call`` exactly once: the client never resends a call, not even on a pooled
+connection the server has closed. The wire cases (keep-alive, framing, pool limits,
+failed writes, TLS, threads) run against ``RawUpstream``.
 """
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
+import ssl
 import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 
 from mcpgateway.upstream import IDEMPOTENCY_META_KEY, CallResult, UpstreamClient, UpstreamError
 from tests.upstream_server import (
     ECHO_OUTPUT_SCHEMA,
     FAULT_TOOLS,
+    RAW_SLOW_SECONDS,
     FaultUpstream,
+    RawUpstream,
     free_port,
     running_demo_upstream,
 )
@@ -314,3 +327,255 @@ def test_unencodable_arguments_are_not_sent(client: UpstreamClient, fault: Fault
     assert result.kind == "not_sent"
     assert result.reason.startswith("request not built: TypeError")
     assert fault.received["k"] == 0
+
+
+# -- the wire: connections, framing, TLS ---------------------------------------------------------
+
+
+@pytest.fixture
+def raw() -> Iterator[RawUpstream]:
+    with RawUpstream() as upstream:
+        yield upstream
+
+
+def raw_client(upstream: RawUpstream, **options: Any) -> UpstreamClient:
+    settings: dict[str, Any] = {"connect_timeout": 1.0, "read_timeout": 2.0, **options}
+    return UpstreamClient(upstream.url, **settings)
+
+
+def raw_call(client: UpstreamClient, upstream: RawUpstream, tool: str, key: str) -> CallResult:
+    result = client.call_tool(tool, {"x": key}, idempotency_key=key, output_schema=ECHO_OUTPUT_SCHEMA)
+    assert upstream.received[key] == 1, "the upstream must see the call exactly once"
+    return result
+
+
+def test_keep_alive_reuses_one_connection(raw: RawUpstream) -> None:
+    with raw_client(raw) as client:
+        for key in ("k1", "k2", "k3"):
+            assert raw_call(client, raw, "echo", key).kind == "success"
+    assert raw.connections == 1  # initialize, notifications/initialized and three calls
+
+
+def test_stale_pooled_connection_is_replaced_not_resent(raw: RawUpstream) -> None:
+    with raw_client(raw) as client:
+        assert raw_call(client, raw, "echo_then_close", "k1").kind == "success"
+        time.sleep(0.05)  # the server's FIN reaches the idle pooled connection
+        second = raw_call(client, raw, "echo", "k2")
+    assert second.kind == "success", second
+    assert raw.connections == 2
+
+
+def test_idle_connection_expires(raw: RawUpstream) -> None:
+    with raw_client(raw, keepalive_expiry=0.05) as client:
+        assert raw_call(client, raw, "echo", "k1").kind == "success"
+        time.sleep(0.1)
+        assert raw_call(client, raw, "echo", "k2").kind == "success"
+    assert raw.connections == 2
+
+
+@pytest.mark.parametrize(
+    ("tool", "connections"),
+    [
+        ("chunked", 1),  # chunk extensions and trailers read; the connection is kept
+        ("sse_chunked", 1),  # the end of the stream right behind our response is read; kept
+        ("interim", 1),  # 1xx answers skipped
+        ("close_delimited", 2),  # the body ends at the close; a new connection follows
+        ("http10", 2),  # HTTP/1.0: not reused although the server keeps it open
+        ("connection_close", 2),  # "Connection: close" honoured although the server keeps it open
+        ("trailing_garbage", 2),  # bytes after the body: the connection is not trusted again
+    ],
+)
+def test_response_framing(raw: RawUpstream, tool: str, connections: int) -> None:
+    with raw_client(raw) as client:
+        first = raw_call(client, raw, tool, "k1")
+        assert first.kind == "success", first
+        assert first.result is not None
+        assert first.result["structuredContent"] == {"echo": {"x": "k1"}}
+        assert raw_call(client, raw, "echo", "k2").kind == "success"
+    assert raw.connections == connections
+
+
+def test_malformed_chunked_framing_is_uncertain(raw: RawUpstream) -> None:
+    with raw_client(raw) as client:
+        result = raw_call(client, raw, "bad_chunk", "k1")
+    assert result.kind == "uncertain"
+    assert "response interrupted: RemoteProtocolError" in result.reason
+    assert result.status_code == 200
+
+
+def test_pool_exhaustion_is_not_sent(raw: RawUpstream) -> None:
+    with raw_client(raw, max_connections=1, pool_timeout=0.1) as client:
+        client.initialize()
+        slow: list[CallResult] = []
+        thread = threading.Thread(target=lambda: slow.append(raw_call(client, raw, "slow", "k-slow")))
+        thread.start()
+        deadline = time.monotonic() + 5
+        while raw.received["k-slow"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        started = time.monotonic()
+        waited = client.call_tool("echo", {}, idempotency_key="k-waits")
+        assert time.monotonic() - started < RAW_SLOW_SECONDS
+        thread.join()
+        assert waited.kind == "not_sent"
+        assert "PoolTimeout" in waited.reason
+        assert raw.received["k-waits"] == 0
+        assert slow[0].kind == "success"
+        assert raw_call(client, raw, "echo", "k-after").kind == "success"  # the slot came back
+    assert raw.connections == 1
+
+
+def test_pool_wait_within_the_timeout_gets_the_freed_connection(raw: RawUpstream) -> None:
+    with raw_client(raw, max_connections=1, pool_timeout=5.0) as client:
+        client.initialize()
+        thread = threading.Thread(target=raw_call, args=(client, raw, "slow", "k-slow"))
+        thread.start()
+        while raw.received["k-slow"] == 0:
+            time.sleep(0.01)
+        assert raw_call(client, raw, "echo", "k-waits").kind == "success"
+        thread.join()
+    assert raw.connections == 1
+
+
+@pytest.mark.parametrize(("mode", "reason"), [("reset", "WriteError"), ("stall", "WriteTimeout")])
+def test_write_failing_after_a_partial_send_is_uncertain(mode: str, reason: str) -> None:
+    with (
+        RawUpstream(large_body=64 * 1024, large_body_mode=mode) as upstream,
+        raw_client(upstream, write_timeout=0.5) as client,
+    ):
+        client.initialize()
+        # Far more than the socket buffers hold, so the write is still going when the server gives up.
+        result = client.call_tool("echo", {"blob": "x" * (16 * 1024 * 1024)}, idempotency_key="k-big")
+        assert result.kind == "uncertain", result
+        assert reason in result.reason
+        assert upstream.received["k-big"] == 1
+        assert raw_call(client, upstream, "echo", "k-next").kind == "success"  # a new connection
+
+
+def test_concurrent_calls_from_many_threads(raw: RawUpstream) -> None:
+    with raw_client(raw, max_connections=4) as client:
+        results: list[CallResult] = []
+        lock = threading.Lock()
+
+        def work(worker: int) -> None:
+            for i in range(15):
+                key = f"w{worker}-{i}"
+                result = client.call_tool("echo", {"x": key}, idempotency_key=key, output_schema=ECHO_OUTPUT_SCHEMA)
+                assert result.result is not None
+                assert result.result["structuredContent"] == {"echo": {"x": key}}  # no crossed answers
+                with lock:
+                    results.append(result)
+
+        threads = [threading.Thread(target=work, args=(worker,)) for worker in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert len(results) == 120
+    assert {result.kind for result in results} == {"success"}
+    assert sum(raw.received.values()) == 120
+    assert set(raw.received.values()) == {1}
+    assert raw.connections <= 4
+
+
+def test_unsupported_url_and_closed_client_are_not_sent() -> None:
+    with UpstreamClient("ftp://127.0.0.1/mcp", connect_timeout=1.0, read_timeout=1.0) as client:
+        result = client.call_tool("echo", {}, idempotency_key="k")
+        assert result.kind == "not_sent"
+        assert "UnsupportedProtocol" in result.reason
+        with pytest.raises(UpstreamError, match="UnsupportedProtocol"):
+            client.ping()
+    with RawUpstream() as upstream:
+        client = raw_client(upstream)
+        client.initialize()
+        client.close()
+        result = client.call_tool("echo", {}, idempotency_key="k")
+        assert result.kind == "not_sent"
+        assert "ClientClosed" in result.reason
+        assert upstream.received["k"] == 0
+
+
+def self_signed_certificate(directory: Path) -> tuple[Path, Path]:
+    """A self-signed certificate for localhost and 127.0.0.1 (certificate file, key file)."""
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
+    now = datetime.datetime.now(datetime.UTC)
+    certificate = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - datetime.timedelta(minutes=5))
+        .not_valid_after(now + datetime.timedelta(days=1))
+        .add_extension(
+            x509.SubjectAlternativeName([x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+            critical=False,
+        )
+        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+        .sign(key, hashes.SHA256())
+    )
+    cert_file, key_file = directory / "cert.pem", directory / "key.pem"
+    cert_file.write_bytes(certificate.public_bytes(serialization.Encoding.PEM))
+    key_file.write_bytes(
+        key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    )
+    return cert_file, key_file
+
+
+@pytest.fixture
+def tls_files(tmp_path: Path) -> tuple[Path, Path]:
+    return self_signed_certificate(tmp_path)
+
+
+def tls_server_context(cert_file: Path, key_file: Path) -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_file, key_file)
+    return context
+
+
+def test_https_with_an_unverifiable_certificate_is_not_sent(tls_files: tuple[Path, Path]) -> None:
+    with (
+        RawUpstream(tls=tls_server_context(*tls_files)) as upstream,
+        UpstreamClient(upstream.url, connect_timeout=2.0, read_timeout=2.0) as client,
+    ):
+        result = client.call_tool("echo", {}, idempotency_key="k")
+        assert result.kind == "not_sent"
+        assert "ConnectError" in result.reason
+        assert "CERTIFICATE_VERIFY_FAILED" in result.reason
+        with pytest.raises(UpstreamError, match="CERTIFICATE_VERIFY_FAILED"):
+            client.ping()
+        assert upstream.received["k"] == 0
+
+
+def test_https_round_trip_with_sni_and_keep_alive(tls_files: tuple[Path, Path]) -> None:
+    trusting = ssl.create_default_context(cafile=str(tls_files[0]))
+    with RawUpstream(tls=tls_server_context(*tls_files)) as upstream:
+        url = f"https://localhost:{upstream.port}/mcp"
+        with UpstreamClient(url, connect_timeout=2.0, read_timeout=2.0, ssl_context=trusting) as client:
+            for key in ("k1", "k2"):
+                assert raw_call(client, upstream, "echo", key).kind == "success"
+            assert raw_call(client, upstream, "chunked", "k3").kind == "success"
+        assert upstream.connections == 1
+        assert upstream.sni == ["localhost"]
+
+
+def test_session_expiry_reinitializes_on_the_only_connection(fault: FaultUpstream) -> None:
+    with UpstreamClient(
+        fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT, max_connections=1, pool_timeout=0.2
+    ) as client:
+        client.ping()
+        fault.expire_sessions()
+        result = call(client, fault, "echo")
+        assert result.kind == "not_sent"
+        assert result.reason == "session_expired"
+        assert fault.count("initialize") == 2  # the 404's connection was free for the handshake
+        assert call(client, fault, "echo", key="key-2").kind == "success"
+
+
+@pytest.mark.parametrize("key", ["k\r\nX-Injected: 1", "clé", "k\x00"])
+def test_unsendable_idempotency_key_is_not_sent(client: UpstreamClient, fault: FaultUpstream, key: str) -> None:
+    result = client.call_tool("echo", {}, idempotency_key=key)
+    assert result.kind == "not_sent"
+    assert result.reason.startswith("request not built: ValueError")
+    assert fault.received[key] == 0
+    assert fault.count("tools/call") == 0

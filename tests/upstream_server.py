@@ -8,6 +8,10 @@ drive ``UpstreamClient``; what ``tools/call`` does is chosen by the tool name
 (see ``FAULT_TOOLS``). It counts every ``tools/call`` it receives per
 idempotency key (``received``, before the session check) and every one it
 processes (``executed``), so a test can assert that nothing was resent.
+
+``RawUpstream`` writes its answers byte for byte on raw sockets (chunked coding,
+close-delimited bodies, HTTP/1.0, interim responses, TLS, a reset in the middle of
+a request) and counts the connections it accepts.
 """
 
 from __future__ import annotations
@@ -15,6 +19,8 @@ from __future__ import annotations
 import contextlib
 import json
 import socket
+import ssl
+import struct
 import threading
 import time
 import uuid
@@ -352,3 +358,254 @@ class _Handler(BaseHTTPRequestHandler):
             self._sse([b"event: message\ndata: {not json\n\n"])
         else:
             self._json(200, {"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": f"no tool {name}"}})
+
+
+# -- the raw-socket server -----------------------------------------------------------------------
+
+RAW_TOOLS = [
+    "echo",  # 200 JSON with Content-Length; the connection stays open
+    "echo_then_close",  # the same answer, no "Connection: close", then the server closes the connection
+    "slow",  # echo after RAW_SLOW_SECONDS
+    "chunked",  # chunked transfer coding: chunk extensions, upper-case hex, trailers, written piecewise
+    "sse_chunked",  # SSE over chunked coding: a notification, then our response and the last chunk together
+    "close_delimited",  # no Content-Length, no Transfer-Encoding: the body ends when the server closes
+    "http10",  # an HTTP/1.0 answer with Content-Length; the server keeps the connection open
+    "connection_close",  # HTTP/1.1 with "Connection: close"; the server keeps the connection open
+    "interim",  # 100 Continue and 103 Early Hints before the 200
+    "trailing_garbage",  # a complete answer followed by bytes nobody asked for
+    "bad_chunk",  # a chunk size line that is not hexadecimal
+]
+RAW_SLOW_SECONDS = 0.4
+
+
+def _raw_answer(status: bytes, body: bytes, *, version: bytes = b"HTTP/1.1", extra: bytes = b"") -> bytes:
+    return (
+        version
+        + b" "
+        + status
+        + b"\r\nContent-Type: application/json\r\nContent-Length: "
+        + str(len(body)).encode()
+        + b"\r\n"
+        + extra
+        + b"\r\n"
+        + body
+    )
+
+
+@dataclass
+class RawUpstream:
+    """An HTTP/1.1 upstream on raw sockets, for the wire cases ``FaultUpstream`` cannot produce.
+
+    Speaks just enough MCP for a stateless handshake (no session id), ``ping`` and
+    ``tools/call``, whose answer is written byte for byte as the tool name says
+    (``RAW_TOOLS``). Counts every ``tools/call`` received per idempotency key
+    (``received``, from the request head) and every TCP connection accepted
+    (``connections``). With ``tls`` (a server context) it speaks HTTPS and records
+    the SNI names it was offered (``sni``). With ``large_body`` set, a request body
+    longer than ``large_body`` bytes is read only that far, then the connection is
+    reset (``large_body_mode="reset"``) or left unread until the server stops
+    (``"stall"``), so the client's write fails part-way.
+    """
+
+    tls: ssl.SSLContext | None = None
+    large_body: int | None = None
+    large_body_mode: str = "reset"
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    received: Counter[str] = field(default_factory=Counter)
+    connections: int = 0
+    sni: list[str | None] = field(default_factory=list)
+    stopping: threading.Event = field(default_factory=threading.Event)
+    _listener: socket.socket | None = None
+    _threads: list[threading.Thread] = field(default_factory=list)
+    _open: set[socket.socket] = field(default_factory=set)
+
+    @property
+    def port(self) -> int:
+        assert self._listener is not None
+        return int(self._listener.getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}/mcp"
+
+    def __enter__(self) -> RawUpstream:
+        if self.tls is not None:
+            self.tls.sni_callback = lambda _sock, name, _ctx: self.sni.append(name)
+        listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # A small, fixed receive buffer (inherited by accepted sockets) so that a client writing a
+        # large body to a connection nobody reads blocks after a few buffers, not after megabytes.
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 * 1024)
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(64)
+        listener.settimeout(0.05)
+        self._listener = listener
+        accept = threading.Thread(target=self._accept, daemon=True)
+        accept.start()
+        self._threads.append(accept)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stopping.set()
+        self._threads[0].join(5)  # the accept loop: no connection threads start after this
+        with self.lock:
+            open_sockets = list(self._open)
+        for sock in open_sockets:
+            with contextlib.suppress(OSError):
+                sock.shutdown(socket.SHUT_RDWR)
+        for thread in self._threads[1:]:
+            thread.join(5)
+        assert self._listener is not None
+        self._listener.close()
+
+    def _accept(self) -> None:
+        assert self._listener is not None
+        while not self.stopping.is_set():
+            try:
+                sock, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            with self.lock:
+                self.connections += 1
+            thread = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+            self._threads.append(thread)
+            thread.start()
+
+    def _serve(self, sock: socket.socket) -> None:
+        sock.settimeout(None)
+        try:
+            if self.tls is not None:
+                sock = self.tls.wrap_socket(sock, server_side=True)
+        except OSError:
+            sock.close()
+            return
+        with self.lock:
+            self._open.add(sock)
+        reader = sock.makefile("rb")
+        try:
+            while not self.stopping.is_set() and self._one_request(sock, reader):
+                pass
+        except (OSError, ValueError):
+            pass  # the client went away, or the server is stopping
+        finally:
+            with self.lock:
+                self._open.discard(sock)
+            reader.close()
+            sock.close()
+
+    def _one_request(self, sock: socket.socket, reader: Any) -> bool:
+        """Read and answer one request; False when the connection is to be closed."""
+        request_line = reader.readline()
+        if not request_line:
+            return False
+        headers: dict[str, str] = {}
+        while (line := reader.readline()) not in (b"\r\n", b"\n", b""):
+            name, _, value = line.decode("latin-1").partition(":")
+            headers[name.strip().lower()] = value.strip()
+        length = int(headers.get("content-length", "0"))
+        key = headers.get("idempotency-key")
+        if self.large_body is not None and length > self.large_body:
+            with self.lock:
+                self.received[key or "-"] += 1
+            reader.read(self.large_body)
+            if self.large_body_mode == "stall":
+                self.stopping.wait(10)
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close with RST
+            return False
+        body = reader.read(length)
+        if request_line.startswith(b"DELETE"):
+            sock.sendall(_raw_answer(b"200 OK", b""))
+            return True
+        msg = json.loads(body)
+        method, rid = msg.get("method"), msg.get("id")
+        if method == "initialize":
+            result = {
+                "protocolVersion": "2025-11-25",
+                "capabilities": {"tools": {}},
+                "serverInfo": {"name": "raw-upstream", "version": "0"},
+            }
+            sock.sendall(_raw_answer(b"200 OK", json.dumps({"jsonrpc": "2.0", "id": rid, "result": result}).encode()))
+            return True
+        if method == "notifications/initialized":
+            sock.sendall(_raw_answer(b"202 Accepted", b""))
+            return True
+        if method != "tools/call":
+            sock.sendall(_raw_answer(b"200 OK", json.dumps({"jsonrpc": "2.0", "id": rid, "result": {}}).encode()))
+            return True
+        with self.lock:
+            self.received[key or "-"] += 1
+        params = msg.get("params") or {}
+        return self._call(sock, rid, params.get("name"), params.get("arguments") or {})
+
+    def _call(self, sock: socket.socket, rid: Any, name: Any, arguments: dict[str, Any]) -> bool:
+        ok = {
+            "content": [{"type": "text", "text": json.dumps(arguments)}],
+            "structuredContent": {"echo": arguments},
+            "isError": False,
+        }
+        body = json.dumps({"jsonrpc": "2.0", "id": rid, "result": ok}).encode()
+        if name in ("echo", "echo_then_close", "slow"):
+            if name == "slow":
+                time.sleep(RAW_SLOW_SECONDS)
+            sock.sendall(_raw_answer(b"200 OK", body))
+            return name != "echo_then_close"
+        if name == "chunked":
+            sock.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n"
+                b"Trailer: X-Checksum\r\n\r\n"
+            )
+            a, b, c = body[:10], body[10:25], body[25:]
+            for frame in (
+                f"{len(a):x};name=value\r\n".encode() + a + b"\r\n",
+                f"{len(b):X} ; flag\r\n".encode() + b + b"\r\n",
+                f'{len(c):x};q="quoted;text"\r\n'.encode() + c + b"\r\n",
+                b"0;last\r\nX-Checksum: abc\r\nX-Other: 1\r\n\r\n",
+            ):
+                time.sleep(0.005)
+                sock.sendall(frame)
+            return True
+        if name == "sse_chunked":
+            progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
+            first = b"event: message\r\ndata: " + json.dumps(progress).encode() + b"\r\n\r\n"
+            last = b"event: message\r\ndata: " + body + b"\r\n\r\n"
+            sock.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
+                + f"{len(first):x}\r\n".encode()
+                + first
+                + b"\r\n"
+            )
+            time.sleep(0.005)
+            sock.sendall(f"{len(last):x}\r\n".encode() + last + b"\r\n0\r\n\r\n")
+            return True
+        if name == "close_delimited":
+            sock.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + body[:20])
+            time.sleep(0.005)
+            sock.sendall(body[20:])
+            return False
+        if name == "http10":
+            sock.sendall(_raw_answer(b"200 OK", body, version=b"HTTP/1.0"))
+            return True
+        if name == "connection_close":
+            sock.sendall(_raw_answer(b"200 OK", body, extra=b"Connection: close\r\n"))
+            return True
+        if name == "interim":
+            sock.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nLink: </style.css>\r\n\r\n")
+            sock.sendall(_raw_answer(b"200 OK", body))
+            return True
+        if name == "trailing_garbage":
+            sock.sendall(_raw_answer(b"200 OK", body) + b"HTTP/1.1 200 OK\r\n")
+            return True
+        if name == "bad_chunk":
+            sock.sendall(
+                b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n"
+            )
+            return False
+        sock.sendall(
+            _raw_answer(
+                b"200 OK",
+                json.dumps({"jsonrpc": "2.0", "id": rid, "error": {"code": -32602, "message": "no tool"}}).encode(),
+            )
+        )
+        return True
