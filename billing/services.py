@@ -1603,6 +1603,7 @@ class ChargeCall:
     body: dict[str, Any]
 
     def arguments(self, *, refill_event: bool) -> dict[str, Any]:
+        """``billing_charge``'s arguments by name; each call prepares the events anew (new event ids)."""
         charge, refill = _charge_events(
             ids=self.ids,
             wallet_id=self.wallet_id,
