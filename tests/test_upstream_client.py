@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import ipaddress
+import os
 import ssl
 import subprocess
 import sys
@@ -368,9 +369,10 @@ def test_stale_pooled_connection_is_replaced_not_resent(raw: RawUpstream) -> Non
 def test_idle_connection_expires(raw: RawUpstream) -> None:
     with raw_client(raw, keepalive_expiry=0.05) as client:
         assert raw_call(client, raw, "echo", "k1").kind == "success"
+        before = raw.connections
         time.sleep(0.1)
         assert raw_call(client, raw, "echo", "k2").kind == "success"
-    assert raw.connections == 2
+    assert raw.connections == before + 1
 
 
 @pytest.mark.parametrize(
@@ -395,12 +397,55 @@ def test_response_framing(raw: RawUpstream, tool: str, connections: int) -> None
     assert raw.connections == connections
 
 
+def test_connection_close_asked_by_the_client_is_honoured(raw: RawUpstream) -> None:
+    with raw_client(raw, headers={"Connection": "close"}) as client:
+        for key in ("k1", "k2"):
+            assert raw_call(client, raw, "echo", key).kind == "success"
+    assert raw.connections == 4  # initialize, notifications/initialized, two calls: one connection each
+
+
 def test_malformed_chunked_framing_is_uncertain(raw: RawUpstream) -> None:
     with raw_client(raw) as client:
         result = raw_call(client, raw, "bad_chunk", "k1")
     assert result.kind == "uncertain"
     assert "response interrupted: RemoteProtocolError" in result.reason
     assert result.status_code == 200
+
+
+def test_redirect_is_not_followed(raw: RawUpstream) -> None:
+    with raw_client(raw) as client:
+        result = raw_call(client, raw, "redirect", "k1")
+    assert result.kind == "http_error"
+    assert result.reason == "HTTP 307"
+    assert sum(raw.received.values()) == 1
+
+
+def test_total_timeout_bounds_the_wait_for_the_response_head(fault: FaultUpstream) -> None:
+    with UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=5.0, total_timeout=0.3) as client:
+        client.initialize()
+        result = client.call_tool("hang", {}, idempotency_key="k")
+    assert result.kind == "uncertain"
+    assert result.reason == "total timeout passed before the response arrived"
+    assert result.elapsed < 1.0
+    assert fault.received["k"] == 1
+
+
+def test_forked_child_opens_its_own_connection(raw: RawUpstream) -> None:
+    with raw_client(raw) as client:
+        assert raw_call(client, raw, "echo", "k-parent").kind == "success"
+        pid = os.fork()
+        if pid == 0:  # the child: never return into pytest
+            code = 1  # the parent's pooled connection was still there
+            try:
+                if not client._pool._idle:
+                    code = 0 if client.call_tool("echo", {}, idempotency_key="k-child").kind == "success" else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert raw.received["k-child"] == 1
+        assert raw_call(client, raw, "echo", "k-parent-2").kind == "success"  # the parent's connection is intact
+    assert raw.connections == 2
 
 
 def test_pool_exhaustion_is_not_sent(raw: RawUpstream) -> None:
@@ -452,7 +497,7 @@ def test_write_failing_after_a_partial_send_is_uncertain(mode: str, reason: str)
 
 
 def test_concurrent_calls_from_many_threads(raw: RawUpstream) -> None:
-    with raw_client(raw, max_connections=4) as client:
+    with raw_client(raw, max_connections=4, pool_timeout=30.0) as client:
         results: list[CallResult] = []
         lock = threading.Lock()
 

@@ -374,8 +374,9 @@ RAW_TOOLS = [
     "interim",  # 100 Continue and 103 Early Hints before the 200
     "trailing_garbage",  # a complete answer followed by bytes nobody asked for
     "bad_chunk",  # a chunk size line that is not hexadecimal
+    "redirect",  # 307 to another URL (which the client must not follow)
 ]
-RAW_SLOW_SECONDS = 0.4
+RAW_SLOW_SECONDS = 1.0
 
 
 def _raw_answer(status: bytes, body: bytes, *, version: bytes = b"HTTP/1.1", extra: bytes = b"") -> bytes:
@@ -596,6 +597,9 @@ class RawUpstream:
             return True
         if name == "trailing_garbage":
             sock.sendall(_raw_answer(b"200 OK", body) + b"HTTP/1.1 200 OK\r\n")
+            return True
+        if name == "redirect":
+            sock.sendall(_raw_answer(b"307 Temporary Redirect", b"", extra=b"Location: /elsewhere\r\n"))
             return True
         if name == "bad_chunk":
             sock.sendall(
