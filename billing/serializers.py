@@ -356,6 +356,8 @@ class InsufficientFundsError(serializers.Serializer):
 # Written as ChargeResponse writes them (unbound fields, so a template costs no serializer copy).
 _MONEY = MoneyField()
 _DATETIME = serializers.DateTimeField()
+_CHARGE_ORDER = tuple(ChargeResponse().fields)
+_REFILL_ORDER = tuple(RefillInfo().fields)
 
 
 def charge_response_template(
@@ -389,3 +391,17 @@ def charge_response_template(
         "idempotency_key": idempotency_key,
         "created_at": _DATETIME.to_representation(created_at),
     }
+
+
+def charge_response_in_order(body: dict[str, Any]) -> dict[str, Any]:
+    """A stored charge body with its keys in ChargeResponse's order (jsonb keeps keys in an order of its own).
+
+    Keys the record does not name (none today) follow, as stored.
+    """
+    ordered = {name: body[name] for name in _CHARGE_ORDER if name in body}
+    refill = ordered.get("refill")
+    if isinstance(refill, dict):
+        ordered["refill"] = {name: refill[name] for name in _REFILL_ORDER if name in refill}
+        ordered["refill"].update((name, value) for name, value in refill.items() if name not in _REFILL_ORDER)
+    ordered.update((name, value) for name, value in body.items() if name not in ordered)
+    return ordered

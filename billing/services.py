@@ -1853,7 +1853,10 @@ def _charge_outcome(row: dict[str, Any], call: ChargeCall) -> ChargeOutcome:
     """The outcome ``billing_charge`` answered, or its refusal raised as today's exception."""
     code = row["code"]
     if code in ("ok", "replay"):
-        return ChargeOutcome(status=row["response_status"], body=json.loads(row["body"]), replayed=code == "replay")
+        from billing.serializers import charge_response_in_order
+
+        body = charge_response_in_order(json.loads(row["body"]))
+        return ChargeOutcome(status=row["response_status"], body=body, replayed=code == "replay")
     if code == "idempotency_key_reused":
         raise IdempotencyKeyReused()
     if code == "idempotency_key_in_progress":

@@ -394,6 +394,8 @@ def test_charges_refills_replays_and_a_velocity_freeze_leave_a_chain_that_verifi
     replay = post_charge(agent, tenant.agent.wallet_id, key="a", service_category="search", units="4.0")
     assert (replay.status_code, replay["Idempotent-Replayed"]) == (200, "true")
     assert replay.json() == first.json()
+    # Both answers list the fields in the record's order, though jsonb stores keys in its own.
+    assert list(first.json()) == list(replay.json()) == list(ChargeResponse().fields)
     assert ChargeIdempotency.objects.get(key="a").response_body == first.json()
     assert post_charge(agent, tenant.agent.wallet_id, key="a", units="5").json()["detail"][0]["type"] == (
         "idempotency_key_reused"
@@ -402,6 +404,7 @@ def test_charges_refills_replays_and_a_velocity_freeze_leave_a_chain_that_verifi
     r = post_charge(agent, refiller.wallet_id, key="child-1", service_category="compute", units="2")
     assert r.status_code == 200, r.content
     assert r.json()["refill"]["parent_wallet_id"] == tenant.agent.wallet_id
+    assert list(r.json()["refill"]) == ["entry_id", "amount", "parent_wallet_id"]
     assert r.json()["balance"] == "5.00000000"
     assert [e.event for e in AuditEvent.objects.filter(wallet_id=refiller.wallet_id).order_by("seq")][-2:] == [
         "ledger.refill",
