@@ -285,8 +285,13 @@ class UpstreamClient:
         return self._session
 
     def _after_fork(self) -> None:
-        """In a forked child: the parent's sockets and locks are not this process's to use."""
+        """In a forked child: the parent's sockets, locks and session are not this process's to use.
+
+        The child runs its own handshake: a session shared across processes would end for
+        all of them at the first one's ``close()`` (its ``DELETE``).
+        """
         self._lock = threading.Lock()
+        self._session = None
         self._pool.after_fork()
 
     # -- public requests -------------------------------------------------------------------------
@@ -1247,7 +1252,6 @@ class _Response:
         assert self._conn is not None
         buf = self._conn.buffer
         while True:
-            searched = 0
             match = _HEAD_END.search(buf)
             while match is None:
                 if len(buf) > _MAX_HEAD_BYTES:
@@ -1265,7 +1269,13 @@ class _Response:
             status_line = lines[0].rstrip(b"\r")
             version, _, rest = status_line.partition(b" ")
             code = rest[:3]
-            if version not in (b"HTTP/1.1", b"HTTP/1.0") or not code.isdigit() or rest[3:4] not in (b"", b" "):
+            if (
+                version not in (b"HTTP/1.1", b"HTTP/1.0")
+                or len(code) != 3
+                or not code.isdigit()
+                or code < b"100"
+                or rest[3:4] not in (b"", b" ")
+            ):
                 raise RemoteProtocolError(f"malformed status line {status_line[:100]!r}")
             status = int(code)
             if status >= 200:

@@ -404,6 +404,32 @@ def test_connection_close_asked_by_the_client_is_honoured(raw: RawUpstream) -> N
     assert raw.connections == 4  # initialize, notifications/initialized, two calls: one connection each
 
 
+@pytest.mark.parametrize(
+    ("answer", "kind", "reason"),
+    [
+        (b"HTTP/1.1 200\r\nContent-Length: {len}\r\n\r\n{body}", "success", "ok"),  # no reason phrase
+        (b"HTTP/1.1 200 OK\nContent-Length: {len}\n\n{body}", "success", "ok"),  # bare LF line ends
+        (b"HTTP/1.1 200 OK\r\nX-A: 1\r\n folded\r\nContent-Length: {len}\r\n\r\n{body}", "success", "ok"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Length: {len}\r\n\r\n{body}", "success", "ok"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: {len}\r\nContent-Length: 1\r\n\r\n{body}", "uncertain", "Content-Length"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 99999\r\n\r\n{body}", "uncertain", "response interrupted: ReadTimeout"),
+        (b"HTTP/1.1 20 OK\r\n\r\n", "uncertain", "RemoteProtocolError: malformed status line"),
+        (b"HTTP/2 200\r\n\r\n", "uncertain", "RemoteProtocolError: malformed status line"),
+        (b"HTTP/1.1 101 Switching Protocols\r\n\r\n", "uncertain", "RemoteProtocolError"),
+        (b"HTTP/1.1 200 OK\r\nBad Header: 1\r\n\r\n", "uncertain", "RemoteProtocolError: malformed header"),
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\n", "uncertain", "ReadTimeout"),  # head never ends
+        (b"HTTP/1.1 204 No Content\r\nContent-Length: 5\r\n\r\n", "invalid_response", "empty body (HTTP 204)"),
+        (b"HTTP/1.1 503 Busy\r\nContent-Length: 0\r\n\r\n", "uncertain", "HTTP 503"),
+    ],
+)
+def test_response_head_parsing(answer: bytes, kind: str, reason: str) -> None:
+    with RawUpstream(answers={"scripted": answer}) as upstream, raw_client(upstream, read_timeout=0.3) as client:
+        result = raw_call(client, upstream, "scripted", "k1")
+        assert result.kind == kind, result
+        assert reason in result.reason
+        assert raw_call(client, upstream, "echo", "k2").kind == "success"  # whatever came before
+
+
 def test_malformed_chunked_framing_is_uncertain(raw: RawUpstream) -> None:
     with raw_client(raw) as client:
         result = raw_call(client, raw, "bad_chunk", "k1")

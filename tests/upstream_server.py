@@ -401,14 +401,17 @@ class RawUpstream:
     ``tools/call``, whose answer is written byte for byte as the tool name says
     (``RAW_TOOLS``). Counts every ``tools/call`` received per idempotency key
     (``received``, from the request head) and every TCP connection accepted
-    (``connections``). With ``tls`` (a server context) it speaks HTTPS and records
-    the SNI names it was offered (``sni``). With ``large_body`` set, a request body
+    (``connections``). ``answers`` adds tools whose answer is the given bytes, with
+    ``{body}`` replaced by the JSON-RPC success response and ``{len}`` by its
+    length. With ``tls`` (a server context) it speaks HTTPS and records the SNI
+    names it was offered (``sni``). With ``large_body`` set, a request body
     longer than ``large_body`` bytes is read only that far, then the connection is
     reset (``large_body_mode="reset"``) or left unread until the server stops
     (``"stall"``), so the client's write fails part-way.
     """
 
     tls: ssl.SSLContext | None = None
+    answers: dict[str, bytes] = field(default_factory=dict)
     large_body: int | None = None
     large_body_mode: str = "reset"
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -547,6 +550,9 @@ class RawUpstream:
             "isError": False,
         }
         body = json.dumps({"jsonrpc": "2.0", "id": rid, "result": ok}).encode()
+        if name in self.answers:
+            sock.sendall(self.answers[name].replace(b"{len}", str(len(body)).encode()).replace(b"{body}", body))
+            return True
         if name in ("echo", "echo_then_close", "slow"):
             if name == "slow":
                 time.sleep(RAW_SLOW_SECONDS)
