@@ -1840,12 +1840,14 @@ def _charge_rows_together(calls: list[list[Any]]) -> list[dict[str, Any]]:
     raw = connection.connection
     assert raw is not None
     with raw.pipeline(), raw.transaction():
-        cursors = [raw.execute(CHARGE_SQL, params) for params in calls]
+        cursor = raw.cursor()
+        cursor.executemany(CHARGE_SQL, calls, returning=True)
     answers = []
-    for cursor in cursors:
+    for _ in calls:  # one result set per call, in order
         row = cursor.fetchone()
         assert row is not None
         answers.append(dict(zip(CHARGE_COLUMNS, row, strict=True)))
+        cursor.nextset()
     return answers
 
 
