@@ -39,7 +39,7 @@ def test_a_session_the_server_ended_is_replaced_before_the_next_query():
         assert time.monotonic() < deadline, "the terminated session still looks usable"
         time.sleep(0.01)
     # What Django does at a request's first query: check, close if unusable, reconnect.
-    connection.health_check_done = False
+    connection.health_check_done = False  # type: ignore[attr-defined]
     connection.close_if_health_check_failed()
     assert _server_pid() != pid
 
