@@ -18,6 +18,7 @@ from urllib.parse import urlencode
 
 import pytest
 from django.db import DatabaseError, connection, transaction
+from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.request import Request
@@ -641,3 +642,24 @@ def test_a_batch_that_posts_refills_and_meets_the_velocity_limit(tenant, batches
     assert not ChargeIdempotency.objects.filter(wallet=tenant.agent, response_status__isnull=True).exists()
     assert ChargeIdempotency.objects.filter(wallet=tenant.agent).count() == 3
     assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@pytest.mark.django_db
+def test_the_charge_is_one_statement_after_the_key(tenant, operator_client):
+    factories.top_up(tenant.agent, 10)
+    client = tenant.agent_client
+    assert post_charge(client, tenant.agent.wallet_id, units="1").status_code == 200  # warm the key lookup
+    for key in ("q1", "q1", None):  # a charge, its replay, a charge without a key
+        with CaptureQueriesContext(connection) as queries:
+            r = post_charge(client, tenant.agent.wallet_id, key=key, units="1")
+        assert r.status_code == 200
+        statements = [q["sql"] for q in queries.captured_queries]
+        charges = [sql for sql in statements if "billing_charge(" in sql]
+        assert len(charges) == 1, statements
+        others = [sql for sql in statements if sql not in charges]
+        assert len(others) <= 1, others  # the API key's lookup (with the rate limit's window, in production)
+    # An operator's charge reads the wallet's tenant first (the chain its events go to).
+    with CaptureQueriesContext(connection) as queries:
+        assert post_charge(operator_client, tenant.agent.wallet_id, units="1").status_code == 200
+    assert sum("billing_charge(" in q["sql"] for q in queries.captured_queries) == 1
+    assert len(queries.captured_queries) <= 3
