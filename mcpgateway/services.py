@@ -120,11 +120,53 @@ def tool_get(name: str) -> Tool | None:
 
 
 @dataclass(frozen=True)
+class _RegisteredTool:
+    """A tool's row as of one version, with the validator of its inputSchema (None: none usable)."""
+
+    version: str
+    tool: Tool
+    arguments_validator: Any
+
+
+# Tools change rarely (a sync, a console edit) and are read on every call: each process keeps the rows
+# it has read, by name, with the version they had. The version is where the row version lives and which
+# transaction wrote it (``xmin:ctid``): any change to the row, however it is made, writes a new row
+# version elsewhere, so it gets a new one. It is read in the call's own lookup, so a changed tool is read
+# again on the next call that names it.
+_registered: dict[str, _RegisteredTool] = {}
+_TOOL_VERSION = "t.xmin::text || ':' || t.ctid::text"
+
+_TOOL_AT_VERSION_SQL = (
+    f"SELECT {fastsql.columns(Tool, 't')}, {_TOOL_VERSION} FROM mcpgateway_tool t WHERE t.service_id = %s"  # noqa: S608
+)
+
+
+def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
+    """The tool ``name`` at ``version`` (as the lookup saw it), from the process's cache or read now."""
+    cached = _registered.get(name)
+    if cached is not None and cached.version == version:
+        return cached
+    row = fastsql.fetch_row(_TOOL_AT_VERSION_SQL, [name])
+    if row is None:  # removed since the lookup
+        _registered.pop(name, None)
+        return None
+    tool = fastsql.instance(Tool, row[:-1])
+    schema = tool.input_schema or {"type": "object"}
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+    except Exception:  # an unusable schema from the upstream: let the upstream judge
+        validator = None
+    registered = _RegisteredTool(version=row[-1], tool=tool, arguments_validator=validator)
+    _registered[name] = registered
+    return registered
+
+
+@dataclass(frozen=True)
 class _Found:
     """What a governed call reads before phase 1, in one round trip (``_lookup``)."""
 
     action: Action | None  # the action of (wallet, idempotency key), if any
-    tool: Tool | None  # the callable tool of that name
+    tool: _RegisteredTool | None  # the callable tool of that name
     price: Decimal | None  # its price (None: not set, not callable)
     permit: Permit | None  # the permit, when it is the wallet's
     quote: Quote | None  # the quote, when one is named and it is the wallet's
@@ -135,7 +177,7 @@ class _Found:
 def _lookup_sql() -> str:
     # Column names come from the models' metadata, never from input.
     return (
-        f"SELECT {fastsql.columns(Action, 'a')}, {fastsql.columns(Tool, 't')}, pr.credits, "  # noqa: S608
+        f"SELECT {fastsql.columns(Action, 'a')}, t.service_id, {_TOOL_VERSION}, pr.credits, "  # noqa: S608
         f"{fastsql.columns(Permit, 'p')}, {fastsql.columns(Quote, 'q')}, ({POLICIES_JSON_SQL}) "
         "FROM (SELECT 1) AS one "
         "LEFT JOIN mcpgateway_action a ON a.wallet_id = %s AND a.idempotency_key = %s "
@@ -157,16 +199,16 @@ def _lookup(req: CallRequest) -> _Found:
         [wallet.ancestry, wallet_id, req.idempotency_key, req.tool, req.permit_id, wallet_id, req.quote_id, wallet_id],
     )
     assert row is not None
-    widths = [fastsql.width(Action), fastsql.width(Tool), 1, fastsql.width(Permit), fastsql.width(Quote)]
+    widths = [fastsql.width(Action), 2, 1, fastsql.width(Permit), fastsql.width(Quote)]
     parts, at = [], 0
     for n in widths:
         parts.append(row[at : at + n])
         at += n
-    action_row, tool_row, price_row, permit_row, quote_row = parts
-    tool = fastsql.instance(Tool, tool_row) if tool_row[0] is not None else None
+    action_row, (tool_name, tool_version), price_row, permit_row, quote_row = parts
+    tool = _registered_tool(tool_name, tool_version) if tool_name is not None else None
     return _Found(
         action=fastsql.instance(Action, action_row) if action_row[0] is not None else None,
-        tool=tool if tool is not None and tool_is_callable(tool) else None,
+        tool=tool if tool is not None and tool_is_callable(tool.tool) else None,
         price=price_row[0],
         permit=fastsql.instance(Permit, permit_row) if permit_row[0] is not None else None,
         quote=fastsql.instance(Quote, quote_row) if quote_row[0] is not None else None,
@@ -196,7 +238,7 @@ def _claim(
         quote.quoted_credits if quote else None,
         quote.signature if quote else None,
         debit is not None,
-        *(debit.params()[:11] if debit else [None] * 11),
+        *(_debit_params(debit) if debit else [None] * 11),
         permit.permit_id,
         price,
         now,
@@ -223,6 +265,14 @@ def _claim(
         raise AssertionError(f"gateway_claim refused with {refused['code']!r}") from err
     fastsql.inserted(action)
     return debit.result(answer) if debit else None
+
+
+def _debit_params(debit: DebitCall) -> list[Any]:
+    """``billing_debit``'s first 11 arguments; the ids as an array literal (ids are ``[A-Za-z0-9_]``, so the
+    literal needs no quoting), which PostgreSQL parses at once where psycopg adapts a list item by item."""
+    params = debit.params()[:11]
+    params[8] = "{" + ",".join(debit.ids) + "}"
+    return params
 
 
 def _claim_refusal(err: DatabaseError) -> dict[str, Any] | None:
@@ -379,23 +429,10 @@ def request_hash_of(tool: str, arguments: dict[str, Any]) -> str:
     return sha256_hex(canonical_bytes_fast(request_document(tool, arguments)))
 
 
-_validators: dict[str, tuple[str, Any]] = {}
-
-
-def _validate_arguments(tool: Tool, arguments: dict[str, Any]) -> None:
+def _validate_arguments(tool: _RegisteredTool, arguments: dict[str, Any]) -> None:
     """422 before anything is accepted or charged when the arguments break the tool's inputSchema."""
-    schema = tool.input_schema or {"type": "object"}
-    fingerprint = sha256_hex(canonical_bytes_fast(schema))
-    cached = _validators.get(tool.service_id)
-    if cached is None or cached[0] != fingerprint:
-        try:
-            validator_cls = jsonschema.validators.validator_for(schema)
-            cached = (fingerprint, validator_cls(schema))
-        except Exception:  # an unusable schema from the upstream: let the upstream judge
-            cached = (fingerprint, None)
-        _validators[tool.service_id] = cached
-    validator = cached[1]
-    if validator is None:
+    validator = tool.arguments_validator
+    if validator is None or validator.is_valid(arguments):
         return
     error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
     if error is not None:
@@ -421,12 +458,12 @@ def governed_call(req: CallRequest) -> CallAnswer:
         return _existing(found.action, digest)
     if found.tool is None:
         raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
-    tool, price = found.tool, found.price
+    tool, price = found.tool.tool, found.price
     if price is None:
         raise RequestValidationError.single(
             ["body", "name"], "This tool has no price set and cannot be called.", "tool_price_not_set"
         )
-    _validate_arguments(tool, req.arguments)
+    _validate_arguments(found.tool, req.arguments)
 
     velocity: VelocityLimitExceeded | None = None
     try:

@@ -226,3 +226,35 @@ def test_permits_quote_consume_spends_once_at_the_signed_price(fault, tenant):
     assert not consume(quote.quoted_credits, quote.signature)
     quote.refresh_from_db()
     assert (quote.status, quote.consumed_by) == ("consumed", "act_x")
+
+
+# --- The process cache of tools (read again when the row's version changes) ------------------------
+
+
+def test_a_tool_changed_in_the_table_is_read_again_on_the_next_call(fault, tenant):
+    """Tools are cached per process by the row's version (xmin); a change made behind the ORM's back,
+    here a raw UPDATE of the inputSchema, is seen by the very next call."""
+    caller = setup_caller(tenant, balance=10)
+    assert "result" in caller.rpc("echo", {"n": 1}).json()
+    strict = {"type": "object", "properties": {"n": {"type": "string"}}, "required": ["n"]}
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mcpgateway_tool SET input_schema = %s WHERE service_id = 'echo'", [json.dumps(strict)])
+    r = caller.invoke("echo", {"n": 1})
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["type"] == "invalid_arguments"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mcpgateway_tool SET enabled = false WHERE service_id = 'echo'")
+    assert caller.rpc("echo", {"n": "1"}).json()["error"]["data"]["error"] == "unknown_tool"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE mcpgateway_tool SET enabled = true WHERE service_id = 'echo'")
+    assert "result" in caller.rpc("echo", {"n": "1"}).json()
+
+
+def test_a_price_change_applies_to_the_next_call(fault, tenant):
+    caller = setup_caller(tenant, balance=10)
+    caller.rpc("echo", {})
+    assert balance(tenant) == 8
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE billing_tool_price SET credits = 3 WHERE tool = 'echo'")
+    caller.rpc("echo", {})
+    assert balance(tenant) == 5
