@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -1738,12 +1739,16 @@ def _charge_row(params: list[Any]) -> dict[str, Any]:
 # with a flush of 1-2 ms, a few hundred charges per second whatever the CPU. Charges of one wallet
 # that arrive while another charge of it is in flight in this process wait and then go together:
 # one transaction, their statements pipelined in one round trip, one flush. Each charge is still
-# its own billing_charge call, in arrival order, seeing the ones before it; a batch locks nothing
-# a single charge of the wallet would not (the wallet, its agent ancestors, the chain head), but
-# for an auto-refill's parent, which a later charge of a batch may lock after the head (a
-# deadlock with a concurrent funding of that wallet is then detected, and the batch's charges
-# run again one by one).
+# its own billing_charge call, in arrival order, seeing the ones before it. The lock order holds:
+# a charge after the first of a batch runs with the chain head held and locks nothing new (the
+# same wallet and agent ancestors), and billing_charge refuses one that might lock an auto-refill's
+# parent (TGBT1), so such a wallet's charges run alone.
 CHARGE_BATCH_MAX = 16
+# A wallet with an auto-refill cannot have a second charge in a batch (billing_charge refuses it,
+# SQLSTATE TGBT1: its parent's lock would come after the chain head); after such a refusal its
+# charges go one statement at a time in this process for this long.
+UNBATCHED_SECONDS = 300.0
+_BATCH_REFUSED = "TGBT1"
 
 
 @dataclass(eq=False)
@@ -1759,6 +1764,7 @@ class _QueuedCharge:
 
 _charge_queues: dict[str, list[_QueuedCharge]] = {}  # wallet id -> charges waiting while a batch of it runs
 _charge_queues_lock = threading.Lock()
+_unbatched: dict[str, float] = {}  # wallet id -> monotonic time until which its charges run alone
 
 
 def _charge_row_grouped(wallet_id: str, params: list[Any]) -> dict[str, Any]:
@@ -1769,6 +1775,11 @@ def _charge_row_grouped(wallet_id: str, params: list[Any]) -> dict[str, Any]:
     ``CHARGE_BATCH_MAX``) as one batch in its own thread and connection, and hands the rest on.
     Answers and errors reach each charge's own thread. Assumes autocommit (no atomic block).
     """
+    until = _unbatched.get(wallet_id)
+    if until is not None:
+        if time.monotonic() < until:
+            return _charge_row(params)
+        _unbatched.pop(wallet_id, None)
     mine = _QueuedCharge(params)
     with _charge_queues_lock:
         waiting = _charge_queues.get(wallet_id)
@@ -1791,7 +1802,7 @@ def _charge_row_grouped(wallet_id: str, params: list[Any]) -> dict[str, Any]:
 def _charge_batch(wallet_id: str, batch: list[_QueuedCharge]) -> None:
     """Run ``batch`` (this thread's charge first), answer every charge in it, hand the queue on."""
     try:
-        for queued, answer in zip(batch, _charge_rows([queued.params for queued in batch]), strict=True):
+        for queued, answer in zip(batch, _charge_rows(wallet_id, [queued.params for queued in batch]), strict=True):
             if isinstance(answer, BaseException):
                 queued.error = answer
             else:
@@ -1813,18 +1824,20 @@ def _charge_batch(wallet_id: str, batch: list[_QueuedCharge]) -> None:
             following[0].ready.set()
 
 
-def _charge_rows(calls: list[list[Any]]) -> Sequence[dict[str, Any] | DatabaseError]:
-    """The answers to ``calls``, in order: together in one transaction, else (it failed) one by one.
+def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, Any] | DatabaseError]:
+    """The answers to ``calls`` (charges of ``wallet_id``), in order: together in one transaction, else
+    (it failed) one by one.
 
     A batch that fails wrote nothing (its transaction rolled back whole: a deadlock, a refill
-    event to prepare, any error of one charge), so each charge then runs on its own and gets its
-    own answer or error.
+    event to prepare, a second charge of a wallet with an auto-refill, any error of one charge),
+    so each charge then runs on its own and gets its own answer or error.
     """
     if len(calls) > 1:
         try:
             return _charge_rows_together(calls)
-        except psycopg.Error:
-            pass
+        except psycopg.Error as exc:
+            if exc.sqlstate == _BATCH_REFUSED:
+                _unbatched[wallet_id] = time.monotonic() + UNBATCHED_SECONDS
     answers: list[dict[str, Any] | DatabaseError] = []
     for params in calls:
         try:
@@ -1840,6 +1853,7 @@ def _charge_rows_together(calls: list[list[Any]]) -> list[dict[str, Any]]:
     raw = connection.connection
     assert raw is not None
     with raw.pipeline(), raw.transaction():
+        raw.execute("SELECT set_config('tollgate.charge_batch', 'first', true)")  # for this transaction only
         cursor = raw.cursor()
         cursor.executemany(CHARGE_SQL, calls, returning=True)
     answers = []

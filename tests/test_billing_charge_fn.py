@@ -314,6 +314,21 @@ def test_a_refill_event_is_prepared_when_the_database_asks_for_it(tenant):
     assert_chain_recomputes(tenant.sponsor.wallet_id)
 
 
+@pytest.mark.django_db
+def test_in_a_batch_a_wallet_with_an_auto_refill_has_one_charge(tenant):
+    """After the first charge of a batch the chain head is held; a charge that might lock a refill
+    parent then is refused (TGBT1) rather than take that lock out of order."""
+    factories.top_up(tenant.agent, 10)
+    bot = factories.make_wallet(tenant.sponsor, "bot", 12, refill_threshold=D("10"), refill_amount=D("50"))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('tollgate.charge_batch', 'first', true)")
+    assert billing_charge(prepared(bot, units="1")[1])["code"] == "ok"  # the first of a batch: any wallet
+    assert billing_charge(prepared(tenant.agent, units="1")[1])["code"] == "ok"  # no refill: may follow
+    with pytest.raises(DatabaseError) as raised, transaction.atomic():
+        billing_charge(prepared(bot, units="1")[1])
+    assert getattr(raised.value.__cause__, "sqlstate", None) == "TGBT1"
+
+
 # Decimals the ledger holds: numeric(20, 8), signs included (a charge's event amount is negative). A
 # negative zero never reaches an event (amounts are not zero; PostgreSQL's numeric has no -0).
 MONEY = st.decimals(
@@ -630,6 +645,9 @@ def test_a_batch_that_posts_refills_and_meets_the_velocity_limit(tenant, batches
     assert refills >= 2
     assert bot.balance == D(10) + refills * D(20) - 12 * D(4)
     assert max(batches) > 1
+    # A second charge of a wallet with an auto-refill is refused inside a batch (its parent's lock
+    # would come after the chain head): the batch ran one by one and the wallet's charges now run alone.
+    assert bot.wallet_id in services._unbatched
 
     factories.top_up(tenant.agent, 2000)
     services.wallet_charge(wallet=Wallet.objects.get(pk=tenant.agent.pk), service_category="compute", units=994)

@@ -49,6 +49,13 @@
 -- index entry; the audit chain head last (audit_append). In autocommit every lock is released
 -- when this statement's transaction commits on the server.
 --
+-- Batches (billing.services group commit: several charges of one wallet in one transaction, the
+-- transaction-local setting tollgate.charge_batch = 'first' set before them). A charge after the
+-- first runs with the chain head held, so it may take no lock the order puts before the head: it
+-- locks nothing new (the same wallet and agent ancestors), except the parent of a wallet with an
+-- auto-refill, which billing_debit may lock. Such a charge raises SQLSTATE 'TGBT1' instead, and
+-- the batch rolls back whole; its charges then run one statement each.
+--
 -- Assumes: the caller passes billing_debit's arguments as billing.services.debit_call prepares
 -- them (ids, now, truncated texts), units > 0 at 8 places, p_tenant_id = the wallet's tenant as
 -- the caller knows it, and the server encoding is UTF8 (as audit_append does).
@@ -101,6 +108,8 @@ CREATE OR REPLACE FUNCTION billing_charge(
 LANGUAGE plpgsql AS $$
 DECLARE
     wallet_path text;
+    refills boolean;
+    batch text;
     stored billing_charge_idempotency;
     d record;
     money_amount text;
@@ -110,8 +119,17 @@ DECLARE
     response jsonb;
     payload bytea;
 BEGIN
-    SELECT w.tenant_id, w.path INTO wallet_tenant, wallet_path FROM billing_wallet w WHERE w.wallet_id = p_wallet_id;
-    IF NOT FOUND THEN
+    SELECT w.tenant_id, w.path, w.refill_threshold IS NOT NULL AND w.refill_amount IS NOT NULL
+      INTO wallet_tenant, wallet_path, refills
+      FROM billing_wallet w WHERE w.wallet_id = p_wallet_id;
+    batch := current_setting('tollgate.charge_batch', true);
+    IF batch = 'first' THEN
+        PERFORM set_config('tollgate.charge_batch', 'later', true);
+    ELSIF batch = 'later' AND refills THEN
+        RAISE EXCEPTION 'billing_charge: a charge of a wallet with an auto-refill cannot follow another in a batch'
+              USING ERRCODE = 'TGBT1';
+    END IF;
+    IF wallet_tenant IS NULL THEN
         code := 'not_found'; subject_id := p_wallet_id; RETURN;
     END IF;
     IF p_reach_wallet_id IS NOT NULL THEN
