@@ -2,12 +2,22 @@
 
 Both bind 127.0.0.1 on a free port and stop when their context manager exits.
 
+``running_demo_upstream`` records every POST the SDK server receives (method,
+headers, ``params._meta``) in ``RunningDemo.requests``, so a test can see the
+protocol era's envelope and headers as they arrived.
+
 ``FaultUpstream`` speaks just enough MCP Streamable HTTP (initialize,
 notifications/initialized, ping, paginated tools/list, tools/call, DELETE) to
 drive ``UpstreamClient``; what ``tools/call`` does is chosen by the tool name
-(see ``FAULT_TOOLS``). It counts every ``tools/call`` it receives per
+(see ``FAULT_TOOLS`` and ``UNLISTED_FAULT_TOOLS``). It counts every ``tools/call`` it receives per
 idempotency key (``received``, before the session check) and every one it
-processes (``executed``), so a test can assert that nothing was resent.
+processes (``executed``), so a test can assert that nothing was resent. By
+default it speaks only the handshake era; with ``stateless_versions`` it also
+serves the stateless revision (``server/discover``, the ``_meta`` envelope and
+the ``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers checked as the SDK
+server checks them), routed by ``MCP-Protocol-Version`` as the SDK routes it;
+``handshake=False`` refuses the handshake with ``-32022``, and
+``discover_answers`` scripts the next answers to ``server/discover``.
 
 ``RawUpstream`` writes its answers byte for byte on raw sockets (chunked coding,
 close-delimited bodies, HTTP/1.0, interim responses, TLS, a reset in the middle of
@@ -16,6 +26,8 @@ a request) and counts the connections it accepts.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import contextlib
 import json
 import socket
@@ -25,7 +37,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -61,7 +73,27 @@ FAULT_TOOLS = [
     "sse_garbage",  # SSE message event whose data is not JSON
     "sse_trickle",  # SSE keepalive comments every 50 ms, never a response
 ]
+UNLISTED_FAULT_TOOLS = [  # answered like the others, but not in tools/list (the gateway's catalog tests count those)
+    "input_required",  # 200 result with resultType "input_required" (an elicitation the client must answer)
+    "unsupported_version",  # 400 JSON-RPC error -32022 for our id (the upstream stopped serving our version)
+    "param_echo",  # echo, plus the Mcp-Param-* headers received (its inputSchema: PARAM_TOOL_SCHEMA)
+]
 SLOW_SECONDS = 1.0
+HANDSHAKE_VERSIONS = ("2024-11-05", "2025-03-26", "2025-06-18", "2025-11-25")
+STATELESS_VERSION = "2026-07-28"
+PROTOCOL_VERSION_META_KEY = "io.modelcontextprotocol/protocolVersion"
+CLIENT_INFO_META_KEY = "io.modelcontextprotocol/clientInfo"
+CLIENT_CAPABILITIES_META_KEY = "io.modelcontextprotocol/clientCapabilities"
+PARAM_TOOL_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "region": {"type": "string", "x-mcp-header": "Region"},
+        "options": {"type": "object", "properties": {"dry_run": {"type": "boolean", "x-mcp-header": "Dry-Run"}}},
+        "count": {"type": "integer", "x-mcp-header": "Count"},
+        "note": {"type": "string"},
+    },
+}
+"""inputSchema of the unlisted fault tool ``param_echo``: three arguments mirrored in ``Mcp-Param-*`` headers."""
 
 
 def free_port() -> int:
@@ -75,21 +107,89 @@ def free_port() -> int:
 
 
 @dataclass
+class SeenRequest:
+    """One POST as the demo upstream received it: JSON-RPC method, headers (lower-case names), ``params._meta``."""
+
+    method: str | None
+    headers: dict[str, str]
+    meta: dict[str, Any]
+
+
+@dataclass
 class RunningDemo:
     url: str
     stats_url: str
     state: DemoState
+    requests: list[SeenRequest] = field(default_factory=list)
+
+    def methods(self) -> list[str | None]:
+        return [request.method for request in self.requests]
+
+
+_Scope = MutableMapping[str, Any]
+_Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+_Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+_App = Callable[[_Scope, _Receive, _Send], Awaitable[None]]
+
+
+def _recording(app: _App, seen: list[SeenRequest]) -> _App:
+    """``app`` behind an ASGI layer that records each POST (its body is read once and replayed to ``app``)."""
+
+    async def recorded(scope: _Scope, receive: _Receive, send: _Send) -> None:
+        if scope["type"] != "http" or scope["method"] != "POST":
+            await app(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away before its body arrived
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        try:
+            decoded = json.loads(body)
+        except ValueError:
+            decoded = None
+        params = decoded.get("params") if isinstance(decoded, dict) else None
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        seen.append(
+            SeenRequest(
+                method=decoded.get("method") if isinstance(decoded, dict) else None,
+                headers={k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
+                meta=meta if isinstance(meta, dict) else {},
+            )
+        )
+        replayed = False
+
+        async def replay() -> MutableMapping[str, Any]:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await app(scope, replay, send)
+
+    return recorded
 
 
 @contextlib.contextmanager
 def running_demo_upstream(*, stateless: bool = False) -> Iterator[RunningDemo]:
-    """Run ``mcpgateway.demo_upstream`` with uvicorn in a daemon thread; stop it on exit."""
+    """Run ``mcpgateway.demo_upstream`` with uvicorn in a daemon thread, recording its POSTs; stop it on exit.
+
+    The SDK serves both protocol eras either way: ``stateless`` only turns off the
+    handshake era's ``Mcp-Session-Id`` sessions.
+    """
     state = DemoState()
+    seen: list[SeenRequest] = []
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", 0))
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(build_app(state, stateless=stateless), log_level="warning", lifespan="on"))
+    app = _recording(build_app(state, stateless=stateless), seen)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + 10
@@ -98,7 +198,9 @@ def running_demo_upstream(*, stateless: bool = False) -> Iterator[RunningDemo]:
             raise RuntimeError("demo upstream did not start")
         time.sleep(0.02)
     try:
-        yield RunningDemo(url=f"http://127.0.0.1:{port}/mcp", stats_url=f"http://127.0.0.1:{port}/stats", state=state)
+        yield RunningDemo(
+            url=f"http://127.0.0.1:{port}/mcp", stats_url=f"http://127.0.0.1:{port}/stats", state=state, requests=seen
+        )
     finally:
         server.should_exit = True
         thread.join(10)
@@ -116,12 +218,71 @@ class ReceivedMessage:
 
 
 @dataclass
+class Scripted:
+    """One scripted HTTP answer: ``status`` and ``body`` (bytes as they are; a callable of the request id, or
+    any other value, as JSON), or ``action`` ``"drop"`` (close without answering)."""
+
+    status: int = 200
+    body: Any = b""
+    content_type: str = "application/json"
+    action: str = ""
+
+
+def rpc_error(code: int, message: str = "error", data: Any = None) -> Callable[[Any], dict[str, Any]]:
+    """A ``Scripted`` body: a JSON-RPC error for the request's id."""
+
+    def body(rid: Any) -> dict[str, Any]:
+        error: dict[str, Any] = {"code": code, "message": message}
+        if data is not None:
+            error["data"] = data
+        return {"jsonrpc": "2.0", "id": rid, "error": error}
+
+    return body
+
+
+def rpc_result(result: dict[str, Any]) -> Callable[[Any], dict[str, Any]]:
+    """A ``Scripted`` body: a JSON-RPC result for the request's id."""
+    return lambda rid: {"jsonrpc": "2.0", "id": rid, "result": result}
+
+
+def discover_result(versions: list[str]) -> dict[str, Any]:
+    """A ``server/discover`` result listing ``versions``, shaped as the SDK server shapes it."""
+    return {
+        "supportedVersions": versions,
+        "capabilities": {"tools": {"listChanged": False}},
+        "instructions": "fault upstream",
+        "resultType": "complete",
+        "ttlMs": 0,
+        "cacheScope": "private",
+        "_meta": {"io.modelcontextprotocol/serverInfo": {"name": "fault-upstream", "version": "0"}},
+    }
+
+
+def decode_header_value(value: str | None) -> str | None:
+    """A stateless-era header value as sent (``=?base64?...?=`` unwrapped); ``None`` if absent or malformed."""
+    if value is None or not (value.startswith("=?base64?") and value.endswith("?=")):
+        return value
+    try:
+        return base64.b64decode(value[9:-2], validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError):
+        return None
+
+
+@dataclass
 class FaultUpstream:
-    """Scripted upstream; see the module docstring. Use as a context manager."""
+    """Scripted upstream; see the module docstring. Use as a context manager.
+
+    ``stateless_versions`` (empty: handshake only) may be changed while it runs,
+    to make the upstream change its mind; so may ``handshake`` and
+    ``discover_answers`` (consumed first to last, whatever the era).
+    """
 
     page_size: int = 7
     hang_seconds: float = 10.0
     protocol_version: str = "2025-11-25"
+    stateless_versions: list[str] = field(default_factory=list)
+    handshake: bool = True
+    discover_answers: list[Scripted] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sessions: set[str] = field(default_factory=set)
     messages: list[ReceivedMessage] = field(default_factory=list)
@@ -147,6 +308,10 @@ class FaultUpstream:
         """Forget every session: the next request carrying one gets 404."""
         with self.lock:
             self.sessions.clear()
+
+    def methods(self) -> list[str | None]:
+        with self.lock:
+            return [m.method for m in self.messages]
 
     def tools(self) -> list[dict[str, Any]]:
         return [
@@ -248,7 +413,22 @@ class _Handler(BaseHTTPRequestHandler):
             if method == "tools/call":
                 up.received[key or "-"] += 1
                 up.meta_keys.append((params.get("_meta") or {}).get("io.tollgate/idempotency-key"))
+            scripted = up.discover_answers.pop(0) if method == "server/discover" and up.discover_answers else None
+            stateless = bool(up.stateless_versions)
 
+        if scripted is not None:
+            self._scripted(scripted, rid)
+            return
+        version = self.headers.get("MCP-Protocol-Version")
+        # The SDK's routing: a version header that is not a handshake revision goes to the stateless
+        # era, anything else (no header: initialize) to the handshake era.
+        if stateless and version is not None and version not in HANDSHAKE_VERSIONS:
+            self._stateless(method, rid, params, key)
+            return
+        if not up.handshake:
+            data = {"supported": list(up.stateless_versions), "requested": version or params.get("protocolVersion")}
+            self._json(400, rpc_error(-32022, "Unsupported protocol version", data)(rid))
+            return
         if method == "initialize":
             session_id = uuid.uuid4().hex
             with up.lock:
@@ -283,6 +463,52 @@ class _Handler(BaseHTTPRequestHandler):
         else:
             self._json(200, {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "Method not found"}})
 
+    def _scripted(self, answer: Scripted, rid: Any) -> None:
+        if answer.action == "drop":
+            self.close_connection = True
+            return
+        body = answer.body(rid) if callable(answer.body) else answer.body
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self._send_bytes(answer.status, raw, answer.content_type)
+
+    def _stateless(self, method: Any, rid: Any, params: dict[str, Any], key: str | None) -> None:
+        """A stateless-era request, checked in the SDK server's order: envelope, headers, version."""
+        up = self.upstream
+        meta = params.get("_meta") if isinstance(params, dict) else None
+        if not isinstance(meta, dict) or not {PROTOCOL_VERSION_META_KEY, CLIENT_CAPABILITIES_META_KEY} <= set(meta):
+            self._json(400, rpc_error(-32602, "params._meta lacks the envelope")(rid))
+            return
+        version = meta[PROTOCOL_VERSION_META_KEY]
+        name = params.get("name")
+        if (
+            self.headers.get("MCP-Protocol-Version") != version
+            or self.headers.get("Mcp-Method") != method
+            or (method == "tools/call" and decode_header_value(self.headers.get("Mcp-Name")) != name)
+        ):
+            self._json(400, rpc_error(-32020, "header mismatch")(rid))
+            return
+        with up.lock:
+            supported = list(up.stateless_versions)
+        if version not in supported:
+            data = {"supported": supported, "requested": version}
+            self._json(400, rpc_error(-32022, "Unsupported protocol version", data)(rid))
+            return
+        if method == "server/discover":
+            self._result(rid, discover_result(supported))
+        elif method == "tools/list":
+            tools = up.tools()
+            start = int(params.get("cursor") or 0)
+            page: dict[str, Any] = {"tools": tools[start : start + up.page_size], "resultType": "complete"}
+            if start + up.page_size < len(tools):
+                page["nextCursor"] = str(start + up.page_size)
+            self._result(rid, page)
+        elif method == "tools/call":
+            with up.lock:
+                up.executed[key or "-"] += 1
+            self._call(rid, name, params.get("arguments") or {})
+        else:
+            self._json(404, rpc_error(-32601, "Method not found")(rid))
+
     def _call(self, rid: Any, name: Any, arguments: dict[str, Any]) -> None:
         ok = {
             "content": [{"type": "text", "text": json.dumps(arguments)}],
@@ -291,6 +517,15 @@ class _Handler(BaseHTTPRequestHandler):
         }
         if name == "echo":
             self._result(rid, ok)
+        elif name == "param_echo":
+            params = {k: v for k, v in self.headers.items() if k.lower().startswith("mcp-param-")}
+            self._result(rid, {**ok, "structuredContent": {"echo": arguments, "headers": params}})
+        elif name == "input_required":
+            elicit = {"method": "elicitation/create", "params": {"message": "Which account?", "requestedSchema": {}}}
+            self._result(rid, {"resultType": "input_required", "inputRequests": {"account": elicit}})
+        elif name == "unsupported_version":
+            data = {"supported": ["2099-01-01"], "requested": STATELESS_VERSION}
+            self._json(400, rpc_error(-32022, "Unsupported protocol version", data)(rid))
         elif name == "sse_echo":
             response = json.dumps({"jsonrpc": "2.0", "id": rid, "result": ok}).encode()
             progress = {"jsonrpc": "2.0", "method": "notifications/progress", "params": {"progress": 1}}
