@@ -3,8 +3,10 @@
 Each check measures one dependency and never raises: the database (``SELECT 1``),
 the evidence signing key (an active key exists and its private part loads here;
 no key material leaves this module), the cache backend (a set/get round trip)
-and, for upstream tools, the configured upstream MCP server (``ping`` with short
-timeouts). The report is ``healthy`` only when every check that applies is
+and, for upstream tools, the configured upstream MCP server (with short timeouts:
+the protocol era negotiated as the gateway's dispatch negotiates it, then a
+``ping``, which in the stateless 2026-07-28 era, where ``ping`` does not exist, is
+a ``server/discover``). The report is ``healthy`` only when every check that applies is
 ``ok``; a down upstream makes it ``degraded`` and the endpoint answers 503.
 
 Nothing here writes to the database or activates a signing key: health observes,
@@ -111,7 +113,13 @@ def check_cache() -> dict[str, Any]:
 
 
 def check_upstream(url: str, *, timeout: float) -> dict[str, Any]:
-    """``ping`` the upstream MCP server (handshake first) with short timeouts; the URL is never reported."""
+    """Negotiate with the upstream MCP server and ``ping`` it, with short timeouts; the URL is never reported.
+
+    A fresh client runs the whole negotiation (the ``server/discover`` probe, and the
+    handshake when the upstream is not of the stateless era), so a failure of either
+    reports the upstream down, as it would fail a dispatch; ``ping`` is a
+    ``server/discover`` in the stateless era.
+    """
     from mcpgateway.upstream import UpstreamClient, UpstreamError
 
     if not url:

@@ -11,8 +11,41 @@ resends a ``tools/call`` on its own in some cases (``HEADER_MISMATCH`` on
 2026-07-28); a general client costs several times the CPU of the exchange (see
 ``bench/upstream_client.py``).
 
-Protocol: the handshake revisions (``initialize``, ``notifications/initialized``,
-``Mcp-Session-Id``, ``MCP-Protocol-Version``); see ``SUPPORTED_PROTOCOL_VERSIONS``.
+Protocol: both eras of MCP over Streamable HTTP, negotiated on first use the way
+the official SDK client's ``mode="auto"`` negotiates them:
+
+- The stateless revision (``STATELESS_PROTOCOL_VERSIONS``, 2026-07-28): no
+  session and no handshake; every request carries the envelope in
+  ``params._meta`` (``io.modelcontextprotocol/protocolVersion``, ``.../clientInfo``,
+  ``.../clientCapabilities``) and the headers ``MCP-Protocol-Version``,
+  ``Mcp-Method`` and, for ``tools/call``, ``Mcp-Name`` (and ``Mcp-Param-*`` for
+  arguments the tool's inputSchema marks with ``x-mcp-header``, when the caller
+  passes that schema). The revision has no ``ping``: ``ping()`` sends
+  ``server/discover``.
+- The handshake revisions (``SUPPORTED_PROTOCOL_VERSIONS``: ``initialize``,
+  ``notifications/initialized``, ``Mcp-Session-Id``, ``MCP-Protocol-Version``).
+
+Negotiation (``era="auto"``, the default) happens on first use, under the
+client's lock, and holds until the upstream changes its mind. ``server/discover``
+is sent at the newest stateless version. A valid discover result that lists a
+stateless version this client speaks selects the stateless era. Anything else
+that is not positive evidence of a stateless-era server falls back to the
+handshake: a JSON-RPC error, a 3xx or 4xx answer (400, 404, 405...), a 2xx
+answer that is not a JSON-RPC response for the probe, or whose result is not a
+valid discover result or lists only handshake versions. Two outcomes are no era
+verdict and fail the negotiation (``UpstreamError``; the next request tries
+again): no complete answer (connection refused, reset, timeout) and a 5xx
+without a JSON-RPC error (an outage or an intermediary; the SDK falls back
+there, which can leave a stateless-capable upstream in the handshake era).
+``-32022`` (unsupported protocol version) whose ``data.supported`` names a
+stateless version this client speaks causes one more probe at that version, and
+so does such a ``-32022`` answering the fallback ``initialize``; one whose
+``data.supported`` names no handshake version either is an incompatibility
+(``UpstreamError``). The negotiated state is forgotten, so that the next request
+negotiates again, when any request is answered ``-32022``, when a request of the
+stateless era gets what a handshake-only server answers one (a 400, 404 or 405
+without a JSON-RPC response for its id), and when a handshake session expires
+(404 to its id). ``era="handshake"`` skips the probe and always runs the handshake.
 
 Guarantees:
 
@@ -22,19 +55,21 @@ Guarantees:
   connection is checked before reuse (readable means the peer closed it or sent
   garbage: it is discarded) and is not reused once idle for ``keepalive_expiry``
   (below common server idle timeouts, which would close it under a request).
-  Only ``initialize``, ``tools/list`` and ``ping`` are re-sent, and only after
-  the upstream answered 404 to a request carrying a session id (the session
-  expired).
+  Only ``initialize``, ``server/discover``, ``tools/list`` and ``ping`` are
+  re-sent: ``tools/list`` and ``ping`` once after the upstream answered 404 to a
+  request carrying a session id (the session expired) or refused the
+  negotiated era (see above), the negotiation's own requests as it says.
 - ``call_tool`` never raises for an upstream failure; it returns a ``CallResult``
   whose ``kind`` says whether the tool can have run (see ``CallResult``).
   ``not_sent`` is reported only when no byte of the request was written: the URL
   was unusable, the request could not be encoded, name resolution, the TCP
   connect or the TLS handshake failed or timed out, no pooled connection came
-  free within the pool timeout, or the client had been closed.
+  free within the pool timeout, the client had been closed, or the negotiation
+  that must precede the call failed.
 - One ``UpstreamClient`` may be shared by many threads: the connection pool is
-  thread-safe (a connection carries one exchange at a time) and session
-  (re)initialization happens under a lock, once per expired session however many
-  threads notice the expiry.
+  thread-safe (a connection carries one exchange at a time) and negotiation
+  (probe, handshake) happens under a lock, once per forgotten era or expired
+  session however many threads notice it.
 
 The wire (``_Pool``, ``_Response``): HTTP/1.1 over ``http://`` and ``https://``
 (certificates verified against the system trust store and certifi's, with SNI),
@@ -76,11 +111,26 @@ IDEMPOTENCY_META_KEY: Final = "io.tollgate/idempotency-key"
 IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
 SESSION_HEADER: Final = "Mcp-Session-Id"
 PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"
+METHOD_HEADER: Final = "Mcp-Method"
+NAME_HEADER: Final = "Mcp-Name"
+PARAM_HEADER_PREFIX: Final = "Mcp-Param-"
 ACCEPT: Final = "application/json, text/event-stream"
 USER_AGENT: Final = "tollgate-upstream/1"
 
+PROTOCOL_VERSION_META_KEY: Final = "io.modelcontextprotocol/protocolVersion"
+CLIENT_INFO_META_KEY: Final = "io.modelcontextprotocol/clientInfo"
+CLIENT_CAPABILITIES_META_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
+SERVER_INFO_META_KEY: Final = "io.modelcontextprotocol/serverInfo"
+"""Where a stateless-era result (``server/discover``'s too) names the server."""
+UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
+"""JSON-RPC error code of the stateless revision: the request's protocol version is not served; ``data.supported``."""
+
 SUPPORTED_PROTOCOL_VERSIONS: Final[tuple[str, ...]] = ("2025-11-25", "2025-06-18", "2025-03-26")
 """Handshake revisions this client speaks, newest first; the first is offered in ``initialize``."""
+STATELESS_PROTOCOL_VERSIONS: Final[tuple[str, ...]] = ("2026-07-28",)
+"""Stateless (per-request envelope) revisions this client speaks, oldest to newest; the last is probed first."""
+
+Era = Literal["auto", "handshake"]
 
 DEFAULT_MAX_RESPONSE_BYTES: Final = 10 * 1024 * 1024
 DEFAULT_KEEPALIVE_EXPIRY: Final = 1.5
@@ -103,23 +153,34 @@ class CallResult:
       refused, DNS failure, TLS handshake or certificate failure, connect or pool
       timeout, a request that could not be built (arguments that are not JSON, an
       idempotency key that cannot be a header value), a closed client, or the
-      session could not be (re)initialized. Also ``reason == "session_expired"``: the upstream answered
-      404 to our session id. The MCP transport spec says a server MUST answer 404
-      to a request carrying a session id it does not know, so it rejected the
-      request before dispatching it; the tool did not run. The client has
-      re-initialized and has NOT resent the call.
+      protocol could not be negotiated (the ``server/discover`` probe or the
+      handshake failed: ``reason`` starts with ``initialize failed:``; the
+      ``tools/call`` itself was never written). Also ``reason ==
+      "session_expired"``: the upstream answered 404 to our session id. The MCP
+      transport spec says a server MUST answer 404 to a request carrying a
+      session id it does not know, so it rejected the request before
+      dispatching it; the tool did not run. The client has negotiated again
+      and has NOT resent the call.
     - ``http_error``: the upstream (or an intermediary) answered 3xx or 4xx
       without a JSON-RPC response for our id. By HTTP semantics the request was
       refused, not processed; the tool did not run.
     - ``jsonrpc_error``: a valid JSON-RPC error object for our id (with a 2xx,
       3xx or 4xx status). The tool did not run. ``error`` holds code, message, data.
+      ``-32022`` (the upstream no longer serves the negotiated protocol version)
+      is one too; the client then forgets the era and negotiates again at the
+      next request, but does not resend this call.
     - ``tool_error``: a valid result with ``isError: true``. The tool ran and failed.
     - ``success``: a valid result, ``structuredContent`` conforming to the
       tool's outputSchema when one was given.
     - ``invalid_response``: a complete 2xx answer that is not a valid JSON-RPC
       response for our id (garbage, wrong id, neither or both of result and
-      error, malformed SSE, empty 202, oversized body), or a result whose
-      ``structuredContent`` breaks the outputSchema. The tool may have run.
+      error, malformed SSE, empty 202, oversized body), a result whose
+      ``structuredContent`` breaks the outputSchema, or, in the stateless era, a
+      result whose ``resultType`` is not ``"complete"`` (absent counts as
+      complete): ``"input_required"`` asks the client for more input (an
+      elicitation, a sampling) before the call completes, which the gateway
+      cannot relay to its own caller, and any other type is one this client does
+      not know. The tool may have run (in part, for ``input_required``).
     - ``uncertain``: the request may have been delivered but no complete answer
       came back: read timeout, write error or timeout, connection reset or
       closed mid-response (also a pooled keep-alive connection the upstream
@@ -145,7 +206,15 @@ class CallResult:
 
 @dataclass(frozen=True)
 class UpstreamSession:
-    """An initialized handshake session; ``session_id`` is ``None`` for a stateless upstream."""
+    """What was negotiated with the upstream: a handshake session, or the stateless era.
+
+    Handshake era: ``protocol_version`` is the one ``initialize`` agreed on and
+    ``session_id`` the upstream's ``Mcp-Session-Id`` (``None`` for an upstream
+    without sessions). Stateless era (``stateless`` is true): ``protocol_version``
+    is the stateless revision every request carries and ``session_id`` is
+    ``None``. ``server_info``, ``capabilities`` and ``instructions`` come from the
+    ``initialize`` or ``server/discover`` result.
+    """
 
     session_id: str | None
     protocol_version: str
@@ -153,9 +222,14 @@ class UpstreamSession:
     capabilities: dict[str, Any] = field(default_factory=dict)
     instructions: str | None = None
 
+    @property
+    def stateless(self) -> bool:
+        """True in the stateless era (no session, the envelope on every request)."""
+        return self.protocol_version in STATELESS_PROTOCOL_VERSIONS
+
 
 class UpstreamError(Exception):
-    """A non-``tools/call`` request (initialize, tools/list, ping) failed; safe to retry later."""
+    """A non-``tools/call`` request (negotiation, tools/list, ping) failed; safe to retry later."""
 
     def __init__(self, reason: str, *, status_code: int | None = None, error: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
@@ -172,11 +246,69 @@ class _IncompleteReply(Exception):
     """The answer stopped (stream end, total timeout) before our response arrived."""
 
 
+class _NotStateless(Exception):
+    """The ``server/discover`` probe was answered with no evidence of a stateless-era server; ``error`` if any."""
+
+    def __init__(self, error: dict[str, Any] | None) -> None:
+        super().__init__("no stateless-era answer")
+        self.error = error
+
+
+@dataclass(frozen=True)
+class _Answer:
+    """A complete HTTP answer to one request: ``message`` is the JSON-RPC response for its id, if one came."""
+
+    status: int
+    headers: dict[str, str]
+    message: dict[str, Any] | None
+    problem: str | None  # why ``message`` is None
+
+    @property
+    def error(self) -> dict[str, Any] | None:
+        return self.message.get("error") if self.message is not None else None
+
+
+@dataclass(frozen=True)
+class _Negotiated:
+    """The negotiated era as requests use it: the session, the header lines and the ``_meta`` envelope.
+
+    ``lines`` holds the header lines every request carries (``MCP-Protocol-Version``,
+    and ``Mcp-Session-Id`` in a handshake session), checked once; ``envelope`` the
+    ``_meta`` entries every stateless-era request carries (empty in the handshake era).
+    """
+
+    session: UpstreamSession
+    lines: str
+    envelope: dict[str, Any]
+
+    @property
+    def stateless(self) -> bool:
+        return bool(self.envelope)
+
+    def head(self, method: str, name: str | None = None) -> str:
+        """The era's header lines for one request of ``method`` (``name``: the tool of a ``tools/call``)."""
+        if not self.envelope:
+            return self.lines
+        lines = f"{self.lines}{METHOD_HEADER}: {method}\r\n"
+        if name is not None:
+            lines += f"{NAME_HEADER}: {_encode_header_value(name)}\r\n"
+        return lines
+
+    def params(self, params: dict[str, Any] | None) -> dict[str, Any] | None:
+        """``params`` with the envelope added to its ``_meta`` in the stateless era (the envelope wins)."""
+        if not self.envelope:
+            return params
+        params = dict(params or {})
+        meta = params.get("_meta")
+        params["_meta"] = {**meta, **self.envelope} if isinstance(meta, dict) else dict(self.envelope)
+        return params
+
+
 _TOTAL_TIMEOUT_REASON: Final = "total timeout passed before the response arrived"
 
 
 class UpstreamClient:
-    """Synchronous, thread-safe client for one upstream MCP server (Streamable HTTP, handshake era)."""
+    """Synchronous, thread-safe client for one upstream MCP server (Streamable HTTP, both protocol eras)."""
 
     def __init__(
         self,
@@ -193,6 +325,7 @@ class UpstreamClient:
         headers: Mapping[str, str] | None = None,
         client_info: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
+        era: Era = "auto",
     ) -> None:
         """Configure the client; nothing is sent (and no connection opened) until the first request.
 
@@ -211,11 +344,17 @@ class UpstreamClient:
         settings from the environment are ignored, so "sent" always means "sent
         to ``url``". A URL that is not ``http://`` or ``https://`` with a host
         makes every request fail as not sent (``UnsupportedProtocol``).
+        ``era="auto"`` negotiates the protocol era on first use (module
+        docstring); ``era="handshake"`` never probes and always runs the
+        handshake, as clients before the stateless revision do.
 
         Raises ``ValueError`` for a header that cannot be sent (not ASCII, or a
-        control character) and for ``max_connections`` below 1.
+        control character), for ``max_connections`` below 1 and for an unknown ``era``.
         """
+        if era not in ("auto", "handshake"):
+            raise ValueError(f"era must be 'auto' or 'handshake', not {era!r}")
         self.url = url
+        self._era = era
         self._total_timeout = total_timeout
         self._max_response_bytes = max_response_bytes
         self._client_info = dict(client_info or {"name": "tollgate", "version": "1"})
@@ -235,9 +374,9 @@ class UpstreamClient:
             defaults["Authorization"] = origin.authorization
         fixed: dict[str, tuple[str, str]] = {}
         for name, value in [*defaults.items(), *(headers or {}).items()]:
-            fixed[name.lower()] = (name, value)
-        for own in _OWN_HEADERS:
-            fixed.pop(own, None)
+            key = name.lower()
+            if key not in _OWN_HEADERS and not key.startswith(_PARAM_HEADER_PREFIX_LOWER):
+                fixed[key] = (name, value)
         self._request_close = "close" in _tokens(fixed.get("connection", ("", ""))[1])
         common = "".join(f"{_check_header(name, value)}\r\n" for name, value in fixed.values())
         # Everything of a request but its per-request lines, built and checked once.
@@ -246,7 +385,7 @@ class UpstreamClient:
         )
         self._delete_head = f"DELETE {origin.target} HTTP/1.1\r\n{common}"
         self._lock = threading.Lock()
-        self._session: UpstreamSession | None = None
+        self._state: _Negotiated | None = None
         _clients.add(self)
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -260,15 +399,15 @@ class UpstreamClient:
         self.close()
 
     def close(self) -> None:
-        """End the session (best-effort ``DELETE``) and close the connection pool.
+        """End a handshake session (best-effort ``DELETE``) and close the connection pool.
 
         Requests made after ``close`` fail as not sent; connections still carrying
-        an exchange are closed when it ends.
+        an exchange are closed when it ends. The stateless era has nothing to end.
         """
-        session, self._session = self._session, None
-        if session is not None and session.session_id is not None:
+        state, self._state = self._state, None
+        if state is not None and state.session.session_id is not None:
             try:
-                head = f"{self._delete_head}{_session_lines(session)}\r\n".encode("ascii")
+                head = f"{self._delete_head}{state.lines}\r\n".encode("ascii")
                 response = self._pool.request(head, b"", self._deadline(), close=self._request_close)
                 try:
                     for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
@@ -281,31 +420,35 @@ class UpstreamClient:
 
     @property
     def session(self) -> UpstreamSession | None:
-        """The current session, or ``None`` before the first request or after expiry."""
-        return self._session
+        """What was negotiated (see ``UpstreamSession``), or ``None`` before the first request or once forgotten."""
+        state = self._state
+        return state.session if state is not None else None
 
     def _after_fork(self) -> None:
-        """In a forked child: the parent's sockets, locks and session are not this process's to use.
+        """In a forked child: the parent's sockets, locks and negotiated state are not this process's to use.
 
-        The child runs its own handshake: a session shared across processes would end for
-        all of them at the first one's ``close()`` (its ``DELETE``).
+        The child negotiates again: a handshake session shared across processes would
+        end for all of them at the first one's ``close()`` (its ``DELETE``).
         """
         self._lock = threading.Lock()
-        self._session = None
+        self._state = None
         self._pool.after_fork()
 
     # -- public requests -------------------------------------------------------------------------
 
     def initialize(self) -> UpstreamSession:
-        """Return the current session, running the handshake first if there is none.
+        """Return what was negotiated, negotiating first if nothing is (the probe, then the handshake if needed).
 
-        Raises ``UpstreamError`` when the upstream cannot be reached or answers
-        with an error or a protocol version this client does not speak.
+        Raises ``UpstreamError`` when the upstream cannot be reached, answers the
+        negotiation with an error, or speaks no protocol version this client does.
         """
-        return self._ensure_session()
+        return self._negotiated().session
 
     def ping(self) -> None:
-        """Send ``ping``; returns when the upstream answered with a result, else raises ``UpstreamError``."""
+        """Check that the upstream answers: ``ping``, or ``server/discover`` in the stateless era (it has no ``ping``).
+
+        Returns when the upstream answered with a result, else raises ``UpstreamError``.
+        """
         self._safe_request("ping", None)
 
     def list_tools(self) -> list[dict[str, Any]]:
@@ -337,22 +480,35 @@ class UpstreamClient:
         request_id: str | int | None = None,
         extra_meta: Mapping[str, Any] | None = None,
         output_schema: Mapping[str, Any] | None = None,
+        input_schema: Mapping[str, Any] | None = None,
     ) -> CallResult:
         """Send one ``tools/call`` and classify the outcome; never resends, never raises for upstream failures.
 
         The idempotency key travels as header ``Idempotency-Key`` and as
         ``params._meta["io.tollgate/idempotency-key"]`` (it overrides the same key
-        in ``extra_meta``). With ``output_schema``, a non-error result must carry
+        in ``extra_meta``; in the stateless era the envelope's keys override
+        ``extra_meta`` too). With ``output_schema``, a non-error result must carry
         ``structuredContent`` that validates against it, else the kind is
-        ``invalid_response``. Raises ``ValueError`` (before anything is sent) for
-        an empty idempotency key or an invalid ``output_schema``.
+        ``invalid_response``. ``input_schema`` (the tool's inputSchema) is read
+        only in the stateless era, for the arguments it marks with
+        ``x-mcp-header``: they are mirrored in ``Mcp-Param-*`` headers, which a
+        stateless-era server requires for such a tool. Raises ``ValueError``
+        (before anything is sent) for an empty idempotency key or an invalid
+        ``output_schema``.
         """
         if not idempotency_key:
             raise ValueError("idempotency_key is required")
         validator = _output_validator(output_schema)
         rid: str | int = request_id if request_id is not None else _new_request_id()
+        try:
+            state = self._negotiated()
+        except UpstreamError as exc:
+            return CallResult(kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid)
+
         meta = dict(extra_meta or {})
         meta[IDEMPOTENCY_META_KEY] = idempotency_key
+        if state.envelope:
+            meta.update(state.envelope)
         payload = {
             "jsonrpc": "2.0",
             "id": rid,
@@ -360,12 +516,10 @@ class UpstreamClient:
             "params": {"name": name, "arguments": dict(arguments), "_meta": meta},
         }
         try:
-            session = self._ensure_session()
-        except UpstreamError as exc:
-            return CallResult(kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid)
-
-        try:
-            head, body = self._build(payload, session, f"{IDEMPOTENCY_HEADER}: {_check_value(idempotency_key)}\r\n")
+            lines = f"{state.head('tools/call', name)}{IDEMPOTENCY_HEADER}: {_check_value(idempotency_key)}\r\n"
+            if state.envelope and input_schema is not None:
+                lines += _param_header_lines(input_schema, arguments)
+            head, body = self._build(payload, lines)
         except Exception as exc:
             # Arguments that are not JSON, a header value that cannot be sent.
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
@@ -386,7 +540,7 @@ class UpstreamClient:
                 kind="uncertain", reason=_describe(exc), request_id=rid, elapsed=time.monotonic() - started
             )
         try:
-            return self._classify(response, rid, session, validator, started)
+            return self._classify(response, rid, state, validator, started)
         finally:
             response.close()
 
@@ -396,7 +550,7 @@ class UpstreamClient:
         self,
         response: _Response,
         rid: str | int,
-        session: UpstreamSession,
+        state: _Negotiated,
         validator: jsonschema.protocols.Validator | None,
         started: float,
     ) -> CallResult:
@@ -414,7 +568,7 @@ class UpstreamClient:
             problem, interrupted = str(exc), True
         except Exception as exc:
             problem, interrupted = f"response interrupted: {_describe(exc)}", True
-        # The answer is in; the connection goes back before anything else (the re-initialization
+        # The answer is in; the connection goes back before anything else (the re-negotiation
         # below needs one, and the pool may hold only this one).
         response.close()
 
@@ -430,14 +584,17 @@ class UpstreamClient:
             )
 
         error = message.get("error") if message is not None else None
+        if not interrupted and _refuses_era(state, status, message, error):
+            # The call is classified below like any other answer; only the next request negotiates.
+            self._forget(state, "refused the negotiated protocol version")
         if status >= 500:
             return result("uncertain", f"HTTP {status}" + (f": {problem}" if problem else ""), error=error)
-        if status == 404 and session.session_id is not None and error is None:
-            self._invalidate(session)
+        if status == 404 and state.session.session_id is not None and error is None:
+            self._forget(state, "session expired")
             try:
-                self._ensure_session()
+                self._negotiated()
             except UpstreamError as exc:
-                logger.warning("upstream re-initialize after session expiry failed: %s", exc.reason)
+                logger.warning("upstream negotiation after session expiry failed: %s", exc.reason)
             return result("not_sent", "session_expired")
         if status >= 300 or status < 200:
             if error is not None:
@@ -451,6 +608,8 @@ class UpstreamClient:
         if error is not None:
             return result("jsonrpc_error", f"JSON-RPC error {error.get('code')}", error=error)
         payload: dict[str, Any] = message["result"]
+        if state.envelope and (bad := _not_complete(payload)) is not None:
+            return result("invalid_response", bad, result=payload)
         if (bad := _invalid_call_result(payload)) is not None:
             return result("invalid_response", bad, result=payload)
         if payload.get("isError") is True:
@@ -472,26 +631,117 @@ class UpstreamClient:
                 return result("invalid_response", reason[:500], result=payload)
         return result("success", "ok", result=payload)
 
-    # -- session handling ------------------------------------------------------------------------
+    # -- negotiation -----------------------------------------------------------------------------
 
-    def _ensure_session(self) -> UpstreamSession:
-        """The current session; under the lock, initialize one if none exists (one handshake at a time)."""
-        session = self._session
-        if session is not None:
-            return session
+    def _negotiated(self) -> _Negotiated:
+        """The negotiated era; under the lock, negotiate first if there is none (one negotiation at a time)."""
+        state = self._state
+        if state is not None:
+            return state
         with self._lock:
-            if self._session is None:
-                self._session = self._initialize()
-            return self._session
+            if self._state is None:
+                self._state = self._negotiate()
+            return self._state
 
-    def _invalidate(self, stale: UpstreamSession) -> None:
-        """Forget ``stale`` unless another thread already replaced it."""
+    def _forget(self, stale: _Negotiated, why: str) -> None:
+        """Forget ``stale`` (the next request negotiates again) unless another thread already replaced it."""
         with self._lock:
-            if self._session is stale:
-                logger.info("upstream session expired; re-initializing")
-                self._session = None
+            if self._state is stale:
+                logger.info("upstream %s; negotiating again at the next request", why)
+                self._state = None
 
-    def _initialize(self) -> UpstreamSession:
+    def _negotiate(self) -> _Negotiated:
+        """Probe ``server/discover``, then adopt the stateless era or fall back to the handshake.
+
+        The rules are those of the official SDK client's ``mode="auto"`` (module
+        docstring). Caller holds ``self._lock``. Raises ``UpstreamError`` when no
+        era could be negotiated.
+        """
+        if self._era == "handshake":
+            return self._initialize()
+        version = STATELESS_PROTOCOL_VERSIONS[-1]
+        for attempt in (0, 1):
+            try:
+                result = self._discover(version)
+            except _NotStateless as refusal:
+                supported = _supported_versions(refusal.error)
+                if supported is not None:
+                    mutual = [v for v in STATELESS_PROTOCOL_VERSIONS if v in supported]
+                    if mutual and attempt == 0:
+                        version = mutual[-1]
+                        continue
+                    if not any(v in SUPPORTED_PROTOCOL_VERSIONS for v in supported):
+                        raise UpstreamError(
+                            "server/discover: the upstream speaks no protocol version this client does "
+                            f"(it supports {', '.join(supported[:8])})",
+                            error=refusal.error,
+                        ) from None
+                logger.debug("upstream server/discover answered without a stateless era; running the handshake")
+                try:
+                    return self._initialize()
+                except UpstreamError as exc:
+                    # -32022 to the handshake names stateless versions: the upstream is of that era
+                    # after all (a probe that timed out here may have settled it); one more probe.
+                    mutual = [v for v in STATELESS_PROTOCOL_VERSIONS if v in (_supported_versions(exc.error) or ())]
+                    if attempt == 1 or not mutual:
+                        raise
+                    version = mutual[-1]
+                    continue
+            if _valid_discover_result(result):
+                mutual = [v for v in STATELESS_PROTOCOL_VERSIONS if v in result["supportedVersions"]]
+                if mutual:
+                    return self._adopt(result, mutual[-1])
+            logger.debug("upstream server/discover result is invalid or lists no stateless version; handshake")
+            return self._initialize()
+        raise AssertionError("unreachable")  # pragma: no cover - each attempt returns, raises or continues once
+
+    def _envelope(self, version: str) -> dict[str, Any]:
+        """The ``_meta`` entries every stateless-era request carries (this client declares no capabilities)."""
+        return {
+            PROTOCOL_VERSION_META_KEY: version,
+            CLIENT_INFO_META_KEY: self._client_info,
+            CLIENT_CAPABILITIES_META_KEY: {},
+        }
+
+    def _discover(self, version: str) -> dict[str, Any]:
+        """Send ``server/discover`` at ``version``; return its result.
+
+        Raises ``_NotStateless`` for an answer that is an era verdict (module
+        docstring) and ``UpstreamError`` for one that is not (no complete answer,
+        a 5xx without a JSON-RPC error).
+        """
+        payload = {
+            "jsonrpc": "2.0",
+            "id": _new_request_id(),
+            "method": "server/discover",
+            "params": {"_meta": self._envelope(version)},
+        }
+        lines = f"{PROTOCOL_VERSION_HEADER}: {version}\r\n{METHOD_HEADER}: server/discover\r\n"
+        answer = self._send(payload, lines, "server/discover")
+        if answer.error is not None:
+            raise _NotStateless(answer.error)
+        if answer.status >= 500:
+            raise UpstreamError(f"server/discover: HTTP {answer.status}", status_code=answer.status)
+        if answer.message is None or not 200 <= answer.status < 300:
+            raise _NotStateless(None)
+        result: dict[str, Any] = answer.message["result"]
+        return result
+
+    def _adopt(self, result: dict[str, Any], version: str) -> _Negotiated:
+        """The stateless era at ``version``, described by the ``server/discover`` ``result``."""
+        meta = _dict_or_empty(result.get("_meta"))
+        session = UpstreamSession(
+            session_id=None,
+            protocol_version=version,
+            server_info=_dict_or_empty(meta.get(SERVER_INFO_META_KEY)),
+            capabilities=_dict_or_empty(result.get("capabilities")),
+            instructions=result.get("instructions") if isinstance(result.get("instructions"), str) else None,
+        )
+        return _Negotiated(
+            session=session, lines=f"{PROTOCOL_VERSION_HEADER}: {version}\r\n", envelope=self._envelope(version)
+        )
+
+    def _initialize(self) -> _Negotiated:
         """Run the handshake: ``initialize``, check the version, then ``notifications/initialized``.
 
         Caller holds ``self._lock``. Raises ``UpstreamError`` on any failure.
@@ -507,13 +757,13 @@ class UpstreamClient:
                 "clientInfo": self._client_info,
             },
         }
-        result, response_headers = self._exchange(payload, None, "initialize")
+        answer = self._send(payload, "", "initialize")
+        result = _result_of(answer, "initialize")
         version = result.get("protocolVersion")
         if version not in SUPPORTED_PROTOCOL_VERSIONS:
             raise UpstreamError(f"initialize: upstream chose unsupported protocol version {version!r}")
-        session_id = response_headers.get(SESSION_HEADER.lower())
         session = UpstreamSession(
-            session_id=session_id,
+            session_id=answer.headers.get(SESSION_HEADER.lower()),
             protocol_version=str(version),
             server_info=_dict_or_empty(result.get("serverInfo")),
             capabilities=_dict_or_empty(result.get("capabilities")),
@@ -521,7 +771,8 @@ class UpstreamClient:
         )
         notification = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         try:
-            head, body = self._build(notification, session, "")
+            lines = _session_lines(session)  # a session id that cannot be sent back fails here
+            head, body = self._build(notification, lines)
             response = self._pool.request(head, body, self._deadline(), close=self._request_close)
         except (TransportError, _IncompleteReply, ValueError, UnicodeError) as exc:
             raise UpstreamError(f"notifications/initialized: {_describe(exc)}") from exc
@@ -534,54 +785,60 @@ class UpstreamClient:
             response.close()
         if not 200 <= response.status < 300:
             raise UpstreamError(f"notifications/initialized: HTTP {response.status}", status_code=response.status)
-        return session
+        return _Negotiated(session=session, lines=lines, envelope={})
+
+    # -- safe requests ---------------------------------------------------------------------------
 
     def _safe_request(self, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
-        """Send a request that may be resent; re-initialize and resend once if the session expired."""
+        """Send a request that may be resent; negotiate again and resend once if the session or era was refused.
+
+        ``ping`` goes out as ``server/discover`` in the stateless era. Raises ``UpstreamError``.
+        """
         for attempt in (1, 2):
-            session = self._ensure_session()
-            payload: dict[str, Any] = {"jsonrpc": "2.0", "id": _new_request_id(), "method": method}
-            if params is not None:
-                payload["params"] = params
-            try:
-                result, _ = self._exchange(payload, session, method)
-            except UpstreamError as exc:
-                if exc.status_code == 404 and exc.error is None and session.session_id is not None and attempt == 1:
-                    self._invalidate(session)
+            state = self._negotiated()
+            wire = "server/discover" if method == "ping" and state.envelope else method
+            payload: dict[str, Any] = {"jsonrpc": "2.0", "id": _new_request_id(), "method": wire}
+            sent_params = state.params(params)
+            if sent_params is not None:
+                payload["params"] = sent_params
+            answer = self._send(payload, state.head(wire), wire)
+            expired = answer.status == 404 and answer.error is None and state.session.session_id is not None
+            if expired or _refuses_era(state, answer.status, answer.message, answer.error):
+                self._forget(state, "session expired" if expired else "refused the negotiated protocol version")
+                if attempt == 1:
                     continue
-                raise
+            result = _result_of(answer, wire)
+            if state.envelope and (bad := _not_complete(result)) is not None:
+                raise UpstreamError(f"{wire}: {bad}", status_code=answer.status)
             return result
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _exchange(
-        self, payload: dict[str, Any], session: UpstreamSession | None, method: str
-    ) -> tuple[dict[str, Any], dict[str, str]]:
-        """Send a request and return (result, response headers); raises ``UpstreamError`` on anything else."""
+    def _send(self, payload: dict[str, Any], lines: str, method: str) -> _Answer:
+        """Send a request and read its complete answer; raises ``UpstreamError`` when none came.
+
+        No complete answer: nothing could be sent, the exchange failed, or a 2xx
+        answer ended (or ran out of time) before our response.
+        """
         try:
-            head, body = self._build(payload, session, "")
+            head, body = self._build(payload, lines)
             response = self._pool.request(head, body, self._deadline(), close=self._request_close)
         except (TransportError, _IncompleteReply, ValueError, UnicodeError) as exc:
             raise UpstreamError(f"{method}: {_describe(exc)}") from exc
         try:
             status = response.status
+            message: dict[str, Any] | None = None
+            problem: str | None = None
             try:
                 message = self._read_reply(response, payload["id"], _ignore)
-            except (_InvalidReply, _IncompleteReply) as exc:
+            except _InvalidReply as exc:
+                problem = str(exc)
+            except _IncompleteReply as exc:
                 if 200 <= status < 300:
                     raise UpstreamError(f"{method}: {exc}", status_code=status) from exc
-                raise UpstreamError(f"{method}: HTTP {status}", status_code=status) from exc
+                problem = str(exc)
             except TransportError as exc:
                 raise UpstreamError(f"{method}: {_describe(exc)}", status_code=status) from exc
-            error = message.get("error")
-            if error is not None:
-                raise UpstreamError(
-                    f"{method}: JSON-RPC error {error.get('code')}: {error.get('message')}",
-                    status_code=status,
-                    error=error,
-                )
-            if not 200 <= status < 300:
-                raise UpstreamError(f"{method}: HTTP {status}", status_code=status)
-            return message["result"], response.headers
+            return _Answer(status=status, headers=response.headers, message=message, problem=problem)
         finally:
             response.close()
 
@@ -593,14 +850,13 @@ class UpstreamClient:
             return None
         return (started if started is not None else time.monotonic()) + self._total_timeout
 
-    def _build(self, payload: dict[str, Any], session: UpstreamSession | None, extra: str) -> tuple[bytes, bytes]:
+    def _build(self, payload: dict[str, Any], lines: str) -> tuple[bytes, bytes]:
         """The POST head and body for one JSON-RPC message; raises (nothing sent) if it cannot be encoded.
 
-        ``extra`` holds further, already checked header lines (each ending in CRLF).
+        ``lines`` holds the request's own header lines, already checked (each ending in CRLF).
         """
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        lines = _session_lines(session) if session is not None else ""
-        head = f"{self._post_head}{lines}{extra}Content-Length: {len(body)}\r\n\r\n"
+        head = f"{self._post_head}{lines}Content-Length: {len(body)}\r\n\r\n"
         return head.encode("ascii"), body
 
     def _read_reply(self, response: _Response, rid: str | int, on_chunk: Callable[[bytes], None]) -> dict[str, Any]:
@@ -706,6 +962,204 @@ def _invalid_call_result(result: dict[str, Any]) -> str | None:
     if result.get("structuredContent") is not None and not isinstance(result["structuredContent"], dict):
         return "result.structuredContent is not an object"
     return None
+
+
+def _result_of(answer: _Answer, method: str) -> dict[str, Any]:
+    """The result of a non-``tools/call`` request's answer; ``UpstreamError`` for anything else."""
+    status = answer.status
+    if answer.message is None:
+        raise UpstreamError(
+            f"{method}: {answer.problem}" if 200 <= status < 300 else f"{method}: HTTP {status}", status_code=status
+        )
+    error = answer.error
+    if error is not None:
+        raise UpstreamError(
+            f"{method}: JSON-RPC error {error.get('code')}: {error.get('message')}", status_code=status, error=error
+        )
+    if not 200 <= status < 300:
+        raise UpstreamError(f"{method}: HTTP {status}", status_code=status)
+    result: dict[str, Any] = answer.message["result"]
+    return result
+
+
+def _refuses_era(state: _Negotiated, status: int, message: dict[str, Any] | None, error: Any) -> bool:
+    """Whether a complete answer says the upstream no longer serves the negotiated era.
+
+    In any era, ``-32022`` for our id. In the stateless era also a 400, 404 or 405
+    without a JSON-RPC response for our id: what a handshake-only server answers a
+    request without a session id or with a protocol version it does not know (the
+    official SDK's handshake transport answers 400 with an error for id null). A
+    stateless-era server answers its own refusals with an error for our id.
+    """
+    if error is not None:
+        return isinstance(error, dict) and error.get("code") == UNSUPPORTED_PROTOCOL_VERSION
+    return bool(state.envelope) and message is None and status in (400, 404, 405)
+
+
+def _not_complete(result: dict[str, Any]) -> str | None:
+    """Why a stateless-era result is not final (its ``resultType`` is not ``"complete"``), or ``None``."""
+    result_type = result.get("resultType", "complete")
+    if result_type == "complete":
+        return None
+    shown = repr(result_type) if isinstance(result_type, str) else f"of type {type(result_type).__name__}"
+    return f"resultType {shown[:60]} is not 'complete': only a complete result can be relayed"
+
+
+def _supported_versions(error: dict[str, Any] | None) -> list[str] | None:
+    """``data.supported`` of a ``-32022`` error, or ``None`` (another error, or data the SDK would not parse)."""
+    if error is None or error.get("code") != UNSUPPORTED_PROTOCOL_VERSION:
+        return None
+    data = error.get("data")
+    if not isinstance(data, dict) or not isinstance(data.get("requested"), str):
+        return None
+    supported = data.get("supported")
+    if not isinstance(supported, list) or not all(isinstance(version, str) for version in supported):
+        return None
+    return supported
+
+
+_CAPABILITY_OBJECTS: Final = (
+    "experimental",
+    "logging",
+    "prompts",
+    "resources",
+    "tools",
+    "completions",
+    "extensions",
+    "tasks",
+)
+
+
+def _valid_discover_result(result: dict[str, Any]) -> bool:
+    """Whether ``result`` is a ``server/discover`` result as the official SDK parses one.
+
+    ``supportedVersions`` a list of strings and ``capabilities`` an object (its
+    known members objects when present) are required; ``instructions`` a string,
+    ``resultType`` a string, ``ttlMs`` an integer (a negative one is floored, not
+    refused), ``cacheScope`` public or private and ``_meta`` an object, when
+    present. Unknown members are ignored.
+    """
+    versions = result.get("supportedVersions")
+    if not isinstance(versions, list) or not all(isinstance(version, str) for version in versions):
+        return False
+    capabilities = result.get("capabilities")
+    if not isinstance(capabilities, dict):
+        return False
+    if any(
+        capabilities.get(name) is not None and not isinstance(capabilities[name], dict) for name in _CAPABILITY_OBJECTS
+    ):
+        return False
+    if result.get("instructions") is not None and not isinstance(result["instructions"], str):
+        return False
+    if not isinstance(result.get("resultType", "complete"), str):
+        return False
+    ttl = result.get("ttlMs", 0)
+    if isinstance(ttl, bool) or not (isinstance(ttl, int) or (isinstance(ttl, float) and ttl.is_integer())):
+        return False
+    if result.get("cacheScope", "private") not in ("public", "private"):
+        return False
+    return result.get("_meta") is None or isinstance(result["_meta"], dict)
+
+
+_PLAIN_HEADER_VALUE: Final = re.compile(r"[\x20-\x7e]*")
+_BASE64_SENTINEL: Final = re.compile(r"=\?base64\?.*\?=")
+
+
+def _encode_header_value(value: str) -> str:
+    """``value`` as the stateless revision carries it in ``Mcp-Name`` and ``Mcp-Param-*``.
+
+    Printable ASCII without leading or trailing whitespace travels as is; anything
+    else (and a value that looks like the sentinel) as ``=?base64?<UTF-8, base64>?=``.
+    """
+    if _PLAIN_HEADER_VALUE.fullmatch(value) and value == value.strip() and not _BASE64_SENTINEL.fullmatch(value):
+        return value
+    return f"=?base64?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
+
+
+# JSON Schema 2020-12 keywords whose values are schema positions, by shape; only ``properties`` keeps
+# a position reachable by a plain property path (the official SDK's walk, so that both ends agree).
+_SUBSCHEMA_ONE: Final = frozenset(
+    {
+        "items",
+        "contains",
+        "unevaluatedItems",
+        "additionalProperties",
+        "propertyNames",
+        "unevaluatedProperties",
+        "not",
+        "if",
+        "then",
+        "else",
+        "contentSchema",
+    }
+)
+_SUBSCHEMA_LIST: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
+_SUBSCHEMA_MAP: Final = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
+_X_MCP_HEADER: Final = "x-mcp-header"
+
+
+def _param_header_map(schema: Any) -> list[tuple[tuple[str, ...], str]]:
+    """The (argument path, header token) pairs that ``x-mcp-header`` annotations declare in an inputSchema.
+
+    Empty when there are none, and when any annotation is invalid (off a plain
+    ``properties`` path, not a header token, on a property that is not a string,
+    integer or boolean, or a token repeated case-insensitively): a conforming
+    client then sends no ``Mcp-Param-*`` header and the server checks none.
+    """
+    found: list[tuple[tuple[str, ...], str]] = []
+    seen: set[str] = set()
+    stack: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
+    while stack:
+        path, node = stack.pop()
+        if not isinstance(node, dict):
+            continue
+        if _X_MCP_HEADER in node:
+            token = node[_X_MCP_HEADER]
+            if (
+                not path
+                or not isinstance(token, str)
+                or not _HEADER_NAME.fullmatch(token)
+                or node.get("type") not in ("string", "integer", "boolean")
+                or token.lower() in seen
+            ):
+                return []
+            seen.add(token.lower())
+            found.append((path, token))
+        for keyword, value in node.items():
+            if keyword == "properties" and isinstance(value, dict):
+                stack.extend(((*path, name) if path is not None else None, sub) for name, sub in value.items())
+            elif keyword in _SUBSCHEMA_ONE:
+                stack.append((None, value))
+            elif keyword in _SUBSCHEMA_LIST and isinstance(value, list):
+                stack.extend((None, sub) for sub in value)
+            elif keyword in _SUBSCHEMA_MAP and isinstance(value, dict):
+                stack.extend((None, sub) for sub in value.values())
+    return found
+
+
+def _param_header_lines(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str:
+    """``Mcp-Param-<token>`` header lines for the arguments ``schema`` marks with ``x-mcp-header``.
+
+    An argument that is absent, null or not a string, number or boolean gets no
+    header; booleans are ``true``/``false``, values that are not plain printable
+    ASCII are base64-wrapped (``_encode_header_value``).
+    """
+    lines = ""
+    for path, token in _param_header_map(schema):
+        value: Any = arguments
+        for key in path:
+            value = value.get(key) if isinstance(value, Mapping) else None
+        if isinstance(value, bool):
+            rendered = "true" if value else "false"
+        elif isinstance(value, str | int | float):
+            try:
+                rendered = str(value)
+            except ValueError:  # an integer beyond the interpreter's digit limit has no rendering
+                continue
+        else:
+            continue
+        lines += f"{PARAM_HEADER_PREFIX}{token}: {_encode_header_value(rendered)}\r\n"
+    return lines
 
 
 _validator_cache: dict[str, jsonschema.protocols.Validator] = {}
@@ -874,12 +1328,15 @@ _OWN_HEADERS: Final = frozenset(
         "content-length",
         "content-type",
         "idempotency-key",
+        "mcp-method",
+        "mcp-name",
         "mcp-protocol-version",
         "mcp-session-id",
         "transfer-encoding",
     }
 )
-"""Headers each request sets itself; the same names in the ``headers`` argument are dropped."""
+"""Headers each request sets itself; the same names (and ``Mcp-Param-*``) in the ``headers`` argument are dropped."""
+_PARAM_HEADER_PREFIX_LOWER: Final = PARAM_HEADER_PREFIX.lower()
 _MAX_HEAD_BYTES: Final = 64 * 1024
 _MAX_LINE_BYTES: Final = 8 * 1024
 _RECV_BYTES: Final = 64 * 1024

@@ -2,12 +2,18 @@
 
 Every fault case asserts the CallResult kind and that the upstream received the
 ``tools/call`` exactly once: the client never resends a call, not even on a pooled
-connection the server has closed. The wire cases (keep-alive, framing, pool limits,
-failed writes, TLS, threads) run against ``RawUpstream``.
+connection the server has closed. The fault matrix holds in both protocol eras.
+The negotiation of the era (the ``server/discover`` probe, the fallback to the
+handshake, the re-negotiation when the upstream changes its mind) runs against
+the SDK demo upstream and a scripted ``FaultUpstream``. The wire cases
+(keep-alive, framing, pool limits, failed writes, TLS, threads) run against
+``RawUpstream``, which speaks only the handshake era (its probe answer is not a
+discover result).
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import ipaddress
 import os
@@ -18,7 +24,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
 import pytest
@@ -26,15 +32,25 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from pydantic import Field
 
 from mcpgateway.upstream import IDEMPOTENCY_META_KEY, CallResult, UpstreamClient, UpstreamError
 from tests.upstream_server import (
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
     ECHO_OUTPUT_SCHEMA,
     FAULT_TOOLS,
+    PARAM_TOOL_SCHEMA,
+    PROTOCOL_VERSION_META_KEY,
     RAW_SLOW_SECONDS,
+    STATELESS_VERSION,
     FaultUpstream,
     RawUpstream,
+    Scripted,
+    discover_result,
     free_port,
+    rpc_error,
+    rpc_result,
     running_demo_upstream,
 )
 
@@ -53,6 +69,25 @@ def client(fault: FaultUpstream) -> Iterator[UpstreamClient]:
         yield upstream_client
 
 
+@pytest.fixture(params=["handshake", "stateless"])
+def era(request: pytest.FixtureRequest) -> str:
+    """The protocol era the upstream offers: handshake only, or the stateless revision besides."""
+    return str(request.param)
+
+
+@pytest.fixture
+def era_fault(era: str) -> Iterator[FaultUpstream]:
+    with FaultUpstream(stateless_versions=[STATELESS_VERSION] if era == "stateless" else []) as upstream:
+        yield upstream
+
+
+@pytest.fixture
+def era_client(era_fault: FaultUpstream, era: str) -> Iterator[UpstreamClient]:
+    with UpstreamClient(era_fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as upstream_client:
+        assert upstream_client.initialize().stateless is (era == "stateless")
+        yield upstream_client
+
+
 def call(client: UpstreamClient, fault: FaultUpstream, tool: str, key: str = "key-1") -> CallResult:
     result = client.call_tool(tool, {"x": 1}, idempotency_key=key, output_schema=ECHO_OUTPUT_SCHEMA)
     assert fault.received[key] == 1, "the upstream must see the call exactly once"
@@ -64,13 +99,15 @@ def call(client: UpstreamClient, fault: FaultUpstream, tool: str, key: str = "ke
 
 
 def test_demo_upstream_round_trip() -> None:
+    # The SDK serves the stateless revision too, sessions or not: the handshake era is asked for.
     with (
         running_demo_upstream() as demo,
-        UpstreamClient(demo.url, connect_timeout=2.0, read_timeout=5.0) as client,
+        UpstreamClient(demo.url, connect_timeout=2.0, read_timeout=5.0, era="handshake") as client,
     ):
         session = client.initialize()
         assert session.session_id
         assert session.protocol_version == "2025-11-25"
+        assert not session.stateless
         assert session.server_info["name"] == "tollgate-demo-upstream"
         client.ping()
 
@@ -108,12 +145,13 @@ def test_demo_upstream_round_trip() -> None:
 
         unknown = client.call_tool("no.such.tool", {}, idempotency_key="idem-4")
         assert unknown.kind == "tool_error"  # the SDK answers unknown tools with isError
+        assert "server/discover" not in demo.methods()
 
 
 def test_demo_upstream_session_expiry_reinitializes_for_tools_list() -> None:
     with (
         running_demo_upstream() as demo,
-        UpstreamClient(demo.url, connect_timeout=2.0, read_timeout=5.0) as client,
+        UpstreamClient(demo.url, connect_timeout=2.0, read_timeout=5.0, era="handshake") as client,
     ):
         first = client.initialize()
         assert first.session_id is not None
@@ -155,7 +193,9 @@ def test_demo_upstream_command_line() -> None:
 def test_handshake_sends_initialized_and_session_headers(client: UpstreamClient, fault: FaultUpstream) -> None:
     client.ping()
     methods = [m.method for m in fault.messages]
-    assert methods == ["initialize", "notifications/initialized", "ping"]
+    # The probe is refused (404, as to any request without a session): the handshake follows.
+    assert methods == ["server/discover", "initialize", "notifications/initialized", "ping"]
+    assert not client.session.stateless  # type: ignore[union-attr]
     ping = fault.messages[-1]
     assert ping.headers["Mcp-Session-Id"] == client.session.session_id  # type: ignore[union-attr]
     assert ping.headers["MCP-Protocol-Version"] == "2025-11-25"
@@ -226,8 +266,8 @@ def test_call_success_carries_key_in_header_and_meta(client: UpstreamClient, fau
     assert fault.received["key-1"] == 1
 
 
-def test_sse_framed_response(client: UpstreamClient, fault: FaultUpstream) -> None:
-    result = call(client, fault, "sse_echo")
+def test_sse_framed_response(era_client: UpstreamClient, era_fault: FaultUpstream) -> None:
+    result = call(era_client, era_fault, "sse_echo")
     assert result.kind == "success", result
     assert result.result is not None
     assert result.result["structuredContent"] == {"echo": {"x": 1}}
@@ -254,9 +294,14 @@ def test_sse_framed_response(client: UpstreamClient, fault: FaultUpstream) -> No
         ("http_400_rpc", "jsonrpc_error", "JSON-RPC error -32602 (HTTP 400)"),
     ],
 )
-def test_fault_matrix(client: UpstreamClient, fault: FaultUpstream, tool: str, kind: str, reason: str) -> None:
+def test_fault_matrix(
+    era_client: UpstreamClient, era_fault: FaultUpstream, era: str, tool: str, kind: str, reason: str
+) -> None:
+    client, fault = era_client, era_fault
     result = call(client, fault, tool)
     assert result.kind == kind, result
+    # A bare 400 is what a handshake-only server answers a stateless request: the era is forgotten.
+    assert (client.session is None) is (era == "stateless" and tool == "http_400")
     assert reason in result.reason
     assert result.tool_not_run == (kind in {"jsonrpc_error", "http_error"})
     if kind == "jsonrpc_error":
@@ -330,6 +375,572 @@ def test_unencodable_arguments_are_not_sent(client: UpstreamClient, fault: Fault
     assert fault.received["k"] == 0
 
 
+# -- protocol eras: negotiation, the stateless wire, re-negotiation ------------------------------
+
+ENVELOPE_KEYS = {PROTOCOL_VERSION_META_KEY, CLIENT_INFO_META_KEY, CLIENT_CAPABILITIES_META_KEY}
+
+
+def test_demo_upstream_stateless_round_trip() -> None:
+    with (
+        running_demo_upstream(stateless=True) as demo,
+        UpstreamClient(demo.url, connect_timeout=2.0, read_timeout=5.0) as client,
+    ):
+        session = client.initialize()
+        assert session.stateless
+        assert session.session_id is None
+        assert session.protocol_version == STATELESS_VERSION
+        assert session.server_info["name"] == "tollgate-demo-upstream"
+        assert "tools" in session.capabilities
+        assert session.instructions is not None
+        assert "Demo upstream" in session.instructions
+        client.ping()
+
+        tools = {tool["name"]: tool for tool in client.list_tools()}
+        schema = tools["notes.append"]["outputSchema"]
+        first = client.call_tool(
+            "notes.append", {"text": "hello"}, idempotency_key="idem-1", output_schema=schema, extra_meta={"t": 1}
+        )
+        assert first.kind == "success", first
+        assert first.result is not None
+        assert first.result["structuredContent"]["notebook_size"] == 1
+        replay = client.call_tool("notes.append", {"text": "hello"}, idempotency_key="idem-1", output_schema=schema)
+        assert replay.kind == "success"
+        assert replay.result is not None
+        assert replay.result["structuredContent"] == first.result["structuredContent"]
+        added = client.call_tool(
+            "math.add", {"a": 2, "b": 3}, idempotency_key="idem-2", output_schema=tools["math.add"]["outputSchema"]
+        )
+        assert added.kind == "success", added
+        assert added.result is not None
+        assert added.result["structuredContent"] == {"sum": 5.0}
+        assert client.call_tool("no.such.tool", {}, idempotency_key="idem-3").kind == "tool_error"
+
+        stats = httpx.get(demo.stats_url).json()
+        assert stats["tool_calls"] == {"notes.append": 2, "math.add": 1}
+        assert stats["sightings"][0] == {"tool": "notes.append", "header_key": "idem-1", "meta_key": "idem-1"}
+
+    # No handshake, no session; every request carried the envelope and the headers of its method.
+    assert demo.methods() == ["server/discover", "server/discover", "tools/list"] + ["tools/call"] * 4
+    for seen in demo.requests:
+        assert set(seen.meta) >= ENVELOPE_KEYS, seen
+        assert seen.meta[PROTOCOL_VERSION_META_KEY] == STATELESS_VERSION
+        assert seen.meta[CLIENT_INFO_META_KEY] == {"name": "tollgate", "version": "1"}
+        assert seen.meta[CLIENT_CAPABILITIES_META_KEY] == {}
+        assert seen.headers["mcp-protocol-version"] == STATELESS_VERSION
+        assert seen.headers["mcp-method"] == seen.method
+        assert "mcp-session-id" not in seen.headers
+    calls = [seen for seen in demo.requests if seen.method == "tools/call"]
+    assert [seen.headers["mcp-name"] for seen in calls] == ["notes.append", "notes.append", "math.add", "no.such.tool"]
+    assert calls[0].meta[IDEMPOTENCY_META_KEY] == "idem-1"
+    assert calls[0].meta["t"] == 1
+    assert calls[0].headers["idempotency-key"] == "idem-1"
+
+
+def test_demo_upstream_with_sessions_is_reached_in_the_stateless_era_too() -> None:
+    with (
+        running_demo_upstream() as demo,
+        UpstreamClient(demo.url, connect_timeout=2.0, read_timeout=5.0) as client,
+    ):
+        assert client.call_tool("clock.now", {}, idempotency_key="k").kind == "success"
+        assert client.session is not None
+        assert client.session.stateless
+    assert demo.methods() == ["server/discover", "tools/call"]
+
+
+def test_handshake_only_upstream_falls_back_and_works_as_before(client: UpstreamClient, fault: FaultUpstream) -> None:
+    assert [tool["name"] for tool in client.list_tools()] == FAULT_TOOLS
+    assert call(client, fault, "echo").kind == "success"
+    probe = fault.messages[0]
+    assert probe.method == "server/discover"
+    assert probe.headers["MCP-Protocol-Version"] == STATELESS_VERSION
+    assert probe.headers["Mcp-Method"] == "server/discover"
+    assert set(probe.body["params"]["_meta"]) == ENVELOPE_KEYS
+    call_message = fault.messages[-1]
+    assert call_message.headers["MCP-Protocol-Version"] == "2025-11-25"
+    assert "Mcp-Method" not in call_message.headers
+    assert call_message.body["params"]["_meta"] == {IDEMPOTENCY_META_KEY: "key-1"}
+    assert fault.count("server/discover") == 1
+
+
+def test_handshake_era_is_never_probed() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT, era="handshake") as client,
+    ):
+        assert call(client, fault, "echo").kind == "success"
+        assert fault.methods() == ["initialize", "notifications/initialized", "tools/call"]
+
+
+def test_unknown_era_is_refused() -> None:
+    with pytest.raises(ValueError, match="era must be"):
+        UpstreamClient("http://127.0.0.1:1/mcp", connect_timeout=1.0, read_timeout=1.0, era="stateless")  # type: ignore[arg-type]
+
+
+def test_stateless_call_carries_envelope_and_headers() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        result = client.call_tool(
+            "echo",
+            {"x": 1},
+            idempotency_key="key-1",
+            request_id="action-42",
+            extra_meta={"trace": "t-1", PROTOCOL_VERSION_META_KEY: "forged"},
+        )
+        assert result.kind == "success", result
+        sent = fault.messages[-1]
+        assert sent.headers["MCP-Protocol-Version"] == STATELESS_VERSION
+        assert sent.headers["Mcp-Method"] == "tools/call"
+        assert sent.headers["Mcp-Name"] == "echo"
+        assert sent.headers["Idempotency-Key"] == "key-1"
+        assert "Mcp-Session-Id" not in sent.headers
+        assert sent.body["id"] == "action-42"
+        assert sent.body["params"]["_meta"] == {
+            "trace": "t-1",
+            IDEMPOTENCY_META_KEY: "key-1",
+            PROTOCOL_VERSION_META_KEY: STATELESS_VERSION,  # the envelope wins over extra_meta
+            CLIENT_INFO_META_KEY: {"name": "tollgate", "version": "1"},
+            CLIENT_CAPABILITIES_META_KEY: {},
+        }
+        assert fault.methods() == ["server/discover", "tools/call"]
+
+
+def test_ping_is_a_discover_in_the_stateless_era(era_fault: FaultUpstream, era_client: UpstreamClient) -> None:
+    era_client.ping()
+    expected = "server/discover" if era_client.initialize().stateless else "ping"
+    assert era_fault.methods()[-1] == expected
+
+
+def test_tool_name_that_is_not_plain_ascii_travels_base64_wrapped() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        result = client.call_tool("écho ", {}, idempotency_key="k")
+        # The upstream decoded Mcp-Name and found it equal to params.name: the tool is unknown, no header mismatch.
+        assert result.kind == "jsonrpc_error"
+        assert result.error is not None
+        assert result.error["code"] == -32602
+        assert fault.messages[-1].headers["Mcp-Name"] == "=?base64?w6ljaG8g?="
+
+
+def test_mcp_param_headers_mirror_annotated_arguments(era_fault: FaultUpstream, era_client: UpstreamClient) -> None:
+    arguments = {"region": "eu-west", "options": {"dry_run": True}, "count": 3, "note": "not mirrored"}
+    result = era_client.call_tool("param_echo", arguments, idempotency_key="k", input_schema=PARAM_TOOL_SCHEMA)
+    assert result.kind == "success", result
+    assert result.result is not None
+    headers = result.result["structuredContent"]["headers"]
+    if era_client.initialize().stateless:
+        assert headers == {"Mcp-Param-Region": "eu-west", "Mcp-Param-Dry-Run": "true", "Mcp-Param-Count": "3"}
+    else:
+        assert headers == {}  # the handshake era has no Mcp-Param-* headers
+
+    absent = era_client.call_tool(
+        "param_echo", {"region": " ünï "}, idempotency_key="k2", input_schema=PARAM_TOOL_SCHEMA
+    )
+    assert absent.result is not None
+    if era_client.initialize().stateless:
+        assert absent.result["structuredContent"]["headers"] == {"Mcp-Param-Region": "=?base64?IMO8bsOvIA==?="}
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "object", "properties": {"region": {"type": "number", "x-mcp-header": "Region"}}},  # not allowed
+        {
+            "type": "object",
+            "properties": {"a": {"type": "string", "x-mcp-header": "A"}, "b": {"type": "string", "x-mcp-header": "a"}},
+        },
+        {"type": "object", "properties": {"region": {"type": "string", "x-mcp-header": "Bad Token"}}},
+        {"type": "object", "anyOf": [{"properties": {"region": {"type": "string", "x-mcp-header": "Region"}}}]},
+        {"type": "object", "x-mcp-header": "Root"},
+    ],
+)
+def test_invalid_x_mcp_header_annotations_send_no_param_headers(schema: dict[str, Any]) -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        result = client.call_tool(
+            "param_echo", {"region": "x", "a": "1", "b": "2"}, idempotency_key="k", input_schema=schema
+        )
+        assert result.result is not None
+        assert result.result["structuredContent"]["headers"] == {}
+
+
+def test_mcp_param_headers_satisfy_the_sdk_server() -> None:
+    """An SDK server refuses a call to a tool with ``x-mcp-header`` arguments unless the headers match."""
+    from mcp.server.mcpserver import MCPServer
+
+    server = MCPServer("param-upstream")
+
+    @server.tool(name="geo.lookup")
+    def lookup(
+        region: Annotated[str, Field(json_schema_extra={"x-mcp-header": "Region"})],
+        verbose: Annotated[bool, Field(json_schema_extra={"x-mcp-header": "Verbose"})] = False,
+    ) -> dict[str, Any]:
+        return {"region": region, "verbose": verbose}
+
+    app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True, stateless_http=True)
+    with running_asgi(app) as url, UpstreamClient(url, connect_timeout=2.0, read_timeout=5.0) as client:
+        schema = {tool["name"]: tool for tool in client.list_tools()}["geo.lookup"]["inputSchema"]
+        without = client.call_tool("geo.lookup", {"region": "eu", "verbose": True}, idempotency_key="k1")
+        assert without.kind == "jsonrpc_error"
+        assert without.error is not None
+        assert without.error["code"] == -32020  # HEADER_MISMATCH: the tool did not run
+        for key, region in (("k2", "eu-west"), ("k3", " über ")):
+            result = client.call_tool(
+                "geo.lookup", {"region": region, "verbose": True}, idempotency_key=key, input_schema=schema
+            )
+            assert result.kind == "success", result
+            assert result.result is not None
+            assert region in result.result["content"][0]["text"]
+
+
+@contextlib.contextmanager
+def running_asgi(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a daemon thread; yields its ``/mcp`` URL."""
+    import socket
+
+    import uvicorn
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the ASGI server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        Scripted(404, rpc_error(-32600, "Session not found")(None)),  # a handshake server: no session id
+        Scripted(405, b"", "text/plain"),
+        Scripted(400, b"Bad Request", "text/plain"),
+        Scripted(307, b"", "text/plain"),
+        Scripted(200, rpc_error(-32601, "Method not found")),
+        Scripted(404, rpc_error(-32601, "Method not found")),
+        Scripted(500, rpc_error(-32603, "Internal error")),  # a JSON-RPC error, whatever the status
+        Scripted(200, b"<html>not json</html>", "text/html"),
+        Scripted(200, rpc_result({})),  # not a discover result
+        Scripted(200, rpc_result(discover_result(["2025-11-25", "2025-06-18"]))),  # handshake versions only
+        Scripted(200, rpc_result({**discover_result([STATELESS_VERSION]), "capabilities": []})),
+        Scripted(200, rpc_result({**discover_result([STATELESS_VERSION]), "cacheScope": "everyone"})),
+        Scripted(200, rpc_result({**discover_result([STATELESS_VERSION]), "supportedVersions": STATELESS_VERSION})),
+        Scripted(202, b""),
+        Scripted(200, rpc_error(-32022, "Unsupported protocol version", {"supported": ["2025-11-25"]})),  # no requested
+    ],
+    ids=lambda answer: f"{answer.status}-{answer.content_type}",
+)
+def test_probe_answers_without_stateless_evidence_fall_back_to_the_handshake(answer: Scripted) -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION], discover_answers=[answer]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert call(client, fault, "echo").kind == "success"
+        assert client.session is not None
+        assert not client.session.stateless
+        assert client.session.session_id
+        assert fault.methods() == ["server/discover", "initialize", "notifications/initialized", "tools/call"]
+
+
+def test_discover_result_with_unknown_members_and_a_negative_ttl_is_adopted() -> None:
+    result = {**discover_result(["2025-11-25", STATELESS_VERSION]), "ttlMs": -5, "future": {"x": 1}}
+    with (
+        FaultUpstream(
+            stateless_versions=[STATELESS_VERSION], discover_answers=[Scripted(200, rpc_result(result))]
+        ) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        session = client.initialize()
+        assert session.stateless
+        assert session.server_info == {"name": "fault-upstream", "version": "0"}
+        assert session.capabilities == {"tools": {"listChanged": False}}
+        assert call(client, fault, "echo").kind == "success"
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (Scripted(action="drop"), "server/discover: RemoteProtocolError"),
+        (Scripted(502, b"Bad Gateway", "text/plain"), "server/discover: HTTP 502"),
+        (Scripted(503, b"", "text/plain"), "server/discover: HTTP 503"),
+    ],
+)
+def test_probe_without_a_complete_answer_is_no_era_verdict(answer: Scripted, reason: str) -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION], discover_answers=[answer, answer]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        result = client.call_tool("echo", {}, idempotency_key="k")
+        assert result.kind == "not_sent"
+        assert result.tool_not_run
+        assert result.reason.startswith(f"initialize failed: {reason}")
+        with pytest.raises(UpstreamError, match=reason):
+            client.list_tools()
+        assert client.session is None
+        assert fault.methods() == ["server/discover", "server/discover"]  # no handshake, no tools/call
+        assert fault.received["k"] == 0
+        # The upstream answers the next probe: the era is negotiated then.
+        assert call(client, fault, "echo", key="k2").kind == "success"
+        assert client.session is not None
+        assert client.session.stateless
+
+
+def test_probe_refused_connection_is_not_sent_and_an_upstream_error() -> None:
+    url = f"http://127.0.0.1:{free_port()}/mcp"
+    with UpstreamClient(url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client:
+        result = client.call_tool("echo", {}, idempotency_key="k")
+        assert result.kind == "not_sent"
+        assert result.reason.startswith("initialize failed: server/discover: ConnectError")
+        with pytest.raises(UpstreamError, match="server/discover: ConnectError"):
+            client.list_tools()
+        with pytest.raises(UpstreamError, match="server/discover: ConnectError"):
+            client.initialize()
+
+
+def unsupported(*supported: str) -> Scripted:
+    data = {"supported": list(supported), "requested": STATELESS_VERSION}
+    return Scripted(400, rpc_error(-32022, "Unsupported protocol version", data))
+
+
+def test_unsupported_version_naming_a_mutual_version_probes_once_more() -> None:
+    # A probe that reached a server still settling its era: the second probe is answered.
+    with (
+        FaultUpstream(
+            stateless_versions=[STATELESS_VERSION], discover_answers=[unsupported(STATELESS_VERSION)]
+        ) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert client.initialize().stateless
+        assert fault.methods() == ["server/discover", "server/discover"]
+
+
+def test_unsupported_version_twice_with_no_handshake_version_is_incompatible() -> None:
+    answers = [unsupported(STATELESS_VERSION), unsupported(STATELESS_VERSION)]
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION], discover_answers=answers) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        with pytest.raises(UpstreamError, match="speaks no protocol version this client does"):
+            client.initialize()
+        assert fault.methods() == ["server/discover", "server/discover"]
+
+
+def test_unsupported_version_naming_only_unknown_versions_is_incompatible() -> None:
+    with (
+        FaultUpstream(stateless_versions=["2099-01-01"], handshake=False) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        with pytest.raises(
+            UpstreamError, match=r"speaks no protocol version this client does \(it supports 2099-01-01\)"
+        ):
+            client.initialize()
+        result = client.call_tool("echo", {}, idempotency_key="k")
+        assert result.kind == "not_sent"
+        assert fault.received["k"] == 0
+        assert "initialize" not in fault.methods()
+
+
+def test_unsupported_version_naming_a_handshake_version_falls_back() -> None:
+    with (
+        FaultUpstream(discover_answers=[unsupported("2099-01-01", "2025-11-25")]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert not client.initialize().stateless
+        assert fault.methods() == ["server/discover", "initialize", "notifications/initialized"]
+
+
+def test_handshake_refused_with_unsupported_version_probes_once_more() -> None:
+    # The probe was refused, but the handshake's -32022 names the stateless version: the upstream is of
+    # that era after all (the SDK's rule for a probe that timed out on a server still settling its era).
+    with (
+        FaultUpstream(
+            stateless_versions=[STATELESS_VERSION], handshake=False, discover_answers=[Scripted(404, b"", "text/plain")]
+        ) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert client.initialize().stateless
+        assert fault.methods() == ["server/discover", "initialize", "server/discover"]
+        assert call(client, fault, "echo").kind == "success"
+
+
+def test_handshake_refused_twice_fails_the_negotiation() -> None:
+    answers = [Scripted(404, b"", "text/plain"), Scripted(404, b"", "text/plain")]
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION], handshake=False, discover_answers=answers) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        with pytest.raises(UpstreamError, match="initialize: JSON-RPC error -32022"):
+            client.initialize()
+        assert fault.methods() == ["server/discover", "initialize", "server/discover", "initialize"]
+
+
+def test_unsupported_version_on_a_call_renegotiates_without_resending() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert call(client, fault, "echo", key="k1").kind == "success"
+        fault.stateless_versions = ["2099-01-01", STATELESS_VERSION]  # the same list the probe would see...
+        refused = call(client, fault, "unsupported_version", key="k2")  # ...but this tool answers -32022
+        assert refused.kind == "jsonrpc_error"
+        assert refused.tool_not_run
+        assert refused.error is not None
+        assert refused.error["code"] == -32022
+        assert client.session is None  # forgotten: the next request negotiates
+        assert fault.received["k2"] == 1
+        assert call(client, fault, "echo", key="k3").kind == "success"
+        assert fault.methods() == ["server/discover", "tools/call", "tools/call", "server/discover", "tools/call"]
+        assert fault.received["k2"] == 1  # never resent
+
+
+def test_upstream_dropping_the_stateless_era_is_renegotiated_into_the_handshake() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert call(client, fault, "echo", key="k1").kind == "success"
+        fault.stateless_versions = []  # a handshake-only server now: 404 to a request without a session
+        refused = call(client, fault, "echo", key="k2")
+        assert refused.kind == "http_error"
+        assert refused.reason == "HTTP 404"
+        assert fault.executed["k2"] == 0
+        assert client.session is None
+        assert call(client, fault, "echo", key="k3").kind == "success"
+        assert client.session is not None
+        assert not client.session.stateless
+        assert fault.received["k2"] == 1
+
+
+def test_upstream_refusing_the_stateless_version_is_renegotiated() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert client.initialize().stateless
+        fault.stateless_versions = ["2099-01-01"]
+        refused = call(client, fault, "echo", key="k1")
+        assert refused.kind == "jsonrpc_error"
+        assert refused.reason == "JSON-RPC error -32022 (HTTP 400)"
+        assert client.session is None
+        fault.stateless_versions = [STATELESS_VERSION]  # rolled back
+        assert call(client, fault, "echo", key="k2").kind == "success"
+        assert fault.count("server/discover") == 2
+
+
+def test_list_tools_renegotiates_and_resends_once_when_the_era_is_refused() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert client.initialize().stateless
+        fault.stateless_versions = []
+        assert [tool["name"] for tool in client.list_tools()] == FAULT_TOOLS
+        assert client.session is not None
+        assert not client.session.stateless
+        assert fault.methods()[:5] == [
+            "server/discover",
+            "tools/list",
+            "server/discover",
+            "initialize",
+            "notifications/initialized",
+        ]
+
+
+def test_session_expiry_probes_again() -> None:
+    # A restart ends the sessions; an upgraded upstream is then reached in the stateless era.
+    with (
+        FaultUpstream() as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        assert not client.initialize().stateless
+        fault.expire_sessions()
+        fault.stateless_versions = [STATELESS_VERSION]
+        result = call(client, fault, "echo")
+        assert result.reason == "session_expired"
+        assert client.session is not None
+        assert client.session.stateless
+        assert call(client, fault, "echo", key="key-2").kind == "success"
+
+
+@pytest.mark.parametrize(
+    ("era_name", "reason"),
+    [("stateless", "resultType 'input_required' is not 'complete'"), ("handshake", "result.content is not a list")],
+)
+def test_input_required_result_is_invalid_response(era_name: str, reason: str) -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION] if era_name == "stateless" else []) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        result = call(client, fault, "input_required")
+        assert result.kind == "invalid_response"
+        assert reason in result.reason
+        assert not result.tool_not_run  # the tool may have run: the charge is kept
+        assert result.result is not None
+        assert result.result["resultType"] == "input_required"
+        assert client.session is not None  # not an era refusal
+
+
+def test_stateless_list_tools_with_an_incomplete_result_is_an_upstream_error() -> None:
+    answer = Scripted(200, rpc_result({"resultType": "input_required", "inputRequests": {}}))
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT) as client,
+    ):
+        client.initialize()
+        fault.discover_answers.append(answer)
+        with pytest.raises(UpstreamError, match="server/discover: resultType 'input_required'"):
+            client.ping()
+
+
+def test_concurrent_first_use_negotiates_once() -> None:
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=2.0) as client,
+    ):
+        results: list[CallResult] = []
+        start = threading.Barrier(8)
+
+        def work(i: int) -> None:
+            start.wait()
+            results.append(client.call_tool("echo", {"i": i}, idempotency_key=f"k{i}"))
+
+        threads = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert [result.kind for result in results] == ["success"] * 8
+        assert fault.count("server/discover") == 1
+        assert fault.count("initialize") == 0
+
+
+def test_configured_headers_cannot_replace_the_era_headers() -> None:
+    headers = {"Mcp-Method": "forged", "Mcp-Name": "forged", "Mcp-Param-Region": "forged", "X-Trace": "t"}
+    with (
+        FaultUpstream(stateless_versions=[STATELESS_VERSION]) as fault,
+        UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=READ_TIMEOUT, headers=headers) as client,
+    ):
+        result = client.call_tool("param_echo", {"region": "eu"}, idempotency_key="k", input_schema=PARAM_TOOL_SCHEMA)
+        assert result.kind == "success", result
+        assert result.result is not None
+        assert result.result["structuredContent"]["headers"] == {"Mcp-Param-Region": "eu"}
+        assert fault.messages[-1].headers["X-Trace"] == "t"
+
+
 # -- the wire: connections, framing, TLS ---------------------------------------------------------
 
 
@@ -401,7 +1012,7 @@ def test_connection_close_asked_by_the_client_is_honoured(raw: RawUpstream) -> N
     with raw_client(raw, headers={"Connection": "close"}) as client:
         for key in ("k1", "k2"):
             assert raw_call(client, raw, "echo", key).kind == "success"
-    assert raw.connections == 4  # initialize, notifications/initialized, two calls: one connection each
+    assert raw.connections == 5  # the probe, initialize, notifications/initialized, two calls: one connection each
 
 
 @pytest.mark.parametrize(
