@@ -16,7 +16,7 @@
 --    price; NULL: 'unknown_category'); amount = round(price * units, 8), the half-up rounding of
 --    billing.services.to_money ('amount_too_small' when it is zero). Prices are read in the
 --    statement that uses them, so a price change applies from the next charge on.
--- 4. The debit: billing_debit (billing/migrations/0008), the only copy of the spend rules. Its
+-- 4. The debit: billing_debit (billing/sql/billing_debit.sql), the only copy of the spend rules. Its
 --    refusals come back as its codes with nothing written, so a refused charge leaves no
 --    idempotency record (the key is not burnt) and no event. The velocity freeze is the
 --    caller's second transaction.
@@ -56,7 +56,7 @@
 -- auto-refill, which billing_debit may lock. Such a charge raises SQLSTATE 'TGBT1' instead, and
 -- the batch rolls back whole; its charges then run one statement each.
 --
--- Assumes: the caller passes billing_debit's arguments as billing.services.debit_call prepares
+-- Assumes: the caller passes billing_debit's arguments as billing.services.charge_call prepares
 -- them (ids, now, truncated texts), units > 0 at 8 places, p_tenant_id = the wallet's tenant as
 -- the caller knows it, and the server encoding is UTF8 (as audit_append does).
 CREATE OR REPLACE FUNCTION billing_charge(
