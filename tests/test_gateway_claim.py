@@ -25,8 +25,10 @@ from config import fastsql
 from config.ids import new_id
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState
+from mcpgateway.upstream import CallResult
 from permits.models import Permit, Quote
 from permits.services import quote_consume, quote_create
+from receipts.models import Receipt
 from tests import test_gateway_governance as governance
 from tests.gateway_helpers import issue_permit, setup_caller
 from tests.test_gateway_governance import assert_refused, balance, charges
@@ -258,3 +260,20 @@ def test_a_price_change_applies_to_the_next_call(fault, tenant):
         cursor.execute("UPDATE billing_tool_price SET credits = 3 WHERE tool = 'echo'")
     caller.rpc("echo", {})
     assert balance(tenant) == 5
+
+
+def test_an_answer_after_the_sweep_writes_nothing(fault, tenant):
+    """gateway_finish updates the action only while it is still claimed: the sweeper's
+    delivery_uncertain receipt stands when the upstream's success arrives afterwards."""
+    caller = setup_caller(tenant, balance=10)
+    permit = Permit.objects.get(pk=caller.permit_id)
+    action, params = claim_params(tenant, permit, amount="3", key="late-1")
+    with connection.cursor() as cursor:
+        cursor.execute(services._CLAIM_SQL, params)
+    assert services.action_sweep(older_than=timedelta(0)) == [action.action_id]
+    late = CallResult(kind="success", reason="ok", request_id=action.action_id, status_code=200, result={"content": []})
+    settled = services._phase3(action, late)
+    assert settled.state == "delivery_uncertain"
+    assert Receipt.objects.filter(action_id=action.action_id).count() == 1
+    assert Receipt.objects.get(action_id=action.action_id).outcome == "delivery_uncertain"
+    assert balance(tenant) == 7  # the charge is kept pending reconciliation, once

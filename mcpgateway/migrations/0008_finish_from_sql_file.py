@@ -1,0 +1,16 @@
+"""``gateway_finish`` from its own file (mcpgateway/sql/gateway_finish.sql): the claimed action is locked,
+checked and updated by one conditional UPDATE instead of a locking read and an update. Same signature."""
+
+import importlib
+
+from django.db import migrations
+
+from config.sqlfiles import run_sql_file
+
+PREVIOUS = importlib.import_module("mcpgateway.migrations.0004_finish_function").FINISH
+
+
+class Migration(migrations.Migration):
+    dependencies = [("mcpgateway", "0007_claim_in_one_statement")]
+
+    operations = [run_sql_file("mcpgateway", "gateway_finish", reverse_sql=PREVIOUS)]
