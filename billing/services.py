@@ -1854,14 +1854,12 @@ def _charge_rows_together(calls: list[list[Any]]) -> list[dict[str, Any]]:
     assert raw is not None
     with raw.pipeline(), raw.transaction():
         raw.execute("SELECT set_config('tollgate.charge_batch', 'first', true)")  # for this transaction only
-        cursor = raw.cursor()
-        cursor.executemany(CHARGE_SQL, calls, returning=True)
+        cursors = [raw.execute(CHARGE_SQL, params) for params in calls]
     answers = []
-    for _ in calls:  # one result set per call, in order
+    for cursor in cursors:
         row = cursor.fetchone()
         assert row is not None
         answers.append(dict(zip(CHARGE_COLUMNS, row, strict=True)))
-        cursor.nextset()
     return answers
 
 
