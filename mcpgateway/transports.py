@@ -314,7 +314,9 @@ def _answer(ex: Exchange, message: Any, methods: dict[str, Handler]) -> tuple[in
     if not valid_id(rid):
         err = RpcError(INVALID_REQUEST, "A JSON-RPC id must be a string, a number or null.")
         return (_stateless_status(err.code) if ex.stateless else 400), _rpc_error(None, err)
-    params = message.get("params") or {}
+    params = message.get("params")
+    if params is None:  # omitted (or null): no parameters; any other non-object is refused below
+        params = {}
     if "id" not in message:  # a notification: accepted, nothing to answer
         return 202, None
     try:

@@ -499,3 +499,13 @@ def test_one_key_space_across_transports(upstream, tenant):
     assert r.json()["receipt_id"] == receipt_id
     assert upstream.received[f"{tenant.agent.wallet_id}:cross-1"] == 1
     assert Action.objects.filter(idempotency_key="cross-1").count() == 1
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("params", [False, 0, "", [], "x"])
+def test_params_that_are_not_an_object_are_an_invalid_request(params):
+    """``params`` may be omitted (or null); anything else but an object is -32600 with HTTP 400."""
+    body = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": params}
+    r = APIClient().post("/mcp/public", body, format="json")
+    assert r.status_code == 400, r.content
+    assert r.json()["error"]["code"] == -32600
