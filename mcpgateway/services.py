@@ -69,6 +69,7 @@ from permits.services import (
     authorize,
     permit_release,
     permit_reserve_refusal,
+    permit_verified_columns,
     policies_from_json,
     quote_check,
 )
@@ -129,15 +130,14 @@ class _RegisteredTool:
 
 
 # Tools change rarely (a sync, a console edit) and are read on every call: each process keeps the rows
-# it has read, by name, with the version they had. The version is where the row version lives and which
-# transaction wrote it (``xmin:ctid``): any change to the row, however it is made, writes a new row
-# version elsewhere, so it gets a new one. It is read in the call's own lookup, so a changed tool is read
-# again on the next call that names it.
+# it has read, by name, with the version they had (``gateway_tool_version``: any change to the row,
+# however it is made, gives it a new one). The version is read in the call's lookup, or compared in its
+# claim when the call is authorized from the cache, so a changed tool is read again at once.
 _registered: dict[str, _RegisteredTool] = {}
-_TOOL_VERSION = "t.xmin::text || ':' || t.ctid::text"
 
 _TOOL_AT_VERSION_SQL = (
-    f"SELECT {fastsql.columns(Tool, 't')}, {_TOOL_VERSION} FROM mcpgateway_tool t WHERE t.service_id = %s"  # noqa: S608
+    f"SELECT {fastsql.columns(Tool, 't')}, gateway_tool_version(t.service_id) "  # noqa: S608
+    "FROM mcpgateway_tool t WHERE t.service_id = %s"
 )
 
 
@@ -163,7 +163,7 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
 
 @dataclass(frozen=True)
 class _Found:
-    """What a governed call reads before phase 1, in one round trip (``_lookup``)."""
+    """What a governed call is decided on: read for it in one round trip (``_lookup``), or from the cache."""
 
     action: Action | None  # the action of (wallet, idempotency key), if any
     tool: _RegisteredTool | None  # the callable tool of that name
@@ -171,14 +171,17 @@ class _Found:
     permit: Permit | None  # the permit, when it is the wallet's
     quote: Quote | None  # the quote, when one is named and it is the wallet's
     policies: list[PolicyBundle]  # every enabled policy on the wallet's line, oldest first
+    policies_version: str  # permits_policies_version of the wallet's line
+    cached: bool = False  # from the process's cache: the claim compares what can have changed
 
 
 @functools.cache
 def _lookup_sql() -> str:
     # Column names come from the models' metadata, never from input.
     return (
-        f"SELECT {fastsql.columns(Action, 'a')}, t.service_id, {_TOOL_VERSION}, pr.credits, "  # noqa: S608
-        f"{fastsql.columns(Permit, 'p')}, {fastsql.columns(Quote, 'q')}, ({POLICIES_JSON_SQL}) "
+        f"SELECT {fastsql.columns(Action, 'a')}, t.service_id, gateway_tool_version(t.service_id), "  # noqa: S608
+        f"pr.credits, {fastsql.columns(Permit, 'p')}, {fastsql.columns(Quote, 'q')}, ({POLICIES_JSON_SQL}), "
+        "permits_policies_version(%s) "
         "FROM (SELECT 1) AS one "
         "LEFT JOIN mcpgateway_action a ON a.wallet_id = %s AND a.idempotency_key = %s "
         "LEFT JOIN mcpgateway_tool t ON t.service_id = %s "
@@ -193,10 +196,10 @@ def _lookup(req: CallRequest) -> _Found:
     and the policies. Nothing is locked: phase 1's claim re-checks under its locks whatever can change."""
     wallet = req.principal.key.wallet
     assert wallet is not None
-    wallet_id = wallet.wallet_id
+    wallet_id, ancestry = wallet.wallet_id, wallet.ancestry
+    key, name, permit_id, quote_id = req.idempotency_key, req.tool, req.permit_id, req.quote_id
     row = fastsql.fetch_row(
-        _lookup_sql(),
-        [wallet.ancestry, wallet_id, req.idempotency_key, req.tool, req.permit_id, wallet_id, req.quote_id, wallet_id],
+        _lookup_sql(), [ancestry, ancestry, wallet_id, key, name, permit_id, wallet_id, quote_id, wallet_id]
     )
     assert row is not None
     widths = [fastsql.width(Action), 2, 1, fastsql.width(Permit), fastsql.width(Quote)]
@@ -213,25 +216,88 @@ def _lookup(req: CallRequest) -> _Found:
         permit=fastsql.instance(Permit, permit_row) if permit_row[0] is not None else None,
         quote=fastsql.instance(Quote, quote_row) if quote_row[0] is not None else None,
         policies=policies_from_json(row[at]),
+        policies_version=row[at + 1],
     )
 
 
+# What a call needs beyond its own action, cached per process once a call has been claimed on it: a tool's
+# list price, a permit whose signed statement verified, the policies of a wallet's line with their version.
+# A call that finds all of them here is decided without the lookup; its claim compares the tool's version,
+# the price and the policies' version, and the reservation requires the permit's signed limits and
+# signature, so nothing cached can authorize what the rows no longer allow (``_Stale``: read afresh). Only
+# what the claim re-checks is used from here: a refusal decided on cached rows is never recorded (the call
+# is decided again on fresh ones), and balances, spend and the permit's allowance are only ever read under
+# the claim's locks.
+_prices: dict[str, Decimal] = {}
+_permits: dict[str, Permit] = {}
+_policies: dict[str, tuple[str, list[PolicyBundle]]] = {}
+CACHE_LIMIT = 10_000  # entries per cache; a full cache starts again empty
+
+
+class _Stale(Exception):
+    """A call decided on cached rows must be decided again on fresh ones (nothing was written)."""
+
+
+def _cached(req: CallRequest) -> _Found | None:
+    """The call's rows from the process's cache, or None when any is missing (or it names a quote)."""
+    wallet = req.principal.key.wallet
+    if wallet is None or req.quote_id:
+        return None
+    tool, price = _registered.get(req.tool), _prices.get(req.tool)
+    permit, policies = _permits.get(req.permit_id), _policies.get(wallet.wallet_id)
+    if tool is None or price is None or permit is None or policies is None or not tool_is_callable(tool.tool):
+        return None
+    return _Found(
+        action=None,
+        tool=tool,
+        price=price,
+        permit=permit,
+        quote=None,
+        policies=policies[1],
+        policies_version=policies[0],
+        cached=True,
+    )
+
+
+def _remember(req: CallRequest, found: _Found) -> None:
+    """Cache what a call read afresh and was claimed on."""
+    wallet = req.principal.key.wallet
+    if found.cached or wallet is None or found.price is None or found.permit is None:
+        return
+    for cache in (_prices, _permits, _policies):
+        if len(cache) >= CACHE_LIMIT:
+            cache.clear()
+    _prices[req.tool] = found.price
+    _permits[req.permit_id] = found.permit
+    _policies[wallet.wallet_id] = (found.policies_version, found.policies)
+
+
 # gateway_claim (mcpgateway/sql/gateway_claim.sql): the action row, the quote's 3, whether to debit and the
-# debit's 11, the reservation's 7, audit_append's 15; it answers billing_debit's columns.
-_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM gateway_claim({', '.join(['%s'] * 38)})"  # noqa: S608
+# debit's 11, the reservation's 11, audit_append's 15, what a cached call compares 4; it answers
+# billing_debit's columns.
+_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM gateway_claim({', '.join(['%s'] * 46)})"  # noqa: S608
 CLAIM_REFUSED = "P0T01"  # the SQLSTATE gateway_claim raises a refusal with
 
 
 def _claim(
-    action: Action, quote: Quote | None, debit: DebitCall | None, permit: Permit, now: Any, event: PreparedEvent
+    action: Action,
+    quote: Quote | None,
+    debit: DebitCall | None,
+    permit: Permit,
+    now: Any,
+    event: PreparedEvent,
+    found: _Found,
 ) -> DebitResult | None:
     """``gateway_claim``: insert the claimed action, consume the quote, debit, reserve and append the audit
     event, in one statement (its own transaction). Returns the debit's entries (None for a free call).
 
-    Raises the refusal (the debit's, ``QuoteUnavailable``, or the permit's) with nothing written, and
-    ``IntegrityError`` when a concurrent request holds the same idempotency key.
+    Raises the refusal (the debit's, ``QuoteUnavailable``, or the permit's) with nothing written,
+    ``_Stale`` when ``found`` came from the cache and no longer holds, and ``IntegrityError`` when a
+    concurrent request holds the same idempotency key.
     """
     price = action.price
+    wallet = action.wallet
+    cached = [found.tool.version if found.tool else None, found.price, wallet.ancestry, found.policies_version]
     params = [
         json.dumps(fastsql.json_row(action)),
         quote.quote_id if quote else "",
@@ -242,11 +308,9 @@ def _claim(
         permit.permit_id,
         price,
         now,
-        permit.max_credits,
-        permit.max_calls,
-        permit.expires_at,
-        permit.signature,
+        *permit_verified_columns(permit),
         *event.params(),
+        *(cached if found.cached else [None] * 4),
     ]
     try:
         with fastsql.own_transaction(), connection.cursor() as cursor:
@@ -256,6 +320,8 @@ def _claim(
         refused = _claim_refusal(err)
         if refused is None:
             raise
+        if refused["code"] == "stale":
+            raise _Stale() from None
         if refused["code"] == "quote_unavailable":
             raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
         if refused["code"] == "permit_refused":
@@ -446,6 +512,10 @@ def governed_call(req: CallRequest) -> CallAnswer:
     Raises before acceptance (nothing written): ``RequestValidationError``
     (unknown or unpriced tool, arguments that break the inputSchema),
     ``IdempotencyKeyReused`` (422) and ``IdempotencyKeyInProgress`` (409).
+
+    A call whose tool, price, permit and policies the process has cached is decided on those
+    and claimed without reading them again (the claim compares what can have changed); any
+    doubt, including a refusal, and it is decided again on rows read afresh (``_lookup``).
     """
     principal = req.principal
     if principal.is_operator or principal.wallet_id is None:
@@ -453,7 +523,17 @@ def governed_call(req: CallRequest) -> CallAnswer:
 
         raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
     digest = request_hash_of(req.tool, req.arguments)
-    found = _lookup(req)
+    cached = _cached(req)
+    if cached is not None:
+        try:
+            return _governed(req, cached, digest)
+        except _Stale:
+            pass
+    return _governed(req, _lookup(req), digest)
+
+
+def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:
+    """The call on ``found``. From the cache, raises ``_Stale`` (nothing written) where fresh rows must decide."""
     if found.action is not None:
         return _existing(found.action, digest)
     if found.tool is None:
@@ -463,22 +543,29 @@ def governed_call(req: CallRequest) -> CallAnswer:
         raise RequestValidationError.single(
             ["body", "name"], "This tool has no price set and cannot be called.", "tool_price_not_set"
         )
-    _validate_arguments(found.tool, req.arguments)
+    if found.cached:
+        validator = found.tool.arguments_validator
+        if validator is not None and not validator.is_valid(req.arguments):
+            raise _Stale()  # a replay of the key, or the 422, is for the fresh lookup to tell
+    else:
+        _validate_arguments(found.tool, req.arguments)
 
     velocity: VelocityLimitExceeded | None = None
     try:
         action, velocity = run_retrying(lambda: _phase1(req, found, tool, price, digest))
     except IntegrityError:
-        # A concurrent request with the same key inserted first (the unique index made us wait for it).
+        # A concurrent request with the same key inserted first (the unique index made us wait for it),
+        # or, for a call decided from the cache, the key's earlier request.
         existing = _lookup(req).action
         if existing is None:
             raise
         return _existing(existing, digest)
     if velocity is not None:
-        wallet_freeze_for_velocity(exc=velocity, actor_key_id=principal.key_id)
+        wallet_freeze_for_velocity(exc=velocity, actor_key_id=req.principal.key_id)
     if action.state == ActionState.DENIED:
         assert action.response is not None
         return CallAnswer(action.action_id, action.response, replayed=False)
+    _remember(req, found)
 
     fault_point("after_claim")
     claimed = action
@@ -555,10 +642,15 @@ def _phase1(
             price=price,
             category=tool.category,
             now=now,
+            # A cached permit's signed statement verified when it was cached, and the reservation requires
+            # the row to still carry that signature and the signed limits.
+            verify_signature=not found.cached,
             policies=found.policies,
         )
         action.policy_decision_id = decision.policy_decision_id
         if decision.refusal is not None:
+            if found.cached:  # decided on cached rows (a permit's spend, say): decide again on fresh ones
+                raise _Stale()
             raise decision.refusal
         debit = None
         if price <= 0:
@@ -595,7 +687,7 @@ def _phase1(
             },
         )
         fault_point("before_claim")
-        posted = _claim(action, quote, debit, permit, now, event)
+        posted = _claim(action, quote, debit, permit, now, event, found)
         action.ledger_entry = posted.entry if posted is not None else None
         return action, None
     except _REFUSALS as refusal:

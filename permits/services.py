@@ -84,6 +84,21 @@ PERMIT_SIGNED_FIELDS = (
 )
 
 
+def permit_verified_columns(permit: Permit) -> list[Any]:
+    """What ``permits_reserve`` requires the row to still carry, after its signed statement verified:
+    the signature, then the tenant, wallet, subject key, tools, allowance, call limit and expiry."""
+    return [
+        permit.signature,
+        permit.tenant_id,
+        permit.wallet_id,
+        permit.subject_key_id,
+        json.dumps(list(permit.allowed_tools)),
+        permit.max_credits,
+        permit.max_calls,
+        permit.expires_at,
+    ]
+
+
 def permit_statement_problem(permit: Permit) -> str | None:
     """Why ``permit``'s stored columns cannot be trusted, or None: the one check of a permit at use.
 

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from django.db import DatabaseError, connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
 from audit.models import AuditEvent
@@ -27,7 +28,7 @@ from mcpgateway import services
 from mcpgateway.models import Action, ActionState
 from mcpgateway.upstream import CallResult
 from permits.models import Permit, Quote
-from permits.services import quote_consume, quote_create
+from permits.services import permit_revoke, permit_verified_columns, policy_create, quote_consume, quote_create
 from receipts.models import Receipt
 from tests import test_gateway_governance as governance
 from tests.gateway_helpers import issue_permit, setup_caller
@@ -78,11 +79,9 @@ def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple
         permit.permit_id,
         Decimal(amount),
         now,
-        permit.max_credits,
-        permit.max_calls,
-        permit.expires_at,
-        permit.signature,
+        *permit_verified_columns(permit),
         *event.params(),
+        *[None] * 4,  # nothing from the process's cache to compare
     ]
     return action, params
 
@@ -189,22 +188,34 @@ def test_a_quote_spent_or_edited_after_the_check_is_refused(fault, tenant, monke
     assert fault.count("tools/call") == 0
 
 
-def test_permits_reserve_requires_the_signed_limits(tenant):
+def test_permits_reserve_requires_every_signed_column(tenant):
     permit = Permit.objects.get(pk=issue_permit(tenant, max_credits="5", max_calls=2))
     now = timezone.now()
-    signed = [permit.max_credits, permit.max_calls, permit.expires_at, permit.signature]
+    verified = permit_verified_columns(permit)
 
-    def reserve(*verified: Any) -> bool:
+    def reserve(*columns: Any) -> bool:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT permits_reserve(%s, %s, %s, %s, %s, %s, %s)", [permit.permit_id, 1, now, *verified])
+            cursor.execute(
+                "SELECT permits_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                [permit.permit_id, 1, now, *columns],
+            )
             return bool(cursor.fetchone()[0])
 
-    assert reserve(*signed)
-    assert not reserve(Decimal("6"), *signed[1:])  # what the caller verified is not what the row says
-    assert not reserve(signed[0], 3, *signed[2:])
-    assert not reserve(*signed[:3], "forged")
-    assert reserve(None, None, None, None)  # no verified statement: the allowance rules alone
-    assert not reserve(*signed)  # the call limit (2) is used up
+    def but(index: int, value: Any) -> list[Any]:
+        return [*verified[:index], value, *verified[index + 1 :]]
+
+    assert reserve(*verified)
+    # What the caller verified is not what the row says: each signed column, and the signature.
+    assert not reserve(*but(0, "forged"))
+    assert not reserve(*but(1, "spn_other"))
+    assert not reserve(*but(2, tenant.sponsor.wallet_id))
+    assert not reserve(*but(3, tenant.agent_key_id))
+    assert not reserve(*but(4, '["other.*"]'))
+    assert not reserve(*but(5, Decimal("6")))
+    assert not reserve(*but(6, 3))
+    assert not reserve(*but(7, permit.expires_at + timedelta(seconds=1)))
+    assert reserve(*[None] * 8)  # no verified statement: the allowance rules alone
+    assert not reserve(*verified)  # the call limit (2) is used up
     permit.refresh_from_db()
     assert (permit.spent_credits, permit.calls_used) == (2, 2)
 
@@ -277,3 +288,76 @@ def test_an_answer_after_the_sweep_writes_nothing(fault, tenant):
     assert Receipt.objects.filter(action_id=action.action_id).count() == 1
     assert Receipt.objects.get(action_id=action.action_id).outcome == "delivery_uncertain"
     assert balance(tenant) == 7  # the charge is kept pending reconciliation, once
+
+
+# --- Calls decided from the process's cache ----------------------------------------------------------
+
+
+def _lookups(queries: list[dict[str, Any]]) -> int:
+    return sum("FROM (SELECT 1) AS one" in q["sql"] for q in queries)
+
+
+def test_a_second_call_is_decided_from_the_cache_without_the_lookup(fault, tenant):
+    caller = setup_caller(tenant, balance=10)
+    with CaptureQueriesContext(connection) as first:
+        assert "result" in caller.rpc("echo", {}).json()
+    with CaptureQueriesContext(connection) as second:
+        assert "result" in caller.rpc("echo", {}).json()
+    assert _lookups(first.captured_queries) == 1
+    assert _lookups(second.captured_queries) == 0
+    assert any("gateway_claim" in q["sql"] for q in second.captured_queries)
+    assert balance(tenant) == 6
+    assert fault.count("tools/call") == 2
+
+
+def test_a_policy_set_after_the_cache_was_filled_applies_to_the_next_call(fault, tenant):
+    caller = setup_caller(tenant, balance=10)
+    assert "result" in caller.rpc("echo", {}).json()
+    policy_create(wallet=tenant.sponsor, denied_tools=["echo"])
+    assert_refused(caller.rpc("echo", {}).json(), outcome="denied", reason="policy_denied")
+    assert balance(tenant) == 8
+    assert fault.count("tools/call") == 1
+
+
+def test_a_permit_revoked_or_edited_after_the_cache_was_filled_is_refused(fault, tenant):
+    caller = setup_caller(tenant, balance=10, max_credits="20")
+    assert "result" in caller.rpc("echo", {}).json()
+    Permit.objects.filter(pk=caller.permit_id).update(max_credits=Decimal("1000"))  # a column edited in the table
+    body = caller.rpc("echo", {}).json()
+    assert_refused(body, outcome="denied", reason="permit_signature_invalid")
+    assert body["error"]["data"]["reason"] == "statement_mismatch:max_credits"
+    Permit.objects.filter(pk=caller.permit_id).update(max_credits=Decimal("20"))
+    assert "result" in caller.rpc("echo", {}).json()
+    permit_revoke(permit_id=caller.permit_id)
+    assert_refused(caller.rpc("echo", {}).json(), outcome="denied", reason="permit_revoked")
+    assert balance(tenant) == 6
+    assert fault.count("tools/call") == 2
+
+
+def test_a_refusal_decided_on_cached_rows_is_never_recorded(fault, tenant):
+    """The cache holds a permit as it was read; a refusal its stale state would give (here a revocation
+    that the table does not show) is decided again on fresh rows, and the call goes through."""
+    caller = setup_caller(tenant, balance=10)
+    assert "result" in caller.rpc("echo", {}).json()
+    cached = services._permits[caller.permit_id]
+    stale = Permit.from_db(
+        "default",
+        [f.attname for f in Permit._meta.concrete_fields],
+        [getattr(cached, f.attname) for f in Permit._meta.concrete_fields],
+    )
+    stale.status = "revoked"
+    services._permits[caller.permit_id] = stale
+    assert "result" in caller.rpc("echo", {}).json()
+    assert services._permits[caller.permit_id].status == "active"  # read again, and cached again
+    assert balance(tenant) == 6
+
+
+def test_a_replay_decided_from_the_cache_returns_the_stored_answer(fault, tenant):
+    caller = setup_caller(tenant, balance=10)
+    first = caller.rpc("echo", {"n": 1}, key="again").json()["result"]["_meta"]
+    replay = caller.rpc("echo", {"n": 1}, key="again").json()["result"]["_meta"]
+    assert replay["io.tollgate/receipt-id"] == first["io.tollgate/receipt-id"]
+    assert (first["io.tollgate/replayed"], replay["io.tollgate/replayed"]) == (False, True)
+    assert caller.rpc("echo", {"n": 2}, key="again").json()["error"]["data"]["error"] == "idempotency_key_reused"
+    assert balance(tenant) == 8
+    assert fault.count("tools/call") == 1

@@ -15,14 +15,21 @@
 --    verified price);
 -- 3. the debit, when the call has a price (billing_debit: the agent ancestors, the
 --    refill parent, the wallet; every spend rule);
--- 4. the reservation on the permit (permits_reserve, requiring the signed limits
---    the caller verified);
+-- 4. the reservation on the permit (permits_reserve, requiring the row to still
+--    carry the signed columns and the signature the caller verified);
 -- 5. the audit event 'tool_call.dispatch_claimed' (audit_append: the tenant's
 --    chain head, last).
 --
+-- When the call was authorized from the process's cache rather than from rows read for
+-- it (mcpgateway.services, "cached"), the tool, its list price and the policies of the
+-- wallet's line must still be what was cached: c_tool_version (gateway_tool_version),
+-- c_price and c_policies_version (permits_policies_version of c_ancestry) are compared
+-- before anything is written, and any difference refuses with 'stale' (the caller reads
+-- the rows afresh and decides again). NULLs skip these comparisons.
+--
 -- Answers billing_debit's columns (code 'ok'; the debit's figures when there was
 -- one). A refusal raises SQLSTATE P0T01 with the code as the message's last word
--- and the answer's columns as JSON in DETAIL (codes: the debit's refusals,
+-- and the answer's columns as JSON in DETAIL (codes: 'stale', the debit's refusals,
 -- 'quote_unavailable', 'permit_refused'), so the statement, and with it everything
 -- written before the refusal, is rolled back; the caller maps the code to its
 -- exception and records the denial in a transaction of its own.
@@ -33,11 +40,12 @@ CREATE OR REPLACE FUNCTION gateway_claim(
     d_wallet_id text, d_amount numeric, d_now timestamptz, d_category text, d_units numeric,
     d_description text, d_request_path text, d_correlation_id text, d_ids text[],
     d_hour_limit numeric, d_day_limit numeric,
-    r_permit_id text, r_price numeric, r_now timestamptz,
-    r_max_credits numeric, r_max_calls integer, r_expires_at timestamptz, r_signature text,
+    r_permit_id text, r_price numeric, r_now timestamptz, r_signature text, r_tenant_id text, r_wallet_id text,
+    r_subject_key_id text, r_allowed_tools jsonb, r_max_credits numeric, r_max_calls integer, r_expires_at timestamptz,
     a_chain text, a_event_id text, a_event text, a_tenant_id text, a_wallet_id text, a_key_id text,
     a_tool text, a_endpoint text, a_policy_decision_id text, a_request_id text, a_ok boolean,
     a_detail jsonb, a_created_at timestamptz, a_prefix bytea, a_suffix bytea,
+    c_tool_version text, c_price numeric, c_ancestry text[], c_policies_version text,
     OUT code text, OUT subject_id text, OUT wallet_tenant text, OUT new_balance numeric,
     OUT daily_spent numeric, OUT refilled numeric, OUT refill_parent text, OUT figure numeric,
     OUT figure_limit numeric, OUT spend_window text, OUT refusal_reason text
@@ -46,6 +54,15 @@ LANGUAGE plpgsql AS $$
 DECLARE
     d record;
 BEGIN
+    IF (c_tool_version IS NOT NULL
+        AND (gateway_tool_version(p_action->>'tool') IS DISTINCT FROM c_tool_version
+             OR NOT EXISTS (SELECT 1 FROM billing_tool_price pr WHERE pr.tool = p_action->>'tool' AND pr.credits = c_price)))
+       OR (c_policies_version IS NOT NULL AND permits_policies_version(c_ancestry) IS DISTINCT FROM c_policies_version) THEN
+        code := 'stale';
+        RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
+            DETAIL = jsonb_build_object('code', code)::text;
+    END IF;
+
     INSERT INTO mcpgateway_action SELECT * FROM jsonb_populate_record(NULL::mcpgateway_action, p_action);
 
     IF q_quote_id <> '' AND NOT permits_quote_consume(q_quote_id, p_action->>'wallet_id', p_action->>'tool',
@@ -67,7 +84,8 @@ BEGIN
         refill_parent := d.refill_parent;
     END IF;
 
-    IF NOT permits_reserve(r_permit_id, r_price, r_now, r_max_credits, r_max_calls, r_expires_at, r_signature) THEN
+    IF NOT permits_reserve(r_permit_id, r_price, r_now, r_signature, r_tenant_id, r_wallet_id, r_subject_key_id,
+                           r_allowed_tools, r_max_credits, r_max_calls, r_expires_at) THEN
         code := 'permit_refused'; subject_id := r_permit_id;
         RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
             DETAIL = jsonb_build_object('code', code, 'subject_id', subject_id)::text;

@@ -6,13 +6,14 @@
 -- never spend past the allowance: each waits for the row lock, then re-reads the
 -- row. Returns whether it reserved.
 --
--- The limits it enforces must be the signed ones. Authorization verifies the
--- permit's signed statement and compares its columns before the reservation; the
--- caller passes what it verified (the allowance, the call limit, the expiry and
--- the signature) and the UPDATE also requires the row to still carry exactly
--- those, so a column edited between the check and the reservation refuses instead
--- of widening the allowance. NULL p_signature skips that comparison (callers
--- that hold no verified statement).
+-- The permit it reserves on must be the one that was checked. Authorization verifies
+-- the permit's signed statement and compares every column it reads with it (the
+-- wallet, the tenant, the subject key, the tools, the allowance, the call limit and
+-- the expiry) before the reservation, sometimes on a row it read or cached earlier;
+-- the caller passes the columns it verified and the signature, and the UPDATE also
+-- requires the row to still carry exactly those, so a column edited after the check
+-- refuses instead of widening the permit. NULL p_signature skips that comparison
+-- (callers that hold no verified statement).
 --
 -- Callers: the governed call's claim (gateway_claim) and permits.services.permit_reserve.
 -- Lock order: callers take it after the wallet rows (the debit) and before the chain head.
@@ -20,10 +21,14 @@ CREATE OR REPLACE FUNCTION permits_reserve(
     p_permit_id text,
     p_amount numeric,
     p_now timestamptz,
+    p_signature text DEFAULT NULL,
+    p_tenant_id text DEFAULT NULL,
+    p_wallet_id text DEFAULT NULL,
+    p_subject_key_id text DEFAULT NULL,
+    p_allowed_tools jsonb DEFAULT NULL,
     p_max_credits numeric DEFAULT NULL,
     p_max_calls integer DEFAULT NULL,
-    p_expires_at timestamptz DEFAULT NULL,
-    p_signature text DEFAULT NULL
+    p_expires_at timestamptz DEFAULT NULL
 )
 RETURNS boolean
 LANGUAGE sql AS $$
@@ -31,7 +36,10 @@ LANGUAGE sql AS $$
         UPDATE permits_permit SET spent_credits = spent_credits + p_amount, calls_used = calls_used + 1
          WHERE permit_id = p_permit_id AND status = 'active' AND expires_at > p_now
            AND spent_credits <= max_credits - p_amount AND (max_calls IS NULL OR calls_used < max_calls)
-           AND (p_signature IS NULL OR (signature = p_signature AND max_credits = p_max_credits
+           AND (p_signature IS NULL OR (signature = p_signature AND tenant_id = p_tenant_id
+                                        AND wallet_id = p_wallet_id
+                                        AND subject_key_id IS NOT DISTINCT FROM p_subject_key_id
+                                        AND allowed_tools = p_allowed_tools AND max_credits = p_max_credits
                                         AND max_calls IS NOT DISTINCT FROM p_max_calls
                                         AND expires_at = p_expires_at))
         RETURNING 1
