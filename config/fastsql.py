@@ -18,7 +18,7 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, TypeVar
 
-from django.db import connection, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
 from django.db.models import AutoField, BigAutoField, Model, SmallAutoField
 
 M = TypeVar("M", bound=Model)
@@ -55,10 +55,37 @@ def instance(model: type[M], values: Sequence[Any]) -> M:
 
 def fetch_row(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
     """The first row of ``sql`` (one round trip), or None."""
-    with connection.cursor() as cursor:
+    cursor = _reusable_cursor()
+    if cursor is None:
+        with connection.cursor() as fresh:
+            fresh.execute(sql, params)
+            row = fresh.fetchone()
+    else:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return tuple(row) if row is not None else None
+
+
+def _reusable_cursor() -> Any:
+    """The cursor this thread's connection keeps for the statements run here, or None.
+
+    Creating a cursor costs more than a primary-key lookup (psycopg sets up its adapters
+    for each), and the hot path runs its few statements one at a time, so each connection
+    keeps one and reuses it. It is Django's cursor (errors are Django's, execute wrappers
+    apply), made again whenever the connection is (a reconnect, a closed connection). None
+    while queries are being recorded (DEBUG, tests capturing queries): those take a fresh
+    cursor, which records them.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    if db.queries_logged:
+        return None
+    db.close_if_health_check_failed()  # what opening a cursor does first: once per request
+    db.ensure_connection()
+    kept = db.__dict__.get("_fastsql_cursor")
+    if kept is None or kept[0] is not db.connection:
+        kept = (db.connection, db.cursor())
+        db.__dict__["_fastsql_cursor"] = kept
+    return kept[1]
 
 
 @cache

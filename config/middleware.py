@@ -12,7 +12,10 @@ import re
 import secrets
 from collections.abc import Callable
 
+from django.contrib.messages.middleware import MessageMiddleware
+from django.contrib.messages.storage import default_storage
 from django.http import HttpRequest, HttpResponse
+from django.utils.functional import SimpleLazyObject, empty
 
 from config.ids import new_id
 
@@ -81,3 +84,21 @@ class SecurityHeadersMiddleware:
 def csp_nonce(request: HttpRequest) -> dict[str, str]:
     """Template context: ``csp_nonce`` for an inline ``<script nonce="...">``."""
     return {"csp_nonce": getattr(request, "csp_nonce", "")}
+
+
+class LazyMessageMiddleware(MessageMiddleware):
+    """Django's message middleware, making the message storage only for requests that use it.
+
+    Messages are for people (the console, the approval pages); the API and MCP requests, nearly
+    all of the traffic, never read or add one. The storage is made the first time a view or a
+    template touches ``request._messages``; a response whose request never did is left alone.
+    """
+
+    def process_request(self, request: HttpRequest) -> None:
+        request._messages = SimpleLazyObject(lambda: default_storage(request))  # type: ignore[attr-defined]
+
+    def process_response(self, request: HttpRequest, response: HttpResponse) -> HttpResponse:
+        stored = getattr(request, "_messages", None)
+        if isinstance(stored, SimpleLazyObject) and stored._wrapped is empty:
+            return response
+        return super().process_response(request, response)

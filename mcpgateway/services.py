@@ -37,7 +37,7 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
-from django.db import DatabaseError, IntegrityError, connection, transaction
+from django.db import DatabaseError, IntegrityError, transaction
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes_fast, sha256_hex
@@ -297,7 +297,8 @@ def _claim(
     """
     price = action.price
     wallet = action.wallet
-    cached = [found.tool.version if found.tool else None, found.price, wallet.ancestry, found.policies_version]
+    ancestry = "{" + ",".join(wallet.ancestry) + "}"  # wallet ids are [A-Za-z0-9_]: a literal needs no quoting
+    cached = [found.tool.version if found.tool else None, found.price, ancestry, found.policies_version]
     params = [
         json.dumps(fastsql.json_row(action)),
         quote.quote_id if quote else "",
@@ -313,9 +314,10 @@ def _claim(
         *(cached if found.cached else [None] * 4),
     ]
     try:
-        with fastsql.own_transaction(), connection.cursor() as cursor:
-            cursor.execute(_CLAIM_SQL, params)
-            answer = dict(zip(DEBIT_COLUMNS, cursor.fetchone(), strict=True))
+        with fastsql.own_transaction():
+            row = fastsql.fetch_row(_CLAIM_SQL, params)
+        assert row is not None
+        answer = dict(zip(DEBIT_COLUMNS, row, strict=True))
     except DatabaseError as err:
         refused = _claim_refusal(err)
         if refused is None:
@@ -969,8 +971,8 @@ def _finish(
     action.response = response
     action.completed_at = timezone.now()
     if while_claimed:
-        with fastsql.own_transaction(), connection.cursor() as cursor:
-            cursor.execute(
+        with fastsql.own_transaction():
+            row = fastsql.fetch_row(
                 _FINISH_SQL,
                 [
                     action.action_id,
@@ -984,8 +986,8 @@ def _finish(
                     *event.params(),
                 ],
             )
-            if cursor.fetchone()[0] != "ok":
-                return None
+        if row is None or row[0] != "ok":
+            return None
         fastsql.inserted(receipt)
         return receipt
     fastsql.insert(receipt)  # receipts are only ever inserted (``Receipt.save`` refuses updates)

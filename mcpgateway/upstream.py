@@ -621,7 +621,12 @@ class UpstreamClient:
                     "invalid_response", "structuredContent missing for a tool with an outputSchema", result=payload
                 )
             try:
-                violation = jsonschema.exceptions.best_match(validator.iter_errors(structured))
+                # is_valid first: a conforming result (the usual case) needs no error objects.
+                violation = (
+                    None
+                    if validator.is_valid(structured)
+                    else jsonschema.exceptions.best_match(validator.iter_errors(structured))
+                )
             except Exception as exc:
                 # An unresolvable $ref and the like: the result cannot be shown to conform.
                 return result("invalid_response", f"outputSchema not evaluable: {_describe(exc)}", result=payload)
