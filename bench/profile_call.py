@@ -180,10 +180,11 @@ _CALLS = [0]
 SECTIONS = [
     ("config.wsgi", None),  # placeholder: the whole request is timed around the client call
     ("billing.ratelimit", "charge_request"),
-    ("billing.selectors", "api_key_authenticate"),
+    ("billing.selectors", "api_key_authenticate_charging"),
     ("mcpgateway.services", "governed_call"),
-    ("mcpgateway.services", "_lookup"),
-    ("mcpgateway.services", "_validate_arguments"),
+    ("mcpgateway.services", "_cached"),
+    ("mcpgateway.services", "_lookup"),  # ~0 once the process's cache holds the call's rows
+    ("mcpgateway.services", "_governed"),
     ("mcpgateway.services", "_phase1"),
     ("permits.services", "authorize"),
     ("audit.services", "audit_event_prepare"),
