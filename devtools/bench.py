@@ -444,11 +444,47 @@ def profile_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     return rows, notes
 
 
+def upstream_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
+    v = f["variants"]
+    stateless = v["UpstreamClient.call_tool, stateless era (outputSchema checked)"]
+    bare = v["UpstreamClient.call_tool, handshake era (no outputSchema)"]
+    httpx_ref = v["httpx.Client.post + json, handshake era (reference)"]
+    floor = v["bare socket exchange, handshake era (floor)"]
+    handshake = v["UpstreamClient.call_tool, handshake era (outputSchema checked)"]
+    rows = [
+        Row(
+            "upstream client CPU per `tools/call` as phase 2 runs it (stateless era, outputSchema checked)",
+            f"{stateless['cpu_us_per_call']} µs",
+            f"a plain `httpx.Client` post: {httpx_ref['cpu_us_per_call']} µs",
+            _ratio(stateless["cpu_us_per_call"], httpx_ref["cpu_us_per_call"]),
+        ),
+        Row(
+            "upstream client CPU per `tools/call`, wire and classification only (no outputSchema)",
+            f"{bare['cpu_us_per_call']} µs",
+            f"a bare kept-alive socket exchange: {floor['cpu_us_per_call']} µs",
+            _ratio(bare["cpu_us_per_call"], floor["cpu_us_per_call"]),
+        ),
+        Row(
+            "the SDK upstream's CPU per `tools/call` in the stateless 2026-07-28 era the client negotiates",
+            f"{stateless['upstream_cpu_us_per_call']} µs",
+            f"the same call in the handshake era: {handshake['upstream_cpu_us_per_call']} µs",
+            _ratio(stateless["upstream_cpu_us_per_call"], handshake["upstream_cpu_us_per_call"]),
+        ),
+    ]
+    notes = [
+        f"{f['rounds']} rounds x {f['calls_per_round']:,} sequential calls per variant, medians over rounds; "
+        "wall p50 stateless / handshake era: "
+        f"{stateless['p50_us']} / {handshake['p50_us']} µs."
+    ]
+    return rows, notes
+
+
 BENCHMARKS = (
     # name, script, title, rows
     ("governed_call", "governed_call.py", "Governed tool call through `/mcp`", governed_rows),
     ("profile_call", "profile_call.py", "Profile of one governed call", profile_rows),
     ("charge", "charge.py", "Charge through HTTP", charge_rows),
+    ("upstream_client", "upstream_client.py", "Upstream client", upstream_rows),
     ("audit_verify", "audit_verify.py", "Audit chain verification", audit_rows),
     ("receipt_verify", "receipt_verify.py", "Offline receipt verification", receipt_rows),
     ("ratelimit", "ratelimit.py", "Rate limiter", ratelimit_rows),
@@ -552,6 +588,7 @@ def main(argv: list[str] | None = None) -> int:
         "governed_call": ["--seconds", seconds],
         "profile_call": ["--calls", "300", "--top", "15"],
         "charge": ["--seconds", seconds],
+        "upstream_client": ["--calls", "1000", "--rounds", "3"],
         "audit_verify": ["--events", str(args.events), "--runs", "3"],
         "receipt_verify": ["--seconds", "3"],
         "ratelimit": ["--seconds", "3"],
