@@ -733,6 +733,7 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
         request_id=action.action_id,
         extra_meta={"io.tollgate/action-id": action.action_id},
         output_schema=tool.output_schema or None,
+        input_schema=tool.input_schema or None,  # arguments marked x-mcp-header travel as headers too
     )
     metrics.observe_upstream(result.elapsed, kind=result.kind)
     return result

@@ -7,11 +7,13 @@ from decimal import Decimal
 import pytest
 
 from billing.models import LedgerEntry, Wallet
+from billing.services import tool_price_set
+from mcpgateway import services
 from mcpgateway.models import Action
 from permits.models import Permit
 from receipts.models import Receipt, RefundReconciliation
 from tests.gateway_helpers import register_upstream, setup_caller
-from tests.upstream_server import FaultUpstream, free_port
+from tests.upstream_server import PARAM_TOOL_SCHEMA, FaultUpstream, free_port
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +118,19 @@ def test_refund_that_cannot_post_is_failed_unrefunded_with_a_reconciliation_item
     item = RefundReconciliation.objects.get(receipt_id=body["error"]["data"]["receipt_id"])
     assert item.status == "pending"
     assert item.amount == 2
+
+
+def test_arguments_marked_as_headers_reach_a_stateless_era_upstream(settings, tenant):
+    """In the 2026-07-28 era, the arguments a tool's inputSchema marks ``x-mcp-header`` travel as
+    ``Mcp-Param-*`` headers too (an SDK server refuses the call without them)."""
+    settings.UPSTREAM_READ_TIMEOUT = 0.5
+    settings.UPSTREAM_CONNECT_TIMEOUT = 0.5
+    with FaultUpstream(stateless_versions=["2026-07-28"]) as upstream:
+        settings.UPSTREAM_MCP_URL = upstream.url
+        services.tools_sync(remote_tools=[{"name": "param_echo", "inputSchema": PARAM_TOOL_SCHEMA}])
+        tool_price_set(tool="param_echo", credits=Decimal("1"))
+        caller = setup_caller(tenant)
+        body = caller.rpc("param_echo", {"region": "eu-west", "count": 3, "options": {"dry_run": True}}).json()
+    assert "result" in body, body
+    headers = {k.lower(): v for k, v in body["result"]["structuredContent"]["headers"].items()}
+    assert headers == {"mcp-param-region": "eu-west", "mcp-param-count": "3", "mcp-param-dry-run": "true"}
