@@ -49,27 +49,13 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+sys.path.insert(0, str(ROOT / "bench"))
+from governed_call import free_port, wait_http  # noqa: E402
+
 from mcpgateway.upstream import UpstreamClient  # noqa: E402
 
 ARGUMENTS = {"a": 1, "b": 2}
 WARMUP = 200
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_http(url: str, seconds: float = 30) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.HTTPError:
-            time.sleep(0.1)
-    raise SystemExit(f"{url} did not come up")
 
 
 def rpc_body(rid: str, key: str) -> dict[str, Any]:
