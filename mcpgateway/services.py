@@ -223,11 +223,11 @@ def _lookup(req: CallRequest) -> _Found:
 # What a call needs beyond its own action, cached per process once a call has been claimed on it: a tool's
 # list price, a permit whose signed statement verified, the policies of a wallet's line with their version.
 # A call that finds all of them here is decided without the lookup; its claim compares the tool's version,
-# the price and the policies' version, and the reservation requires the permit's signed limits and
-# signature, so nothing cached can authorize what the rows no longer allow (``_Stale``: read afresh). Only
-# what the claim re-checks is used from here: a refusal decided on cached rows is never recorded (the call
-# is decided again on fresh ones), and balances, spend and the permit's allowance are only ever read under
-# the claim's locks.
+# the price and the policies' version, and the reservation requires the permit row to still carry every
+# signed column and the signature, so nothing cached can authorize what the rows no longer allow (``_Stale``:
+# read afresh). Only what the claim re-checks is used from here: a refusal decided on cached rows is never
+# recorded (the call is decided again on fresh ones), and balances, spend and the permit's allowance are
+# only ever read under the claim's locks.
 _prices: dict[str, Decimal] = {}
 _permits: dict[str, Permit] = {}
 _policies: dict[str, tuple[str, list[PolicyBundle]]] = {}
