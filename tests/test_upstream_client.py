@@ -35,6 +35,7 @@ from cryptography.x509.oid import NameOID
 from pydantic import Field
 
 from mcpgateway.upstream import IDEMPOTENCY_META_KEY, CallResult, UpstreamClient, UpstreamError
+from tests import upstream_server
 from tests.upstream_server import (
     CLIENT_CAPABILITIES_META_KEY,
     CLIENT_INFO_META_KEY,
@@ -601,26 +602,8 @@ def test_mcp_param_headers_satisfy_the_sdk_server() -> None:
 @contextlib.contextmanager
 def running_asgi(app: Any) -> Iterator[str]:
     """Serve an ASGI app with uvicorn in a daemon thread; yields its ``/mcp`` URL."""
-    import socket
-
-    import uvicorn
-
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("the ASGI server did not start")
-        time.sleep(0.02)
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}/mcp"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with upstream_server.running_asgi(app) as base:
+        yield f"{base}/mcp"
 
 
 @pytest.mark.parametrize(

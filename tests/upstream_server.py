@@ -176,6 +176,28 @@ def _recording(app: _App, seen: list[SeenRequest]) -> _App:
 
 
 @contextlib.contextmanager
+def running_asgi(app: Any) -> Iterator[str]:
+    """Serve an ASGI app with uvicorn in a daemon thread on 127.0.0.1; yields its base URL; stops it on exit."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the ASGI server did not start")
+        time.sleep(0.02)
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        sock.close()
+
+
+@contextlib.contextmanager
 def running_demo_upstream(*, stateless: bool = False) -> Iterator[RunningDemo]:
     """Run ``mcpgateway.demo_upstream`` with uvicorn in a daemon thread, recording its POSTs; stop it on exit.
 
@@ -184,27 +206,8 @@ def running_demo_upstream(*, stateless: bool = False) -> Iterator[RunningDemo]:
     """
     state = DemoState()
     seen: list[SeenRequest] = []
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    app = _recording(build_app(state, stateless=stateless), seen)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if not thread.is_alive() or time.monotonic() > deadline:
-            raise RuntimeError("demo upstream did not start")
-        time.sleep(0.02)
-    try:
-        yield RunningDemo(
-            url=f"http://127.0.0.1:{port}/mcp", stats_url=f"http://127.0.0.1:{port}/stats", state=state, requests=seen
-        )
-    finally:
-        server.should_exit = True
-        thread.join(10)
-        sock.close()
+    with running_asgi(_recording(build_app(state, stateless=stateless), seen)) as base:
+        yield RunningDemo(url=f"{base}/mcp", stats_url=f"{base}/stats", state=state, requests=seen)
 
 
 # -- the fault server ----------------------------------------------------------------------------
