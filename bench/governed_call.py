@@ -1,6 +1,6 @@
 """Governed tools/call throughput and latency through /mcp, beside a direct call to the same upstream.
 
-    .venv/bin/python bench/governed_call.py [--seconds 10] [--workers 2] [--threads 8] [--json PATH]
+    .venv/bin/python bench/governed_call.py [--seconds 10] [--workers 2] [--threads 4] [--json PATH]
 
 Starts, on this machine: a throwaway database on the embedded PostgreSQL server
 (or the server of DATABASE_URL), the bundled demo upstream (official MCP SDK),
@@ -265,7 +265,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--workers", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=4)  # what `make run` deploys (GUNICORN_THREADS)
     parser.add_argument(
         "--history",
         type=int,
