@@ -49,6 +49,8 @@ from typing import Any
 import rfc8785
 
 MAX_SAFE_INTEGER = 2**53 - 1
+# Keys with such characters sort differently by UTF-16 units (RFC 8785) than by code points (sort_keys);
+# an ASCII key never has one, so it skips the search.
 _KEY_UNSAFE = re.compile("[\ue000-\U0010ffff]")
 _reference_encode = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True, allow_nan=False).encode
 
@@ -111,7 +113,7 @@ def _ready(value: Any) -> Any:
     if kind is dict:
         copy: dict[str, Any] | None = None
         for key, item in value.items():
-            if type(key) is not str or _KEY_UNSAFE.search(key):
+            if type(key) is not str or (not key.isascii() and _KEY_UNSAFE.search(key)):
                 return _UNSAFE
             ready = _ready(item)
             if ready is not item:

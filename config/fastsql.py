@@ -19,7 +19,7 @@ from functools import cache
 from typing import Any, TypeVar
 
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import AutoField, BigAutoField, Model, SmallAutoField
+from django.db.models import AutoField, BigAutoField, DateField, DateTimeField, Field, Model, SmallAutoField, TimeField
 
 M = TypeVar("M", bound=Model)
 
@@ -139,14 +139,31 @@ def json_row(obj: Model) -> dict[str, Any]:
     rounded or shifted on the way; JSON columns travel as JSON.
     """
     row: dict[str, Any] = {}
-    for field in type(obj)._meta.concrete_fields:
-        value = field.pre_save(obj, True)
+    for column, attname, field in _row_fields(type(obj)):
+        value = getattr(obj, attname) if field is None else field.pre_save(obj, True)
         if isinstance(value, Decimal):
             value = str(value)
         elif isinstance(value, datetime):
             value = value.isoformat()
-        row[str(field.column)] = value
+        row[column] = value
     return row
+
+
+@cache
+def _row_fields(model: type[Model]) -> tuple[tuple[str, str, Field[Any, Any] | None], ...]:
+    """(column, attname, field) of ``model``'s concrete fields for ``json_row``; ``field`` is None where
+    ``pre_save`` is a plain read of the attribute (every field but the date and time fields that
+    set themselves: ``auto_now``, ``auto_now_add``)."""
+    out = []
+    for field in model._meta.concrete_fields:
+        moves = getattr(field, "auto_now", False) or getattr(field, "auto_now_add", False)
+        plain = type(field).pre_save in _PLAIN_PRE_SAVE and not moves
+        out.append((str(field.column), field.attname, None if plain else field))
+    return tuple(out)
+
+
+# pre_save methods that only read the attribute unless auto_now / auto_now_add is set.
+_PLAIN_PRE_SAVE = frozenset({Field.pre_save, DateField.pre_save, DateTimeField.pre_save, TimeField.pre_save})
 
 
 def attach(instance: Model, name: str, related: Model | None) -> None:

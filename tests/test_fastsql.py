@@ -92,3 +92,24 @@ def test_a_tool_row_with_its_schemas(db) -> None:
     tool = fastsql.instance(Tool, row)
     assert (tool.input_schema, tool.output_schema) == ({"type": "object"}, None)
     assert fastsql.width(Tool) == len(row)
+
+
+def test_json_row_reads_each_field_as_its_pre_save_would(tenant) -> None:
+    """The plain-attribute fast path agrees with ``pre_save``; fields that set themselves still do."""
+    action = _action(tenant, price=Decimal("1.5"))
+    assert fastsql.json_row(action) == {
+        str(f.column): (
+            str(v)
+            if isinstance(v := f.pre_save(action, True), Decimal)
+            else v.isoformat()
+            if isinstance(v, datetime)
+            else v
+        )
+        for f in Action._meta.concrete_fields
+    }
+    tool = Tool(service_id="t.y", input_schema={"type": "object"})  # created_at auto_now_add, updated_at auto_now
+    before = datetime.now(UTC)
+    row = fastsql.json_row(tool)
+    assert datetime.fromisoformat(row["created_at"]) >= before
+    assert datetime.fromisoformat(row["updated_at"]) >= before
+    assert tool.updated_at is not None and row["updated_at"] == tool.updated_at.isoformat()
