@@ -112,4 +112,5 @@ def test_json_row_reads_each_field_as_its_pre_save_would(tenant) -> None:
     row = fastsql.json_row(tool)
     assert datetime.fromisoformat(row["created_at"]) >= before
     assert datetime.fromisoformat(row["updated_at"]) >= before
-    assert tool.updated_at is not None and row["updated_at"] == tool.updated_at.isoformat()
+    assert tool.updated_at is not None
+    assert row["updated_at"] == tool.updated_at.isoformat()
