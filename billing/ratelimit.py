@@ -22,6 +22,16 @@ resets); a refusal is 429 with ``Retry-After``.
 Rejected credentials that the limiter lets through are written to the audit
 log; refusals by the limiter itself are only counted, so a flood of bad keys
 cannot flood the database.
+
+A governed ``tools/call`` (``POST /mcp`` in the stateless era, ``Mcp-Method:
+tools/call``) whose key this process has authenticated before is not charged
+here: the key comes from the process's cache, and the charge is deferred to the
+call's claim, which checks the key (active, same secret) and charges its window
+in the same statement (``gateway_claim``), refusing over the limit. Any other
+outcome of such a request is charged before it writes anything
+(``DeferredCharge.settle``), or, for an answer that wrote nothing, after the
+view, when the answer is replaced by the 429 (or the 401 of a key revoked
+meanwhile) it would have had. Every request is charged exactly once.
 """
 
 from __future__ import annotations
@@ -33,7 +43,7 @@ import random
 import time
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.cache import cache
@@ -41,9 +51,13 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 
+from billing.keys import hash_secret
 from config import metrics
 from config.authentication import credential_from_headers, resolve_credential
 from config.errors import InvalidAPIKey, RateLimited, json_error
+
+if TYPE_CHECKING:
+    from billing.models import APIKey
 
 logger = logging.getLogger("tollgate.ratelimit")
 
@@ -137,16 +151,105 @@ def _charge_presented_key(request: HttpRequest, secret: str) -> tuple[str, int, 
     try:
         key, count = api_key_authenticate_charging(secret=secret, window_index=window_index)
     except InvalidAPIKey as exc:
+        _KEYS.pop(hash_secret(secret), None)
         request._tollgate_auth = (None, exc)  # type: ignore[attr-defined]
         cost = settings.RATE_LIMIT_REJECTED_MULTIPLIER
         count, reset = bucket_charge(f"client:{_client_address(request)}", cost, window, now=now)
         return "rejected_credentials", count, settings.RATE_LIMIT_REQUESTS, reset
     request._tollgate_auth = (key, None)  # type: ignore[attr-defined]
+    _remember_key(hash_secret(secret), key)
     if random.randrange(PRUNE_EVERY) == 0:
         with connection.cursor() as cursor:
             cursor.execute(_PRUNE, [window_index - 1])
     reset = max(1, math.ceil((window_index + 1) * window - now))
     return "key", count, settings.RATE_LIMIT_REQUESTS, reset
+
+
+# Keys this process authenticated, by the SHA-256 of the secret (never the secret): wallet keys only.
+_KEYS: dict[str, APIKey] = {}
+KEY_CACHE_LIMIT = 10_000
+# The governed call the charge may be deferred for (mcpgateway.transports: the stateless era's POST /mcp).
+_DEFERRABLE_PATH, _DEFERRABLE_VERSION, _DEFERRABLE_METHOD = "/mcp", "2026-07-28", "tools/call"
+
+
+def _remember_key(digest: str, key: APIKey) -> None:
+    if key.wallet_id is None:
+        return
+    if len(_KEYS) >= KEY_CACHE_LIMIT:
+        _KEYS.clear()
+    _KEYS[digest] = key
+
+
+class DeferredRefused(Exception):  # a signal to the middleware, not an error answered as such
+    """The deferred charge settled into a refusal (over the limit, or the key no longer valid):
+    the request stops, and the middleware answers it as a request charged at its start would be."""
+
+
+class DeferredCharge:
+    """The rate-limit charge of one request, deferred to its claim (see the module docstring).
+
+    ``key`` is the process's cached key for the presented secret; ``digest`` its SHA-256. The
+    claim passes ``claim_params()`` to ``gateway_claim`` and reports the window's count with
+    ``claimed``; everything else calls ``settle`` (idempotent) before it writes.
+    """
+
+    def __init__(self, request: HttpRequest, secret: str, digest: str, key: APIKey) -> None:
+        self.request, self._secret, self.digest, self.key = request, secret, digest, key
+        self.now = time.time()
+        self.window_index = int(self.now // settings.RATE_LIMIT_WINDOW_SECONDS)
+        self.outcome: tuple[str, int, int, int] | None = None
+
+    @property
+    def settled(self) -> bool:
+        return self.outcome is not None
+
+    def claim_params(self) -> list[Any]:
+        """``gateway_claim``'s k_ arguments: the key, the secret's digest, the window and the limit."""
+        return [self.key.key_id, self.digest, self.window_index, settings.RATE_LIMIT_REQUESTS]
+
+    def claimed(self, count: int) -> None:
+        """The claim checked the key and charged its window: ``count`` after the charge."""
+        window = settings.RATE_LIMIT_WINDOW_SECONDS
+        reset = max(1, math.ceil((self.window_index + 1) * window - self.now))
+        self.outcome = ("key", count, settings.RATE_LIMIT_REQUESTS, reset)
+        if random.randrange(PRUNE_EVERY) == 0:
+            with connection.cursor() as cursor:
+                cursor.execute(_PRUNE, [self.window_index - 1])
+
+    def settle(self) -> tuple[str, int, int, int]:
+        """Charge the request as the middleware does at a request's start (once): the key read afresh."""
+        if self.outcome is None:
+            self.outcome = _charge_presented_key(self.request, self._secret)
+        return self.outcome
+
+    def fresh_key(self) -> APIKey:
+        """Settle; the key read afresh, or ``DeferredRefused`` when the request is to be refused."""
+        kind, count, limit, _ = self.settle()
+        key, _error = resolve_credential(self.request)
+        if kind != "key" or count > limit or key is None:
+            raise DeferredRefused()
+        return key
+
+
+def _deferred(request: HttpRequest) -> DeferredCharge | None:
+    """A ``DeferredCharge`` when ``request`` is a governed call whose key this process knows, else None."""
+    if (
+        not _KEYS
+        or request.method != "POST"
+        or request.path != _DEFERRABLE_PATH
+        or settings.RATE_LIMIT_BACKEND != "database"
+        or request.headers.get("Mcp-Method") != _DEFERRABLE_METHOD
+        or request.headers.get("MCP-Protocol-Version") != _DEFERRABLE_VERSION
+    ):
+        return None
+    secret = credential_from_headers(request)
+    if secret is None:
+        return None
+    digest = hash_secret(secret)
+    key = _KEYS.get(digest)
+    if key is None:
+        return None
+    return DeferredCharge(request, secret, digest, key)
 
 
 class RateLimitMiddleware:
@@ -157,23 +260,49 @@ class RateLimitMiddleware:
         path = request.path
         if path in EXEMPT_EXACT or path.startswith(EXEMPT_PREFIXES):
             return self.get_response(request)
+        deferred = _deferred(request)
+        if deferred is not None:
+            return self._deferred_call(request, deferred)
         kind, count, limit, reset = charge_request(request)
-        remaining = max(0, limit - count)
         if count > limit:
-            REFUSALS[kind] += 1
-            metrics.count_refusal(kind)
-            response: HttpResponse = json_error(
-                request,
-                RateLimited(
-                    f"Rate limit of {limit} requests per {settings.RATE_LIMIT_WINDOW_SECONDS} s exceeded.",
-                    retry_after_seconds=reset,
-                ),
-            )
-            response["Retry-After"] = str(reset)
+            response: HttpResponse = self._refusal(request, kind, limit, reset)
         else:
             if kind == "rejected_credentials":
                 self._audit_rejection(request)
             response = self.get_response(request)
+        return self._with_headers(response, count, limit, reset)
+
+    def _deferred_call(self, request: HttpRequest, deferred: DeferredCharge) -> HttpResponse:
+        """A governed call charged by its claim. Whatever else it did wrote nothing before ``settle``,
+        so an answer the settled charge refuses is replaced by the refusal."""
+        request._tollgate_auth = (deferred.key, None)  # type: ignore[attr-defined]
+        request._tollgate_rate = deferred  # type: ignore[attr-defined]
+        response = self.get_response(request)
+        kind, count, limit, reset = deferred.settle()
+        if count > limit:
+            response = self._refusal(request, kind, limit, reset)
+        elif kind == "rejected_credentials":  # the cached key was revoked before the request was charged
+            self._audit_rejection(request)
+            response = self.get_response(request)  # answered as the credential now reads (401)
+        return self._with_headers(response, count, limit, reset)
+
+    @staticmethod
+    def _refusal(request: HttpRequest, kind: str, limit: int, reset: int) -> HttpResponse:
+        REFUSALS[kind] += 1
+        metrics.count_refusal(kind)
+        response = json_error(
+            request,
+            RateLimited(
+                f"Rate limit of {limit} requests per {settings.RATE_LIMIT_WINDOW_SECONDS} s exceeded.",
+                retry_after_seconds=reset,
+            ),
+        )
+        response["Retry-After"] = str(reset)
+        return response
+
+    @staticmethod
+    def _with_headers(response: HttpResponse, count: int, limit: int, reset: int) -> HttpResponse:
+        remaining = max(0, limit - count)
         response["X-RateLimit-Limit"] = str(limit)
         response["X-RateLimit-Remaining"] = str(remaining)
         response["X-RateLimit-Reset"] = str(reset)

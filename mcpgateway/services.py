@@ -26,6 +26,7 @@ dispatch uncertainty.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -33,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
@@ -75,6 +76,9 @@ from permits.services import (
 )
 from receipts.models import Outcome
 from receipts.services import receipt_prepare, refund_reconciliation_open
+
+if TYPE_CHECKING:
+    from billing.ratelimit import DeferredCharge
 
 logger = logging.getLogger("tollgate.gateway")
 
@@ -273,9 +277,9 @@ def _remember(req: CallRequest, found: _Found) -> None:
 
 
 # gateway_claim (mcpgateway/sql/gateway_claim.sql): the action row, the quote's 3, whether to debit and the
-# debit's 11, the reservation's 11, audit_append's 15, what a cached call compares 4; it answers
-# billing_debit's columns.
-_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM gateway_claim({', '.join(['%s'] * 46)})"  # noqa: S608
+# debit's 11, the reservation's 11, audit_append's 15, what a cached call compares 4, the deferred rate-limit
+# charge's 4; it answers billing_debit's columns and the rate-limit window's count.
+_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)}, rate_count FROM gateway_claim({', '.join(['%s'] * 50)})"  # noqa: S608
 CLAIM_REFUSED = "P0T01"  # the SQLSTATE gateway_claim raises a refusal with
 
 
@@ -287,13 +291,16 @@ def _claim(
     now: Any,
     event: PreparedEvent,
     found: _Found,
+    deferred: DeferredCharge | None = None,
 ) -> DebitResult | None:
     """``gateway_claim``: insert the claimed action, consume the quote, debit, reserve and append the audit
     event, in one statement (its own transaction). Returns the debit's entries (None for a free call).
 
     Raises the refusal (the debit's, ``QuoteUnavailable``, or the permit's) with nothing written,
     ``_Stale`` when ``found`` came from the cache and no longer holds, and ``IntegrityError`` when a
-    concurrent request holds the same idempotency key.
+    concurrent request holds the same idempotency key. With ``deferred``, the claim also checks the
+    cached key and charges its rate-limit window (``_Stale`` when the key changed or the window is
+    full: the request is then charged on the rate limiter's path, which answers the refusal).
     """
     price = action.price
     wallet = action.wallet
@@ -312,17 +319,19 @@ def _claim(
         *permit_verified_columns(permit),
         *event.params(),
         *(cached if found.cached else [None] * 4),
+        *(deferred.claim_params() if deferred is not None else [None] * 4),
     ]
     try:
         with fastsql.own_transaction():
             row = fastsql.fetch_row(_CLAIM_SQL, params)
         assert row is not None
-        answer = dict(zip(DEBIT_COLUMNS, row, strict=True))
+        *debit_row, rate_count = row
+        answer = dict(zip(DEBIT_COLUMNS, debit_row, strict=True))
     except DatabaseError as err:
         refused = _claim_refusal(err)
         if refused is None:
             raise
-        if refused["code"] == "stale":
+        if refused["code"] in ("stale", "rate_limited"):
             raise _Stale() from None
         if refused["code"] == "quote_unavailable":
             raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
@@ -332,6 +341,8 @@ def _claim(
         debit.result(refused)  # raises the debit's refusal
         raise AssertionError(f"gateway_claim refused with {refused['code']!r}") from err
     fastsql.inserted(action)
+    if deferred is not None:
+        deferred.claimed(int(rate_count))
     return debit.result(answer) if debit else None
 
 
@@ -474,6 +485,9 @@ class CallRequest:
     quote_id: str
     transport: str
     endpoint: str
+    # The key's rate-limit charge, deferred to the claim (billing.ratelimit): the principal's key then
+    # comes from the process's cache, and the request must be charged before it writes anything else.
+    deferred: DeferredCharge | None = None
 
 
 @dataclass(frozen=True)
@@ -531,7 +545,24 @@ def governed_call(req: CallRequest) -> CallAnswer:
             return _governed(req, cached, digest)
         except _Stale:
             pass
+    if _uncharged(req):
+        req = _charged(req)  # before the fresh path, which may record a denial
     return _governed(req, _lookup(req), digest)
+
+
+def _uncharged(req: CallRequest) -> bool:
+    """True while the request's rate-limit charge waits for the claim (its key is the cached one)."""
+    return req.deferred is not None and not req.deferred.settled
+
+
+def _charged(req: CallRequest) -> CallRequest:
+    """``req`` charged as the rate limiter charges a request at its start, with its key read afresh.
+
+    Raises ``DeferredRefused`` (the middleware answers 429, or 401 for a key revoked meanwhile).
+    """
+    assert req.deferred is not None
+    key = req.deferred.fresh_key()
+    return dataclasses.replace(req, principal=Principal(key), deferred=None)
 
 
 def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:
@@ -689,10 +720,12 @@ def _phase1(
             },
         )
         fault_point("before_claim")
-        posted = _claim(action, quote, debit, permit, now, event, found)
+        posted = _claim(action, quote, debit, permit, now, event, found, req.deferred if _uncharged(req) else None)
         action.ledger_entry = posted.entry if posted is not None else None
         return action, None
     except _REFUSALS as refusal:
+        if _uncharged(req):  # the request is charged before its denial is written: decided again, afresh
+            raise _Stale() from None
         velocity = refusal if isinstance(refusal, VelocityLimitExceeded) else None
         outcome = Outcome.INSUFFICIENT_FUNDS if isinstance(refusal, InsufficientFunds) else Outcome.DENIED
         with transaction.atomic(durable=True):

@@ -34,6 +34,7 @@ from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
 from billing.models import ToolPrice
+from billing.ratelimit import DeferredRefused
 from config.authentication import Principal, resolve_credential
 from config.errors import (
     ApplicationError,
@@ -254,6 +255,8 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
                 quote_id=quote_id,
                 transport=ex.transport,
                 endpoint=ex.endpoint,
+                # The key's rate-limit charge, when the middleware deferred it to the claim (billing.ratelimit).
+                deferred=getattr(ex.request, "_tollgate_rate", None),
             )
         )
     except RequestValidationError as err:
@@ -425,7 +428,10 @@ def mcp_streamable(request: HttpRequest) -> HttpResponse:
     ex = Exchange(request, "mcp", "/mcp", principal, stateless, STATELESS_VERSION if stateless else "")
 
     if stateless:
-        status, body = _answer(ex, message, STATELESS_METHODS)
+        try:
+            status, body = _answer(ex, message, STATELESS_METHODS)
+        except DeferredRefused:  # nothing written: the rate limiter answers (429, or 401 for a revoked key)
+            return HttpResponse(status=429)
         return _json(body, status, ex.headers) if body is not None else HttpResponse(status=202)
 
     if isinstance(message, dict) and message.get("method") == "initialize":

@@ -82,6 +82,7 @@ def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple
         *permit_verified_columns(permit),
         *event.params(),
         *[None] * 4,  # nothing from the process's cache to compare
+        *[None] * 4,  # no deferred rate-limit charge
     ]
     return action, params
 

@@ -27,6 +27,15 @@
 -- before anything is written, and any difference refuses with 'stale' (the caller reads
 -- the rows afresh and decides again). NULLs skip these comparisons.
 --
+-- When the caller authenticated the API key from its process cache, it deferred the key's
+-- rate-limit charge to here (billing.ratelimit, "deferred"): k_key_id names the key,
+-- k_secret_hash is the SHA-256 of the secret presented. First of all, the key must still be
+-- active with that secret and belong to the action's wallet (else 'stale': the caller charges
+-- the request as the rate limiter does, reading the key afresh), and one unit is added to the
+-- key's window (k_window_index), refusing with 'rate_limited' beyond k_limit; rate_count is
+-- the window's count after the charge. A refusal rolls the charge back with everything else,
+-- and the caller charges the request again on the rate limiter's own path. NULLs skip this.
+--
 -- Answers billing_debit's columns (code 'ok'; the debit's figures when there was
 -- one). A refusal raises SQLSTATE P0T01 with the code as the message's last word
 -- and the answer's columns as JSON in DETAIL (codes: 'stale', the debit's refusals,
@@ -46,14 +55,33 @@ CREATE OR REPLACE FUNCTION gateway_claim(
     a_tool text, a_endpoint text, a_policy_decision_id text, a_request_id text, a_ok boolean,
     a_detail jsonb, a_created_at timestamptz, a_prefix bytea, a_suffix bytea,
     c_tool_version text, c_price numeric, c_ancestry text[], c_policies_version text,
+    k_key_id text, k_secret_hash text, k_window_index bigint, k_limit integer,
     OUT code text, OUT subject_id text, OUT wallet_tenant text, OUT new_balance numeric,
     OUT daily_spent numeric, OUT refilled numeric, OUT refill_parent text, OUT figure numeric,
-    OUT figure_limit numeric, OUT spend_window text, OUT refusal_reason text
+    OUT figure_limit numeric, OUT spend_window text, OUT refusal_reason text, OUT rate_count integer
 )
 LANGUAGE plpgsql AS $$
 DECLARE
     d record;
 BEGIN
+    IF k_key_id IS NOT NULL THEN
+        IF NOT EXISTS (SELECT 1 FROM billing_api_key k
+                        WHERE k.key_id = k_key_id AND k.secret_hash = k_secret_hash AND k.status = 'active'
+                          AND k.wallet_id = p_action->>'wallet_id') THEN
+            code := 'stale';
+            RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
+                DETAIL = jsonb_build_object('code', code)::text;
+        END IF;
+        INSERT INTO billing_rate_limit_window (bucket, window_index, count) VALUES ('key:' || k_key_id, k_window_index, 1)
+            ON CONFLICT (bucket, window_index) DO UPDATE SET count = billing_rate_limit_window.count + EXCLUDED.count
+            RETURNING count INTO rate_count;
+        IF rate_count > k_limit THEN
+            code := 'rate_limited';
+            RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
+                DETAIL = jsonb_build_object('code', code)::text;
+        END IF;
+    END IF;
+
     IF (c_tool_version IS NOT NULL
         AND (gateway_tool_version(p_action->>'tool') IS DISTINCT FROM c_tool_version
              OR NOT EXISTS (SELECT 1 FROM billing_tool_price pr WHERE pr.tool = p_action->>'tool' AND pr.credits = c_price)))

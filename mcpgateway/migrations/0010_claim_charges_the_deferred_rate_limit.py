@@ -1,0 +1,30 @@
+"""The governed call's claim charges the API key's rate-limit window when the caller authenticated the
+key from its process cache (billing.ratelimit, "deferred"): ``gateway_claim`` takes the key, the
+secret's digest, the window and the limit, checks the key and charges the window first, and answers
+the window's count (``rate_count``)."""
+
+from django.db import migrations
+
+from config.sqlfiles import run_sql_file
+
+PREVIOUS_SIGNATURE = (
+    "gateway_claim(jsonb, text, numeric, text, boolean, text, numeric, timestamptz, text, numeric, text, text, text, "
+    "text[], numeric, numeric, text, numeric, timestamptz, text, text, text, text, jsonb, numeric, integer, "
+    "timestamptz, text, text, text, text, text, text, text, text, text, text, boolean, jsonb, timestamptz, bytea, "
+    "bytea, text, numeric, text[], text)"
+)
+SIGNATURE = (
+    "gateway_claim(jsonb, text, numeric, text, boolean, text, numeric, timestamptz, text, numeric, text, text, text, "
+    "text[], numeric, numeric, text, numeric, timestamptz, text, text, text, text, jsonb, numeric, integer, "
+    "timestamptz, text, text, text, text, text, text, text, text, text, text, boolean, jsonb, timestamptz, bytea, "
+    "bytea, text, numeric, text[], text, text, text, bigint, integer)"
+)
+
+
+class Migration(migrations.Migration):
+    dependencies = [("mcpgateway", "0009_claim_checks_the_cache"), ("billing", "0006_rate_limit_windows")]
+
+    operations = [
+        migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_SIGNATURE};", reverse_sql=migrations.RunSQL.noop),
+        run_sql_file("mcpgateway", "gateway_claim", reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};"),
+    ]
