@@ -40,6 +40,22 @@ def issue_permit(tenant: Tenant, *, tools: list[str] | None = None, max_credits:
     return str(r.json()["permit_id"])
 
 
+def tools_call_body(
+    tool: str, arguments: dict[str, Any] | None = None, *, permit_id: str, key: str | None = None, **meta: Any
+) -> dict[str, Any]:
+    """A JSON-RPC ``tools/call`` request naming ``permit_id`` and an idempotency key (a new one by default)."""
+    return {
+        "jsonrpc": "2.0",
+        "id": next(_ids),
+        "method": "tools/call",
+        "params": {
+            "name": tool,
+            "arguments": arguments or {},
+            "_meta": {"permit_id": permit_id, "idempotency_key": key or new_id("k"), **meta},
+        },
+    }
+
+
 @dataclass
 class Caller:
     tenant: Tenant
@@ -47,20 +63,7 @@ class Caller:
 
     def rpc(self, tool: str, arguments: dict[str, Any] | None = None, *, key: str | None = None, **meta: Any) -> Any:
         """tools/call over the deprecated /mcp/messages endpoint (plain JSON-RPC, same governed path)."""
-        body = {
-            "jsonrpc": "2.0",
-            "id": next(_ids),
-            "method": "tools/call",
-            "params": {
-                "name": tool,
-                "arguments": arguments or {},
-                "_meta": {
-                    "permit_id": meta.pop("permit_id", self.permit_id),
-                    "idempotency_key": key or new_id("k"),
-                    **meta,
-                },
-            },
-        }
+        body = tools_call_body(tool, arguments, permit_id=meta.pop("permit_id", self.permit_id), key=key, **meta)
         return self.tenant.agent_client.post("/mcp/messages", body, format="json")
 
     def invoke(

@@ -30,7 +30,7 @@ from mcpgateway.models import Action
 from permits.models import Permit
 from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
-from tests.gateway_helpers import setup_caller
+from tests.gateway_helpers import setup_caller, tools_call_body
 from tests.test_gateway_claim import claim_params
 from tests.test_gateway_governance import assert_refused, balance, charges
 
@@ -38,8 +38,6 @@ pytestmark = pytest.mark.django_db
 
 fault_server = governance.fault_server
 fault = governance.fault
-
-_ids = iter(range(1, 1_000_000))
 
 
 @pytest.fixture(autouse=True)
@@ -51,19 +49,9 @@ def database_windows(settings: Any) -> None:
 
 def call(client: APIClient, permit_id: str, *, key: str | None = None, tool: str = "echo", **arguments: Any) -> Any:
     """``tools/call`` as ``POST /mcp`` in the stateless era (the headers a 2026-07-28 client sends)."""
-    body = {
-        "jsonrpc": "2.0",
-        "id": next(_ids),
-        "method": "tools/call",
-        "params": {
-            "name": tool,
-            "arguments": arguments,
-            "_meta": {"permit_id": permit_id, "idempotency_key": key or f"k{next(_ids)}"},
-        },
-    }
     return client.post(
         "/mcp",
-        json.dumps(body),
+        json.dumps(tools_call_body(tool, arguments, permit_id=permit_id, key=key)),
         content_type="application/json",
         HTTP_MCP_PROTOCOL_VERSION="2026-07-28",
         HTTP_MCP_METHOD="tools/call",
@@ -319,16 +307,7 @@ def test_the_limit_holds_for_concurrent_calls_across_workers(tmp_path) -> None:
                 statuses = []
                 with httpx.Client(base_url=gw.url, headers=headers, timeout=30) as client:  # kept alive
                     for i in range(5):
-                        body = {
-                            "jsonrpc": "2.0",
-                            "id": i,
-                            "method": "tools/call",
-                            "params": {
-                                "name": "echo",
-                                "arguments": {"n": i},
-                                "_meta": {"permit_id": caller.permit_id, "idempotency_key": f"w{worker}-{i}"},
-                            },
-                        }
+                        body = tools_call_body("echo", {"n": i}, permit_id=caller.permit_id, key=f"w{worker}-{i}")
                         r = client.post("/mcp", json=body)
                         assert r.status_code == 429 or "result" in r.json(), r.text
                         statuses.append(r.status_code)

@@ -3,22 +3,15 @@ key from its process cache (billing.ratelimit, "deferred"): ``gateway_claim`` ta
 secret's digest, the window and the limit, checks the key and charges the window first, and answers
 the window's count (``rate_count``)."""
 
+from importlib import import_module
+
 from django.db import migrations
 
 from config.sqlfiles import run_sql_file
 
-PREVIOUS_SIGNATURE = (
-    "gateway_claim(jsonb, text, numeric, text, boolean, text, numeric, timestamptz, text, numeric, text, text, text, "
-    "text[], numeric, numeric, text, numeric, timestamptz, text, text, text, text, jsonb, numeric, integer, "
-    "timestamptz, text, text, text, text, text, text, text, text, text, text, boolean, jsonb, timestamptz, bytea, "
-    "bytea, text, numeric, text[], text)"
-)
-SIGNATURE = (
-    "gateway_claim(jsonb, text, numeric, text, boolean, text, numeric, timestamptz, text, numeric, text, text, text, "
-    "text[], numeric, numeric, text, numeric, timestamptz, text, text, text, text, jsonb, numeric, integer, "
-    "timestamptz, text, text, text, text, text, text, text, text, text, text, boolean, jsonb, timestamptz, bytea, "
-    "bytea, text, numeric, text[], text, text, text, bigint, integer)"
-)
+# The signature 0009 created, and the same with the deferred charge's four arguments.
+PREVIOUS_SIGNATURE = import_module("mcpgateway.migrations.0009_claim_checks_the_cache").SIGNATURE
+SIGNATURE = PREVIOUS_SIGNATURE.removesuffix(")") + ", text, text, bigint, integer)"
 
 
 class Migration(migrations.Migration):
