@@ -24,10 +24,11 @@ log; refusals by the limiter itself are only counted, so a flood of bad keys
 cannot flood the database.
 
 A governed ``tools/call`` (``POST /mcp`` in the stateless era, ``Mcp-Method:
-tools/call``) whose key this process has authenticated before is not charged
-here: the key comes from the process's cache, and the charge is deferred to the
-call's claim, which checks the key (active, same secret) and charges its window
-in the same statement (``gateway_claim``), refusing over the limit. Any other
+tools/call``) or a ``POST /v1/billing/charge`` whose key this process has
+authenticated before is not charged here: the key comes from the process's
+cache, and the charge is deferred to the statement that does the work
+(``gateway_claim``, ``billing_charge``), which checks the key (active, same
+secret) and charges its window, refusing over the limit. Any other
 outcome of such a request is charged before it writes anything
 (``DeferredCharge.settle``), or, for an answer that wrote nothing, after the
 view, when the answer is replaced by the 429 (or the 401 of a key revoked
@@ -168,8 +169,10 @@ def _charge_presented_key(request: HttpRequest, secret: str) -> tuple[str, int, 
 # Keys this process authenticated, by the SHA-256 of the secret (never the secret): wallet keys only.
 _KEYS: dict[str, APIKey] = {}
 KEY_CACHE_LIMIT = 10_000
-# The governed call the charge may be deferred for (mcpgateway.transports: the stateless era's POST /mcp).
+# The requests the charge may be deferred for: the governed call (mcpgateway.transports: the stateless
+# era's POST /mcp with Mcp-Method: tools/call) and the charge endpoint, whose statements carry it.
 _DEFERRABLE_PATH, _DEFERRABLE_VERSION, _DEFERRABLE_METHOD = "/mcp", "2026-07-28", "tools/call"
+_DEFERRABLE_CHARGE = "/v1/billing/charge"
 
 
 def _remember_key(digest: str, key: APIKey) -> None:
@@ -204,7 +207,7 @@ class DeferredCharge:
         return self.outcome is not None
 
     def claim_params(self) -> list[Any]:
-        """``gateway_claim``'s k_ arguments: the key, the secret's digest, the window and the limit."""
+        """The k_ arguments of ``gateway_claim`` and ``billing_charge``: the key, the digest, the window, the limit."""
         return [self.key.key_id, self.digest, self.window_index, settings.RATE_LIMIT_REQUESTS]
 
     def claimed(self, count: int) -> None:
@@ -233,11 +236,10 @@ class DeferredCharge:
 
 def _deferred(request: HttpRequest) -> DeferredCharge | None:
     """A ``DeferredCharge`` when ``request`` is a governed call whose key this process knows, else None."""
-    if (
-        not _KEYS
-        or request.method != "POST"
-        or request.path != _DEFERRABLE_PATH
-        or settings.RATE_LIMIT_BACKEND != "database"
+    if not _KEYS or request.method != "POST" or settings.RATE_LIMIT_BACKEND != "database":
+        return None
+    if request.path != _DEFERRABLE_CHARGE and (
+        request.path != _DEFERRABLE_PATH
         or request.headers.get("Mcp-Method") != _DEFERRABLE_METHOD
         or request.headers.get("MCP-Protocol-Version") != _DEFERRABLE_VERSION
     ):

@@ -64,6 +64,7 @@ meet in a gateway process share one commit (group commit, ``_charge_row_grouped`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -130,6 +131,7 @@ from config.ids import new_id
 from config.middleware import get_request_id
 
 if TYPE_CHECKING:
+    from billing.ratelimit import DeferredCharge
     from config.authentication import Principal
 
 
@@ -1355,6 +1357,8 @@ def charge_request_hash(
 
 
 CHARGE_ENDPOINT = "/v1/billing/charge"
+# billing_charge's last arguments: the deferred rate-limit charge (billing.ratelimit), NULLs without one.
+_RATE_ARGUMENTS = ("k_key_id", "k_secret_hash", "k_window_index", "k_limit")
 # The arguments of billing_charge (billing/sql/billing_charge.sql) in order, with the casts they need.
 CHARGE_ARGUMENTS = (
     "p_wallet_id",
@@ -1384,6 +1388,7 @@ CHARGE_ARGUMENTS = (
     "p_refill_created_at",
     "p_refill_detail",
     "p_refill_parts",
+    *_RATE_ARGUMENTS,
 )
 _CASTS = {
     "p_ids": "::text[]",
@@ -1395,7 +1400,7 @@ _CASTS = {
     "p_refill_parts": "::bytea[]",
 }
 # Its answer (OUT parameters): billing_debit's columns, then its own.
-CHARGE_COLUMNS = (*DEBIT_COLUMNS, "unit_price", "charged", "response_status", "body")
+CHARGE_COLUMNS = (*DEBIT_COLUMNS, "unit_price", "charged", "response_status", "body", "rate_count")
 CHARGE_SQL = (
     f"SELECT {', '.join(CHARGE_COLUMNS)} FROM billing_charge("  # noqa: S608
     + ", ".join(f"%s{_CASTS.get(name, '')}" for name in CHARGE_ARGUMENTS)
@@ -1518,6 +1523,7 @@ def wallet_charge(
     actor_key_id: str = "",
     correlation_id: str = "",
     caller: Principal | None = None,
+    deferred: DeferredCharge | None = None,
 ) -> ChargeOutcome:
     """Charge ``price(service_category) * units`` from ``wallet`` to revenue (POST /v1/billing/charge).
 
@@ -1531,6 +1537,11 @@ def wallet_charge(
     also for an unknown wallet) and an operator gets 404 for an unknown wallet, as
     ``selectors.wallet_for_caller`` answers; without it the caller has checked access.
     Owns its transaction: refuses to run inside another one (tests' transactions excepted).
+
+    With ``deferred`` (the API, for a key the process authenticated before), the statement also
+    checks the key and charges its rate-limit window (``billing.ratelimit``); past the limit it
+    raises ``DeferredRefused`` with nothing charged, and a key that no longer checks out is charged
+    on the rate limiter's path (which may refuse it) before the charge runs without it.
     """
     _require_own_transaction("wallet_charge")
     wallet_id = wallet.wallet_id if isinstance(wallet, Wallet) else wallet
@@ -1557,8 +1568,16 @@ def wallet_charge(
         actor_key_id=actor_key_id,
         correlation_id=correlation_id,
     )
+    if deferred is not None and not deferred.settled:
+        key_id, digest, window_index, limit = deferred.claim_params()
+        call = dataclasses.replace(call, rate=(key_id, digest, window_index, limit))
     try:
-        return _charge(call)
+        try:
+            return _charge(call, deferred)
+        except _KeyStale:
+            assert deferred is not None
+            deferred.fresh_key()  # charged as at the request's start (DeferredRefused when refused)
+            return _charge(dataclasses.replace(call, rate=None))
     except VelocityLimitExceeded as exc:
         wallet_freeze_for_velocity(exc=exc, actor_key_id=actor_key_id)
         raise
@@ -1602,6 +1621,8 @@ class ChargeCall:
     now: datetime
     ids: tuple[str, str, str, str, str, str]
     body: dict[str, Any]
+    # The deferred rate-limit charge's key, secret digest, window and limit (billing.ratelimit), or None.
+    rate: tuple[str, str, int, int] | None = None
 
     def arguments(self, *, refill_event: bool) -> dict[str, Any]:
         """``billing_charge``'s arguments by name; each call prepares the events anew (new event ids)."""
@@ -1644,6 +1665,7 @@ class ChargeCall:
             "p_refill_created_at": None if refill is None else refill.record.created_at,
             "p_refill_detail": None if refill is None else json.dumps(refill.detail),
             "p_refill_parts": None if refill is None else _bytea_array(refill.parts),
+            **dict(zip(_RATE_ARGUMENTS, self.rate or (None,) * 4, strict=True)),
         }
 
 
@@ -1707,8 +1729,15 @@ def charge_call(
     )
 
 
-def _charge(call: ChargeCall) -> ChargeOutcome:
+class _KeyStale(Exception):  # an internal signal, never answered
+    """The deferred rate-limit charge's key no longer checks out: nothing was written."""
+
+
+def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeOutcome:
     """``call`` in one round trip, and its answer as an outcome or as today's exception.
+
+    With ``call.rate``, reports the window's count to ``deferred`` (``DeferredRefused`` past the
+    limit, ``_KeyStale`` when the key no longer checks out).
 
     The ledger.refill event is prepared only when the database asks for it (SQLSTATE TGRF1: the
     statement rolled back whole) or inside a caller's transaction, where a failed statement
@@ -1718,12 +1747,23 @@ def _charge(call: ChargeCall) -> ChargeOutcome:
     while True:
         params = list(call.arguments(refill_event=refill_event).values())
         try:
-            row = _charge_row(params) if connection.in_atomic_block else _charge_row_grouped(call.wallet_id, params)
+            # A batch carries one key's deferred charges at most (billing_charge: a later charge locks no new row).
+            group = call.wallet_id if call.rate is None else f"{call.wallet_id} {call.rate[0]}"
+            row = _charge_row(params) if connection.in_atomic_block else _charge_row_grouped(group, params)
         except DatabaseError as exc:
             if refill_event or getattr(exc.__cause__, "sqlstate", None) != _REFILL_EVENT_NEEDED:
                 raise
             refill_event = True
             continue
+        if call.rate is not None:
+            from billing.ratelimit import DeferredRefused
+
+            assert deferred is not None
+            if row["code"] == "key_stale":
+                raise _KeyStale()
+            deferred.claimed(int(row["rate_count"]))
+            if row["code"] == "rate_limited":
+                raise DeferredRefused()
         return _charge_outcome(row, call)
 
 

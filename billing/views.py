@@ -15,6 +15,7 @@ from rest_framework.views import APIView
 
 from billing import selectors, services
 from billing.models import ServiceCategory
+from billing.ratelimit import DeferredRefused
 from billing.serializers import (
     APIKeyListResponse,
     APIKeyWithSecret,
@@ -39,7 +40,8 @@ from billing.serializers import (
     WalletResponse,
     api_key_data,
 )
-from config.authentication import principal
+from billing.services import ChargeOutcome
+from config.authentication import Principal, principal
 from config.errors import OperatorKeyRequired
 from config.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
 from config.idempotency import HEADER_SCHEMA, validate_idempotency_key
@@ -195,8 +197,20 @@ class ChargeView(APIView):
         caller = principal(request)
         params = charge_query(request)
         key = validate_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER_NAME), required=False)
-        # The wallet's reach is checked in the charge's own statement (``caller``).
-        outcome = services.wallet_charge(
+        # The wallet's reach is checked in the charge's own statement (``caller``), and so is a key's rate limit
+        # when the middleware deferred its charge (billing.ratelimit); a refusal there is the middleware's to answer.
+        try:
+            outcome = self._charge(request, caller, params, key)
+        except DeferredRefused:
+            return Response(status=429)
+        response = Response(outcome.body, status=outcome.status)
+        if outcome.replayed:
+            response["Idempotent-Replayed"] = "true"
+        return response
+
+    @staticmethod
+    def _charge(request: Request, caller: Principal, params: dict[str, Any], key: str | None) -> ChargeOutcome:
+        return services.wallet_charge(
             wallet=params["wallet_id"],
             service_category=params["service_category"],
             units=params["units"],
@@ -205,11 +219,8 @@ class ChargeView(APIView):
             idempotency_key=key,
             actor_key_id=caller.key_id,
             caller=caller,
+            deferred=getattr(request._request, "_tollgate_rate", None),
         )
-        response = Response(outcome.body, status=outcome.status)
-        if outcome.replayed:
-            response["Idempotent-Replayed"] = "true"
-        return response
 
 
 # Values ChargeQuery accepts unchanged: printable ASCII without surrounding spaces (nothing to trim,

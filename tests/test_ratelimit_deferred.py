@@ -22,12 +22,13 @@ from rest_framework.test import APIClient
 from audit.models import AuditEvent
 from billing import ratelimit
 from billing.keys import hash_secret
-from billing.models import APIKey, Wallet
+from billing.models import APIKey, LedgerEntry, Wallet
 from billing.ratelimit import bucket_charge
 from config import fastsql
 from mcpgateway import services
 from mcpgateway.models import Action
 from permits.models import Permit
+from tests import factories
 from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
 from tests.gateway_helpers import setup_caller, tools_call_body
@@ -323,3 +324,120 @@ def test_the_limit_holds_for_concurrent_calls_across_workers(tmp_path) -> None:
         assert sum(upstream.received.values()) == 20
     count, _ = bucket_charge(f"key:{tenant.agent_key_id}", 0, 60, now=time.time())
     assert count == 40
+
+
+# --- POST /v1/billing/charge: the charge is carried by billing_charge --------------------------------------
+
+
+def charge(client: APIClient, tenant: Tenant, *, key: str | None = None, **params: Any) -> Any:
+    query = "&".join(f"{k}={v}" for k, v in {"wallet_id": tenant.agent.wallet_id, **params}.items())
+    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
+    return client.post(f"/v1/billing/charge?{query}", **headers)
+
+
+def test_a_known_keys_charge_is_one_statement(tenant):
+    factories.top_up(tenant.agent, 100)
+    client = tenant.agent_client
+    assert charge(client, tenant).status_code == 200
+    with CaptureQueriesContext(connection) as second:
+        r = charge(client, tenant)
+    assert r.status_code == 200, r.content
+    statements = [q["sql"] for q in second.captured_queries if "SAVEPOINT" not in q["sql"]]
+    assert len(statements) == 1, statements
+    assert "billing_charge" in statements[0]
+    assert r["X-RateLimit-Remaining"] == "118"
+    assert window(tenant) == 2
+    assert ledger_charges(tenant) == 2
+
+
+def test_charges_past_the_limit_are_refused_and_every_answer_is_counted_once(tenant, settings):
+    settings.RATE_LIMIT_REQUESTS = 6
+    factories.top_up(tenant.agent, 100)
+    client = tenant.agent_client
+    assert charge(client, tenant, key="c1").status_code == 200  # 1 (the key becomes known)
+    replay = charge(client, tenant, key="c1")  # 2: a replay
+    assert replay["Idempotent-Replayed"] == "true"
+    assert charge(client, tenant, units="0.000000001").status_code == 422  # 3: refused by the statement
+    assert charge(client, tenant, units="abc").status_code == 422  # 4: refused before it
+    assert charge(client, tenant, units="1000").status_code == 402  # 5: more than the balance
+    assert window(tenant) == 5
+    assert charge(client, tenant).status_code == 200  # 6
+    r = charge(client, tenant)  # 7
+    assert r.status_code == 429, r.content
+    assert r.json()["detail"]["error"] == "rate_limited"
+    assert r["X-RateLimit-Remaining"] == "0"
+    late = charge(client, tenant, units="abc")  # 8: answered without the statement, then refused
+    assert late.status_code == 429
+    assert window(tenant) == 8
+    assert ledger_charges(tenant) == 2
+
+
+def test_a_revoked_key_cannot_charge_from_the_cache(tenant):
+    factories.top_up(tenant.agent, 100)
+    assert charge(tenant.agent_client, tenant).status_code == 200
+    APIKey.objects.filter(pk=tenant.agent_key_id).update(status="revoked", revoked_at=tenant.agent.created_at)
+    r = charge(tenant.agent_client, tenant)
+    assert r.status_code == 401, r.content
+    assert ledger_charges(tenant) == 1
+    assert hash_secret(tenant.agent_secret) not in ratelimit._KEYS
+
+
+def test_billing_charge_checks_the_key_and_keeps_the_unit_of_a_refusal(tenant):
+    """``billing_charge`` called directly: a wrong digest is 'key_stale' with nothing written; past the limit
+    'rate_limited' with the unit kept (a refused request counts); a refused charge keeps its unit too."""
+    from tests.test_billing_charge_fn import billing_charge, prepared
+
+    factories.top_up(tenant.agent, 5)
+    digest = hash_secret(tenant.agent_secret)
+
+    def run(secret_hash: str, limit: int, units: str = "1") -> dict[str, Any]:
+        _, arguments = prepared(tenant.agent, units=units)
+        arguments.update(k_key_id=tenant.agent_key_id, k_secret_hash=secret_hash, k_window_index=7, k_limit=limit)
+        return billing_charge(arguments)
+
+    assert run("0" * 64, 5)["code"] == "key_stale"
+    assert ledger_charges(tenant) == 0
+    assert (run(digest, 3)["code"], run(digest, 3)["rate_count"]) == ("ok", 2)
+    refused = run(digest, 3, units="1000")
+    assert (refused["code"], refused["rate_count"]) == ("insufficient_funds", 3)
+    assert (run(digest, 3)["code"], run(digest, 3)["rate_count"]) == ("rate_limited", 5)
+    assert ledger_charges(tenant) == 2
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(120)
+def test_the_limit_holds_for_concurrent_charges_in_batches(tmp_path) -> None:
+    """gunicorn, 2 workers x 4 threads, 8 clients on one wallet (its charges go in batches): of 40 charges of
+    one key in a window of 20, exactly 20 are posted; all 40 are counted."""
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import httpx
+
+    from tests.conftest import make_tenant
+    from tests.live import running_gateway
+
+    tenant = make_tenant("deferred-charge-live")
+    factories.top_up(tenant.agent, 100)
+    env = {"RATE_LIMIT_BACKEND": "database", "RATE_LIMIT_REQUESTS": "20"}
+    if 60 - time.time() % 60 < 25:  # all 40 charges in one window
+        time.sleep(60 - time.time() % 60 + 0.5)
+    with running_gateway(tmp_path, workers=2, threads=4, extra_env=env) as gw:
+
+        def charges(worker: int) -> list[int]:
+            with httpx.Client(base_url=gw.url, headers={"X-API-Key": tenant.agent_secret}, timeout=30) as client:
+                return [
+                    client.post(f"/v1/billing/charge?wallet_id={tenant.agent.wallet_id}").status_code for _ in range(5)
+                ]
+
+        with ThreadPoolExecutor(8) as pool:
+            statuses = [s for batch in pool.map(charges, range(8)) for s in batch]
+    assert statuses.count(200) == 20, statuses
+    assert statuses.count(429) == 20
+    assert ledger_charges(tenant) == 20
+    count, _ = bucket_charge(f"key:{tenant.agent_key_id}", 0, 60, now=time.time())
+    assert count == 40
+
+
+def ledger_charges(tenant: Tenant) -> int:
+    return LedgerEntry.objects.filter(wallet_id=tenant.agent.wallet_id, kind="charge").count()

@@ -24,6 +24,17 @@
 --    (request hash, status 200, the response body) and the audit events ledger.refill (when a
 --    refill was posted) and ledger.charge, appended by audit_append in that order.
 --
+-- 0. The deferred rate-limit charge (billing.ratelimit, "deferred"): when the caller took the API key
+--    from its process cache, k_key_id names it and k_secret_hash is the SHA-256 of the secret
+--    presented. First of all the key must still be active with that secret (else 'key_stale',
+--    nothing written: the caller charges the request on the rate limiter's path, reading the key
+--    afresh, and charges again without this); then one unit is added to the key's window
+--    (k_window_index), and past k_limit the answer is 'rate_limited' with the unit kept (a refused
+--    request counts, as at a request's start). Every other answer keeps the unit too: each request
+--    is counted once, whatever it is answered. rate_count is the window's count after the charge.
+--    The window row is the first lock this function takes; a batch (below) has one key's charges
+--    only, so a later charge of it locks no new window row. NULLs skip this.
+--
 -- Figures known only after the debit. Python prepares everything else (ids, time, request hash,
 -- the events' canonical bytes, the body's other fields); this function adds the figures in forms
 -- that are canonical by construction, so no second JSON encoder exists here:
@@ -87,9 +98,13 @@ CREATE OR REPLACE FUNCTION billing_charge(
     p_refill_created_at timestamptz,
     p_refill_detail jsonb,        -- without amount, balance_after and counterparty
     p_refill_parts bytea[],       -- 4 cuts, then the bytes after the seq; NULL: not prepared
+    k_key_id text,                -- the deferred rate-limit charge (0. above); NULL: none
+    k_secret_hash text,
+    k_window_index bigint,
+    k_limit integer,
     OUT code text,                -- billing_debit's codes, and not_found, access_denied, replay,
                                   -- idempotency_key_reused, idempotency_key_in_progress,
-                                  -- unknown_category, amount_too_small
+                                  -- unknown_category, amount_too_small, key_stale, rate_limited
     OUT subject_id text,
     OUT wallet_tenant text,
     OUT new_balance numeric,
@@ -103,7 +118,8 @@ CREATE OR REPLACE FUNCTION billing_charge(
     OUT unit_price numeric,
     OUT charged numeric,          -- the amount debited (or that would have been)
     OUT response_status integer,  -- 200, or a replay's stored status
-    OUT body text                 -- the response body (stored for replay), or a replay's
+    OUT body text,                -- the response body (stored for replay), or a replay's
+    OUT rate_count integer        -- the key's window after the deferred charge (0. above)
 )
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -119,6 +135,18 @@ DECLARE
     response jsonb;
     payload bytea;
 BEGIN
+    IF k_key_id IS NOT NULL THEN
+        IF NOT EXISTS (SELECT 1 FROM billing_api_key k
+                        WHERE k.key_id = k_key_id AND k.secret_hash = k_secret_hash AND k.status = 'active') THEN
+            code := 'key_stale'; RETURN;
+        END IF;
+        INSERT INTO billing_rate_limit_window (bucket, window_index, count) VALUES ('key:' || k_key_id, k_window_index, 1)
+            ON CONFLICT (bucket, window_index) DO UPDATE SET count = billing_rate_limit_window.count + EXCLUDED.count
+            RETURNING count INTO rate_count;
+        IF rate_count > k_limit THEN
+            code := 'rate_limited'; RETURN;
+        END IF;
+    END IF;
     SELECT w.tenant_id, w.path, w.refill_threshold IS NOT NULL AND w.refill_amount IS NOT NULL
       INTO wallet_tenant, wallet_path, refills
       FROM billing_wallet w WHERE w.wallet_id = p_wallet_id;
