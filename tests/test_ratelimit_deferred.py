@@ -32,6 +32,7 @@ from tests import factories
 from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
 from tests.gateway_helpers import setup_caller, tools_call_body
+from tests.test_billing_api import charge
 from tests.test_gateway_claim import claim_params
 from tests.test_gateway_governance import assert_refused, balance, charges
 
@@ -329,18 +330,12 @@ def test_the_limit_holds_for_concurrent_calls_across_workers(tmp_path) -> None:
 # --- POST /v1/billing/charge: the charge is carried by billing_charge --------------------------------------
 
 
-def charge(client: APIClient, tenant: Tenant, *, key: str | None = None, **params: Any) -> Any:
-    query = "&".join(f"{k}={v}" for k, v in {"wallet_id": tenant.agent.wallet_id, **params}.items())
-    headers = {"HTTP_IDEMPOTENCY_KEY": key} if key is not None else {}
-    return client.post(f"/v1/billing/charge?{query}", **headers)
-
-
 def test_a_known_keys_charge_is_one_statement(tenant):
     factories.top_up(tenant.agent, 100)
     client = tenant.agent_client
-    assert charge(client, tenant).status_code == 200
+    assert charge(client, tenant.agent.wallet_id).status_code == 200
     with CaptureQueriesContext(connection) as second:
-        r = charge(client, tenant)
+        r = charge(client, tenant.agent.wallet_id)
     assert r.status_code == 200, r.content
     statements = [q["sql"] for q in second.captured_queries if "SAVEPOINT" not in q["sql"]]
     assert len(statements) == 1, statements
@@ -354,19 +349,19 @@ def test_charges_past_the_limit_are_refused_and_every_answer_is_counted_once(ten
     settings.RATE_LIMIT_REQUESTS = 6
     factories.top_up(tenant.agent, 100)
     client = tenant.agent_client
-    assert charge(client, tenant, key="c1").status_code == 200  # 1 (the key becomes known)
-    replay = charge(client, tenant, key="c1")  # 2: a replay
+    assert charge(client, tenant.agent.wallet_id, key="c1").status_code == 200  # 1 (the key becomes known)
+    replay = charge(client, tenant.agent.wallet_id, key="c1")  # 2: a replay
     assert replay["Idempotent-Replayed"] == "true"
-    assert charge(client, tenant, units="0.000000001").status_code == 422  # 3: refused by the statement
-    assert charge(client, tenant, units="abc").status_code == 422  # 4: refused before it
-    assert charge(client, tenant, units="1000").status_code == 402  # 5: more than the balance
+    assert charge(client, tenant.agent.wallet_id, units="0.000000001").status_code == 422  # 3: refused by the statement
+    assert charge(client, tenant.agent.wallet_id, units="abc").status_code == 422  # 4: refused before it
+    assert charge(client, tenant.agent.wallet_id, units="1000").status_code == 402  # 5: more than the balance
     assert window(tenant) == 5
-    assert charge(client, tenant).status_code == 200  # 6
-    r = charge(client, tenant)  # 7
+    assert charge(client, tenant.agent.wallet_id).status_code == 200  # 6
+    r = charge(client, tenant.agent.wallet_id)  # 7
     assert r.status_code == 429, r.content
     assert r.json()["detail"]["error"] == "rate_limited"
     assert r["X-RateLimit-Remaining"] == "0"
-    late = charge(client, tenant, units="abc")  # 8: answered without the statement, then refused
+    late = charge(client, tenant.agent.wallet_id, units="abc")  # 8: answered without the statement, then refused
     assert late.status_code == 429
     assert window(tenant) == 8
     assert ledger_charges(tenant) == 2
@@ -374,9 +369,9 @@ def test_charges_past_the_limit_are_refused_and_every_answer_is_counted_once(ten
 
 def test_a_revoked_key_cannot_charge_from_the_cache(tenant):
     factories.top_up(tenant.agent, 100)
-    assert charge(tenant.agent_client, tenant).status_code == 200
+    assert charge(tenant.agent_client, tenant.agent.wallet_id).status_code == 200
     APIKey.objects.filter(pk=tenant.agent_key_id).update(status="revoked", revoked_at=tenant.agent.created_at)
-    r = charge(tenant.agent_client, tenant)
+    r = charge(tenant.agent_client, tenant.agent.wallet_id)
     assert r.status_code == 401, r.content
     assert ledger_charges(tenant) == 1
     assert hash_secret(tenant.agent_secret) not in ratelimit._KEYS
