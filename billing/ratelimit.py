@@ -275,8 +275,8 @@ class RateLimitMiddleware:
         return self._with_headers(response, count, limit, reset)
 
     def _deferred_call(self, request: HttpRequest, deferred: DeferredCharge) -> HttpResponse:
-        """A governed call charged by its claim. Whatever else it did wrote nothing before ``settle``,
-        so an answer the settled charge refuses is replaced by the refusal."""
+        """A request charged by the statement that does its work (a claim, a charge). Whatever else it did
+        wrote nothing before ``settle``, so an answer the settled charge refuses is replaced by the refusal."""
         request._tollgate_auth = (deferred.key, None)  # type: ignore[attr-defined]
         request._tollgate_rate = deferred  # type: ignore[attr-defined]
         response = self.get_response(request)
@@ -286,6 +286,7 @@ class RateLimitMiddleware:
         elif kind == "rejected_credentials":  # the cached key was revoked before the request was charged
             self._audit_rejection(request)
             response = self.get_response(request)  # answered as the credential now reads (401)
+        request._tollgate_rate = None  # type: ignore[attr-defined]  # no request <-> charge cycle for the collector
         return self._with_headers(response, count, limit, reset)
 
     @staticmethod
