@@ -453,16 +453,9 @@ class _Handler(BaseHTTPRequestHandler):
         elif method == "ping":
             self._result(rid, {})
         elif method == "tools/list":
-            tools = up.tools()
-            start = int(params.get("cursor") or 0)
-            page: dict[str, Any] = {"tools": tools[start : start + up.page_size]}
-            if start + up.page_size < len(tools):
-                page["nextCursor"] = str(start + up.page_size)
-            self._result(rid, page)
+            self._result(rid, self._tools_page(params))
         elif method == "tools/call":
-            with up.lock:
-                up.executed[key or "-"] += 1
-            self._call(rid, params.get("name"), params.get("arguments") or {})
+            self._executed_call(rid, params.get("name"), params, key)
         else:
             self._json(200, {"jsonrpc": "2.0", "id": rid, "error": {"code": -32601, "message": "Method not found"}})
 
@@ -499,18 +492,27 @@ class _Handler(BaseHTTPRequestHandler):
         if method == "server/discover":
             self._result(rid, discover_result(supported))
         elif method == "tools/list":
-            tools = up.tools()
-            start = int(params.get("cursor") or 0)
-            page: dict[str, Any] = {"tools": tools[start : start + up.page_size], "resultType": "complete"}
-            if start + up.page_size < len(tools):
-                page["nextCursor"] = str(start + up.page_size)
-            self._result(rid, page)
+            self._result(rid, {**self._tools_page(params), "resultType": "complete"})
         elif method == "tools/call":
-            with up.lock:
-                up.executed[key or "-"] += 1
-            self._call(rid, name, params.get("arguments") or {})
+            self._executed_call(rid, name, params, key)
         else:
             self._json(404, rpc_error(-32601, "Method not found")(rid))
+
+    def _tools_page(self, params: dict[str, Any]) -> dict[str, Any]:
+        """The page of ``tools/list`` that ``params.cursor`` names, with the next cursor when more follow."""
+        up = self.upstream
+        tools = up.tools()
+        start = int(params.get("cursor") or 0)
+        page: dict[str, Any] = {"tools": tools[start : start + up.page_size]}
+        if start + up.page_size < len(tools):
+            page["nextCursor"] = str(start + up.page_size)
+        return page
+
+    def _executed_call(self, rid: Any, name: Any, params: dict[str, Any], key: str | None) -> None:
+        """A ``tools/call`` that runs: counted under its idempotency key, then answered."""
+        with self.upstream.lock:
+            self.upstream.executed[key or "-"] += 1
+        self._call(rid, name, params.get("arguments") or {})
 
     def _call(self, rid: Any, name: Any, arguments: dict[str, Any]) -> None:
         ok = {
