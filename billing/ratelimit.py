@@ -92,7 +92,7 @@ def bucket_charge(bucket: str, cost: int, window: int, *, now: float | None = No
     """
     now = time.time() if now is None else now
     window_index = int(now // window)
-    reset = max(1, math.ceil((window_index + 1) * window - now))
+    reset = _reset(window_index, window, now)
     if settings.RATE_LIMIT_BACKEND == "database":
         return _database_charge(bucket, cost, window_index), reset
     return _cache_charge(bucket, cost, window, window_index), reset
@@ -102,9 +102,20 @@ def _database_charge(bucket: str, cost: int, window_index: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(_UPSERT, [bucket[:200], window_index, cost])
         count = int(cursor.fetchone()[0])
-        if random.randrange(PRUNE_EVERY) == 0:
-            cursor.execute(_PRUNE, [window_index - 1])
+    _prune_now_and_then(window_index)
     return count
+
+
+def _reset(window_index: int, window: int, now: float) -> int:
+    """Whole seconds (at least 1) from ``now`` until window ``window_index`` of ``window`` seconds ends."""
+    return max(1, math.ceil((window_index + 1) * window - now))
+
+
+def _prune_now_and_then(window_index: int) -> None:
+    """Delete the finished windows once in ``PRUNE_EVERY`` calls (on average)."""
+    if random.randrange(PRUNE_EVERY) == 0:
+        with connection.cursor() as cursor:
+            cursor.execute(_PRUNE, [window_index - 1])
 
 
 def _cache_charge(bucket: str, cost: int, window: int, window_index: int) -> int:
@@ -149,21 +160,19 @@ def _charge_presented_key(request: HttpRequest, secret: str) -> tuple[str, int, 
     window = settings.RATE_LIMIT_WINDOW_SECONDS
     now = time.time()
     window_index = int(now // window)
+    digest = hash_secret(secret)
     try:
         key, count = api_key_authenticate_charging(secret=secret, window_index=window_index)
     except InvalidAPIKey as exc:
-        _KEYS.pop(hash_secret(secret), None)
+        _KEYS.pop(digest, None)
         request._tollgate_auth = (None, exc)  # type: ignore[attr-defined]
         cost = settings.RATE_LIMIT_REJECTED_MULTIPLIER
         count, reset = bucket_charge(f"client:{_client_address(request)}", cost, window, now=now)
         return "rejected_credentials", count, settings.RATE_LIMIT_REQUESTS, reset
     request._tollgate_auth = (key, None)  # type: ignore[attr-defined]
-    _remember_key(hash_secret(secret), key)
-    if random.randrange(PRUNE_EVERY) == 0:
-        with connection.cursor() as cursor:
-            cursor.execute(_PRUNE, [window_index - 1])
-    reset = max(1, math.ceil((window_index + 1) * window - now))
-    return "key", count, settings.RATE_LIMIT_REQUESTS, reset
+    _remember_key(digest, key)
+    _prune_now_and_then(window_index)
+    return "key", count, settings.RATE_LIMIT_REQUESTS, _reset(window_index, window, now)
 
 
 # Keys this process authenticated, by the SHA-256 of the secret (never the secret): wallet keys only.
@@ -189,11 +198,13 @@ class DeferredRefused(Exception):  # a signal to the middleware, not an error an
 
 
 class DeferredCharge:
-    """The rate-limit charge of one request, deferred to its claim (see the module docstring).
+    """The rate-limit charge of one request, deferred to the statement that does its work (see the
+    module docstring).
 
-    ``key`` is the process's cached key for the presented secret; ``digest`` its SHA-256. The
-    claim passes ``claim_params()`` to ``gateway_claim`` and reports the window's count with
-    ``claimed``; everything else calls ``settle`` (idempotent) before it writes.
+    ``key`` is the process's cached key for the presented secret; ``digest`` its SHA-256. That
+    statement (``gateway_claim``, ``billing_charge``) takes ``claim_params()`` and its caller
+    reports the window's count with ``claimed``; everything else calls ``settle`` (idempotent)
+    before it writes.
     """
 
     def __init__(self, request: HttpRequest, secret: str, digest: str, key: APIKey) -> None:
@@ -211,13 +222,10 @@ class DeferredCharge:
         return [self.key.key_id, self.digest, self.window_index, settings.RATE_LIMIT_REQUESTS]
 
     def claimed(self, count: int) -> None:
-        """The claim checked the key and charged its window: ``count`` after the charge."""
-        window = settings.RATE_LIMIT_WINDOW_SECONDS
-        reset = max(1, math.ceil((self.window_index + 1) * window - self.now))
+        """The statement checked the key and charged its window: ``count`` after the charge."""
+        reset = _reset(self.window_index, settings.RATE_LIMIT_WINDOW_SECONDS, self.now)
         self.outcome = ("key", count, settings.RATE_LIMIT_REQUESTS, reset)
-        if random.randrange(PRUNE_EVERY) == 0:
-            with connection.cursor() as cursor:
-                cursor.execute(_PRUNE, [self.window_index - 1])
+        _prune_now_and_then(self.window_index)
 
     def settle(self) -> tuple[str, int, int, int]:
         """Charge the request as the middleware does at a request's start (once): the key read afresh."""
@@ -235,7 +243,7 @@ class DeferredCharge:
 
 
 def _deferred(request: HttpRequest) -> DeferredCharge | None:
-    """A ``DeferredCharge`` when ``request`` is a governed call whose key this process knows, else None."""
+    """A ``DeferredCharge`` when ``request`` is a governed call or a charge whose key this process knows."""
     if not _KEYS or request.method != "POST" or settings.RATE_LIMIT_BACKEND != "database":
         return None
     if request.path != _DEFERRABLE_CHARGE and (

@@ -116,6 +116,7 @@ from billing.models import (
     WalletStatus,
     WalletType,
 )
+from billing.ratelimit import DeferredCharge, DeferredRefused
 from config import fastsql
 from config.errors import (
     ApplicationError,
@@ -131,7 +132,6 @@ from config.ids import new_id
 from config.middleware import get_request_id
 
 if TYPE_CHECKING:
-    from billing.ratelimit import DeferredCharge
     from config.authentication import Principal
 
 
@@ -1756,8 +1756,6 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
             refill_event = True
             continue
         if call.rate is not None:
-            from billing.ratelimit import DeferredRefused
-
             assert deferred is not None
             if row["code"] == "key_stale":
                 raise _KeyStale()
