@@ -40,8 +40,7 @@ from billing.serializers import (
     WalletResponse,
     api_key_data,
 )
-from billing.services import ChargeOutcome
-from config.authentication import Principal, principal
+from config.authentication import principal
 from config.errors import OperatorKeyRequired
 from config.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
 from config.idempotency import HEADER_SCHEMA, validate_idempotency_key
@@ -200,27 +199,23 @@ class ChargeView(APIView):
         # The wallet's reach is checked in the charge's own statement (``caller``), and so is a key's rate limit
         # when the middleware deferred its charge (billing.ratelimit); a refusal there is the middleware's to answer.
         try:
-            outcome = self._charge(request, caller, params, key)
+            outcome = services.wallet_charge(
+                wallet=params["wallet_id"],
+                service_category=params["service_category"],
+                units=params["units"],
+                request_path=params["request_path"],
+                description=params["description"],
+                idempotency_key=key,
+                actor_key_id=caller.key_id,
+                caller=caller,
+                deferred=getattr(request._request, "_tollgate_rate", None),
+            )
         except DeferredRefused:
             return Response(status=429)
         response = Response(outcome.body, status=outcome.status)
         if outcome.replayed:
             response["Idempotent-Replayed"] = "true"
         return response
-
-    @staticmethod
-    def _charge(request: Request, caller: Principal, params: dict[str, Any], key: str | None) -> ChargeOutcome:
-        return services.wallet_charge(
-            wallet=params["wallet_id"],
-            service_category=params["service_category"],
-            units=params["units"],
-            request_path=params["request_path"],
-            description=params["description"],
-            idempotency_key=key,
-            actor_key_id=caller.key_id,
-            caller=caller,
-            deferred=getattr(request._request, "_tollgate_rate", None),
-        )
 
 
 # Values ChargeQuery accepts unchanged: printable ASCII without surrounding spaces (nothing to trim,

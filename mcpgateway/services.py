@@ -34,7 +34,7 @@ import threading
 from dataclasses import dataclass
 from datetime import timedelta
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
@@ -46,6 +46,7 @@ from audit.services import PreparedEvent, alert_raise, audit_append_prepared, au
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
 from billing.models import Wallet
+from billing.ratelimit import DeferredCharge
 from billing.services import (
     DEBIT_COLUMNS,
     DebitCall,
@@ -76,9 +77,6 @@ from permits.services import (
 )
 from receipts.models import Outcome
 from receipts.services import receipt_prepare, refund_reconciliation_open
-
-if TYPE_CHECKING:
-    from billing.ratelimit import DeferredCharge
 
 logger = logging.getLogger("tollgate.gateway")
 
