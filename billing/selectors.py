@@ -57,7 +57,7 @@ def api_key_authenticate_charging(*, secret: str, window_index: int) -> tuple[AP
     exactly as :func:`api_key_authenticate` does, having charged nothing.
     """
     key_id = _key_id_of(secret)
-    row = fastsql.fetch_row(_key_charge_sql(), [window_index, key_id, hash_secret(secret), APIKeyStatus.ACTIVE, key_id])
+    row = fastsql.fetch_row(_key_charge_sql(), [key_id, hash_secret(secret), window_index, key_id])
     key = _verified(row[:-1] if row is not None else None, secret)
     assert row is not None
     assert row[-1] is not None
@@ -99,18 +99,15 @@ def _key_with_wallet_sql() -> str:
 
 @functools.cache
 def _key_charge_sql() -> str:
-    """``_key_with_wallet_sql`` plus the rate-limit upsert of ``billing.ratelimit``, guarded by the digest.
-
-    A data-modifying CTE runs once whether or not it is read; its count is NULL
-    when the guard refused (unknown key, wrong secret, revoked key).
+    """``_key_with_wallet_sql`` plus one unit on the key's rate-limit window (``billing.ratelimit``),
+    charged by ``billing_rate_limit_key_charge`` (billing/sql), which charges only the holder of the
+    key's secret: the count is NULL when it refused (unknown key, wrong secret, revoked key).
     """
-    # Column names come from the models' metadata, never from input.
+    # Column names come from the models' metadata, never from input. One row at most (the key's id is
+    # its primary key), so the window is charged at most once.
     return (
-        "WITH charged AS (INSERT INTO billing_rate_limit_window (bucket, window_index, count) "  # noqa: S608
-        "SELECT 'key:' || key_id, %s, 1 FROM billing_api_key WHERE key_id = %s AND secret_hash = %s AND status = %s "
-        "ON CONFLICT (bucket, window_index) DO UPDATE SET count = billing_rate_limit_window.count + EXCLUDED.count "
-        "RETURNING count) "
-        f"SELECT {fastsql.columns(APIKey, 'k')}, {fastsql.columns(Wallet, 'w')}, (SELECT count FROM charged) "
+        f"SELECT {fastsql.columns(APIKey, 'k')}, {fastsql.columns(Wallet, 'w')}, "  # noqa: S608
+        "billing_rate_limit_key_charge(%s, %s, %s, NULL) "
         "FROM billing_api_key k LEFT JOIN billing_wallet w ON w.wallet_id = k.wallet_id WHERE k.key_id = %s"
     )
 

@@ -80,7 +80,7 @@ def window(tenant: Tenant) -> int:
 
 
 def _standalone_charges(queries: list[dict[str, Any]]) -> int:
-    return sum(q["sql"].startswith("WITH charged AS (INSERT INTO billing_rate_limit_window") for q in queries)
+    return sum("billing_rate_limit_key_charge(" in q["sql"] for q in queries)
 
 
 def test_a_known_key_is_charged_by_the_claim_once_per_call(fault, tenant):
@@ -196,7 +196,7 @@ def test_a_denial_is_written_only_after_the_request_was_charged(fault, tenant, s
     assert_refused(body, outcome="insufficient_funds", reason="insufficient_funds", code=-32002)
     assert window(tenant) == 2
     statements = [q["sql"] for q in denial.captured_queries]
-    charged = next(i for i, sql in enumerate(statements) if sql.startswith("WITH charged AS"))
+    charged = next(i for i, sql in enumerate(statements) if "billing_rate_limit_key_charge(" in sql)
     written = next(i for i, sql in enumerate(statements) if sql.startswith('INSERT INTO "mcpgateway_action"'))
     assert charged < written  # charged (and able to refuse) before the denial is written
     denied = Action.objects.filter(state="denied").count()

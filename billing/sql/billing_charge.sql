@@ -29,8 +29,8 @@
 --    presented. First of all the key must still be active with that secret (else 'key_stale',
 --    nothing written: the caller charges the request on the rate limiter's path, reading the key
 --    afresh, and charges again without this); then one unit is added to the key's window
---    (k_window_index), and past k_limit the answer is 'rate_limited' with the unit kept (a refused
---    request counts, as at a request's start). Every other answer keeps the unit too: each request
+--    (k_window_index), both by billing_rate_limit_key_charge, and past k_limit the answer is
+--    'rate_limited' with the unit kept (a refused request counts, as at a request's start). Every other answer keeps the unit too: each request
 --    is counted once, whatever it is answered. rate_count is the window's count after the charge.
 --    The window row is the first lock this function takes; a batch (below) has one key's charges
 --    only, so a later charge of it locks no new window row. NULLs skip this.
@@ -136,13 +136,10 @@ DECLARE
     payload bytea;
 BEGIN
     IF k_key_id IS NOT NULL THEN
-        IF NOT EXISTS (SELECT 1 FROM billing_api_key k
-                        WHERE k.key_id = k_key_id AND k.secret_hash = k_secret_hash AND k.status = 'active') THEN
+        rate_count := billing_rate_limit_key_charge(k_key_id, k_secret_hash, k_window_index, NULL);
+        IF rate_count IS NULL THEN
             code := 'key_stale'; RETURN;
         END IF;
-        INSERT INTO billing_rate_limit_window (bucket, window_index, count) VALUES ('key:' || k_key_id, k_window_index, 1)
-            ON CONFLICT (bucket, window_index) DO UPDATE SET count = billing_rate_limit_window.count + EXCLUDED.count
-            RETURNING count INTO rate_count;
         IF rate_count > k_limit THEN
             code := 'rate_limited'; RETURN;
         END IF;

@@ -32,8 +32,8 @@
 -- k_secret_hash is the SHA-256 of the secret presented. First of all, the key must still be
 -- active with that secret and belong to the action's wallet (else 'stale': the caller charges
 -- the request as the rate limiter does, reading the key afresh), and one unit is added to the
--- key's window (k_window_index), refusing with 'rate_limited' beyond k_limit; rate_count is
--- the window's count after the charge. A refusal rolls the charge back with everything else,
+-- key's window (k_window_index), both by billing_rate_limit_key_charge, refusing with
+-- 'rate_limited' beyond k_limit; rate_count is the window's count after the charge. A refusal rolls the charge back with everything else,
 -- and the caller charges the request again on the rate limiter's own path. NULLs skip this.
 --
 -- Answers billing_debit's columns (code 'ok'; the debit's figures when there was
@@ -65,16 +65,12 @@ DECLARE
     d record;
 BEGIN
     IF k_key_id IS NOT NULL THEN
-        IF NOT EXISTS (SELECT 1 FROM billing_api_key k
-                        WHERE k.key_id = k_key_id AND k.secret_hash = k_secret_hash AND k.status = 'active'
-                          AND k.wallet_id = p_action->>'wallet_id') THEN
+        rate_count := billing_rate_limit_key_charge(k_key_id, k_secret_hash, k_window_index, p_action->>'wallet_id');
+        IF rate_count IS NULL THEN
             code := 'stale';
             RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
                 DETAIL = jsonb_build_object('code', code)::text;
         END IF;
-        INSERT INTO billing_rate_limit_window (bucket, window_index, count) VALUES ('key:' || k_key_id, k_window_index, 1)
-            ON CONFLICT (bucket, window_index) DO UPDATE SET count = billing_rate_limit_window.count + EXCLUDED.count
-            RETURNING count INTO rate_count;
         IF rate_count > k_limit THEN
             code := 'rate_limited';
             RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,

@@ -1,0 +1,20 @@
+"""``billing_rate_limit_key_charge`` (billing/sql): one unit on an API key's rate-limit window for the key's
+holder only, the one copy of that rule; the rate limiter's statement, ``billing_charge`` and
+``gateway_claim`` call it. ``billing_charge`` is applied again to call it."""
+
+from django.db import migrations
+
+from config.sqlfiles import run_sql_file
+
+
+class Migration(migrations.Migration):
+    dependencies = [("billing", "0013_charge_takes_the_deferred_rate_limit")]
+
+    operations = [
+        run_sql_file(
+            "billing",
+            "billing_rate_limit_key_charge",
+            reverse_sql="DROP FUNCTION IF EXISTS billing_rate_limit_key_charge(text, text, bigint, text);",
+        ),
+        run_sql_file("billing", "billing_charge"),
+    ]

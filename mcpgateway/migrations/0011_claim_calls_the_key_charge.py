@@ -1,0 +1,14 @@
+"""``gateway_claim`` again: the deferred rate-limit charge through ``billing_rate_limit_key_charge``."""
+
+from django.db import migrations
+
+from config.sqlfiles import run_sql_file
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("mcpgateway", "0010_claim_charges_the_deferred_rate_limit"),
+        ("billing", "0014_rate_limit_key_charge_function"),
+    ]
+
+    operations = [run_sql_file("mcpgateway", "gateway_claim")]
