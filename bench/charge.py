@@ -109,8 +109,6 @@ def start_server(env: dict[str, str], port: int, workers: int, threads: int) -> 
         "config.wsgi:application",
         "--bind",
         f"127.0.0.1:{port}",
-        "--worker-class",
-        "gthread",
         "--workers",
         str(workers),
         "--threads",

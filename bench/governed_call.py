@@ -296,7 +296,7 @@ def main() -> int:
             subprocess.Popen(
                 [
                     sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi:application",
-                    "--bind", f"127.0.0.1:{gateway_port}", "--worker-class", "gthread",
+                    "--bind", f"127.0.0.1:{gateway_port}",
                     "--workers", str(args.workers), "--threads", str(args.threads), "--log-level", "warning",
                 ],
                 cwd=ROOT,

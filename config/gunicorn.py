@@ -9,6 +9,9 @@ zero with the instance (Prometheus reads that as a counter reset). Files of
 exited workers stay, so their counts are not lost; a worker that exits is
 marked dead for the client's live gauges.
 
+Workers are gunicorn's gthread workers, taking each new connection where the
+fewest are open (``config.workers.BalancedThreadWorker``).
+
 Command-line options (bind, workers, threads...) still apply on top of this file.
 """
 
@@ -21,12 +24,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from config.workers import BOARD, BalancedThreadWorker, ConnectionBoard
+
 _directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="tollgate-metrics-")
 os.environ["PROMETHEUS_MULTIPROC_DIR"] = _directory  # inherited by the workers before they import the client
 
-worker_class = "gthread"
 limit_request_line = 16384  # the charge operation takes long query strings (docs/decisions.md)
 graceful_timeout = 10
+worker_class = BalancedThreadWorker
 
 
 def on_starting(server: Any) -> None:
@@ -41,10 +46,21 @@ def on_starting(server: Any) -> None:
     path.mkdir(parents=True, exist_ok=True)
 
 
+def pre_fork(server: Any, worker: Any) -> None:
+    """Give the worker about to be forked a slot of the connection board no live worker holds."""
+    if not isinstance(worker, BalancedThreadWorker):  # another worker class given on the command line
+        return
+    taken = {getattr(live, "board_slot", -1) for live in server.WORKERS.values()}
+    worker.board_slot = next(slot for slot in range(ConnectionBoard.SLOTS) if slot not in taken)
+    BOARD.write(worker.board_slot, -1)  # on the board once it serves (BalancedThreadWorker)
+
+
 def child_exit(server: Any, worker: Any) -> None:
     from prometheus_client import multiprocess
 
     multiprocess.mark_process_dead(worker.pid, _directory)
+    if getattr(worker, "board_slot", -1) >= 0:
+        BOARD.write(worker.board_slot, -1)
 
 
 def post_worker_init(worker: Any) -> None:

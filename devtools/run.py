@@ -89,8 +89,6 @@ def main() -> int:
                     "config.wsgi:application",
                     "--bind",
                     f"127.0.0.1:{port}",
-                    "--worker-class",
-                    "gthread",
                     "--workers",
                     workers,
                     "--threads",

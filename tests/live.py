@@ -66,7 +66,7 @@ def running_gateway(
     }
     cmd = [
         sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi:application",
-        "--bind", f"127.0.0.1:{port}", "--worker-class", "gthread",
+        "--bind", f"127.0.0.1:{port}",
         "--workers", str(workers), "--threads", str(threads), "--graceful-timeout", "5",
         "--limit-request-line", "16384", "--timeout", "60",
     ]  # fmt: skip

@@ -1,0 +1,160 @@
+"""The gateway's gunicorn worker (config/workers.py): new connections go where the fewest are open."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import threading
+import time
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from config.workers import ConnectionBoard
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def established_by_worker(pids: list[int], port: int) -> Counter[int]:
+    """How many established TCP connections on local ``port`` each process of ``pids`` holds (from /proc)."""
+    inodes: dict[str, int] = {}
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            try:
+                target = fd.readlink().name
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes[target[len("socket:[") : -1]] = pid
+    held: Counter[int] = Counter({pid: 0 for pid in pids})
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            local_port, state, inode = int(fields[1].rsplit(":", 1)[1], 16), fields[3], fields[9]
+            if local_port == port and state == "01" and inode in inodes:
+                held[inodes[inode]] += 1
+    return held
+
+
+def open_kept_alive(port: int) -> socket.socket:
+    """A connection that has been answered once and stays open (HTTP/1.1 keep-alive)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = b""
+    while b'"status"' not in answer:
+        chunk = sock.recv(65536)
+        assert chunk, "the gateway closed the connection"
+        answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200")
+    return sock
+
+
+def open_burst(port: int, count: int) -> list[socket.socket]:
+    """``count`` kept-alive connections opened at once, from as many threads."""
+    opened: list[socket.socket] = []
+    lock = threading.Lock()
+
+    def connect() -> None:
+        sock = open_kept_alive(port)
+        with lock:
+            opened.append(sock)
+
+    threads = [threading.Thread(target=connect) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(15)
+    return opened
+
+
+def wait_until_both_serve(pids: list[int], port: int) -> None:
+    """Until each worker has booted and takes connections (a booting worker is left out of the balance)."""
+    deadline = time.monotonic() + 60
+    while True:
+        sockets = [open_kept_alive(port) for _ in range(2)]
+        split = sorted(established_by_worker(pids, port).values())
+        for sock in sockets:
+            sock.close()
+        wait_until_closed(pids, port)
+        if split == [1, 1]:
+            return
+        assert time.monotonic() < deadline, split
+
+
+def wait_until_closed(pids: list[int], port: int) -> None:
+    """Until the workers have noticed that every connection to them was closed."""
+    for _ in range(200):
+        if sum(established_by_worker(pids, port).values()) == 0:
+            return
+        time.sleep(0.05)
+
+
+def test_connections_are_spread_over_the_workers(tmp_path):
+    """Keep-alive connections, opened one after another and in bursts, split evenly over two workers.
+
+    gunicorn's own gthread workers race for each connection, and a burst often lands mostly on one
+    of them (8 connections: 4/4 in about a third of the runs, 8/0 now and then).
+    """
+    from tests.live import running_gateway
+
+    with running_gateway(tmp_path, workers=2, threads=4) as gateway:
+        port = int(gateway.url.rsplit(":", 1)[1])
+        pids = gateway.worker_pids()
+        assert len(pids) == 2
+        wait_until_both_serve(pids, port)
+        for _ in range(3):  # every thread of both workers has served (its first request opens a connection)
+            for sock in open_burst(port, 8):
+                sock.close()
+            wait_until_closed(pids, port)
+        for burst in (False, True, True, True):
+            sockets: list[socket.socket] = []
+            try:
+                sockets.extend(open_burst(port, 8) if burst else (open_kept_alive(port) for _ in range(8)))
+                assert len(sockets) == 8
+                held = established_by_worker(pids, port)
+                assert sorted(held.values()) == [4, 4], (burst, held)
+            finally:
+                for sock in sockets:
+                    sock.close()
+            wait_until_closed(pids, port)
+
+
+def test_a_worker_with_more_connections_still_accepts_when_the_others_cannot(tmp_path):
+    """The deferral ends: with the other worker stopped, the worker holding more connections takes a new one."""
+    from tests.live import running_gateway
+
+    with running_gateway(tmp_path, workers=2, threads=2) as gateway:
+        port = int(gateway.url.rsplit(":", 1)[1])
+        pids = gateway.worker_pids()
+        wait_until_both_serve(pids, port)
+        sockets = [open_kept_alive(port) for _ in range(2)]
+        try:
+            assert sorted(established_by_worker(pids, port).values()) == [1, 1]
+            stopped = pids[0]
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                for expected in (2, 3):  # the live worker holds more each time, and still accepts
+                    started = time.monotonic()
+                    sockets.append(open_kept_alive(port))
+                    assert time.monotonic() - started < 5
+                    assert established_by_worker(pids, port)[pids[1]] == expected
+            finally:
+                os.kill(stopped, signal.SIGCONT)
+        finally:
+            for sock in sockets:
+                sock.close()
+
+
+def test_the_board_reads_the_other_live_workers():
+    board = ConnectionBoard()
+    board.write(0, 5)
+    board.write(1, 2)
+    board.write(2, 7)
+    assert board.fewest_elsewhere(0) == 2
+    assert board.fewest_elsewhere(1) == 5
+    board.write(1, -1)  # that worker exited
+    assert board.fewest_elsewhere(0) == 7
+    board.write(2, -1)
+    assert board.fewest_elsewhere(0) is None
