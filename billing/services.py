@@ -65,6 +65,7 @@ meet in a gateway process share one commit (group commit, ``_charge_row_grouped`
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import threading
 import time
@@ -74,7 +75,6 @@ from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 from typing import TYPE_CHECKING, Any, Unpack
 
-import psycopg
 from django.db import DatabaseError, connection, transaction
 from django.db.models import F, Q, Sum
 from django.db.models.functions import Greatest
@@ -1767,20 +1767,21 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
 
 def _charge_row(params: list[Any]) -> dict[str, Any]:
     """``billing_charge``'s answer to ``params``: one statement (its own transaction in autocommit)."""
-    with connection.cursor() as cursor:
-        cursor.execute(CHARGE_SQL, params)
-        return dict(zip(CHARGE_COLUMNS, cursor.fetchone(), strict=True))
+    row = fastsql.fetch_row(CHARGE_SQL, params)
+    assert row is not None
+    return dict(zip(CHARGE_COLUMNS, row, strict=True))
 
 
 # Group commit. A durable commit waits for the WAL flush, and the wallet's row lock (and the
 # tenant's chain head) are held until it ends, so one wallet's charges serialize on the flush:
 # with a flush of 1-2 ms, a few hundred charges per second whatever the CPU. Charges of one wallet
 # that arrive while another charge of it is in flight in this process wait and then go together:
-# one transaction, their statements pipelined in one round trip, one flush. Each charge is still
+# one statement that calls billing_charge once per charge (so one transaction, one round trip, one
+# flush, and no lock held while this process gets its next message ready). Each charge is still
 # its own billing_charge call, in arrival order, seeing the ones before it. The lock order holds:
 # a charge after the first of a batch runs with the chain head held and locks nothing new (the
-# same wallet and agent ancestors), and billing_charge refuses one that might lock an auto-refill's
-# parent (TGBT1), so such a wallet's charges run alone.
+# same wallet and agent ancestors), and billing_charge refuses one that might lock an
+# auto-refill's parent (TGBT1), so such a wallet's charges run alone.
 CHARGE_BATCH_MAX = 16
 # A wallet with an auto-refill cannot have a second charge in a batch (billing_charge refuses it,
 # SQLSTATE TGBT1: its parent's lock would come after the chain head); after such a refusal its
@@ -1863,18 +1864,18 @@ def _charge_batch(wallet_id: str, batch: list[_QueuedCharge]) -> None:
 
 
 def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, Any] | DatabaseError]:
-    """The answers to ``calls`` (charges of ``wallet_id``), in order: together in one transaction, else
+    """The answers to ``calls`` (charges of ``wallet_id``), in order: together in one statement, else
     (it failed) one by one.
 
-    A batch that fails wrote nothing (its transaction rolled back whole: a deadlock, a refill
-    event to prepare, a second charge of a wallet with an auto-refill, any error of one charge),
-    so each charge then runs on its own and gets its own answer or error.
+    A batch that fails wrote nothing (its statement rolled back whole: a deadlock, a refill event
+    to prepare, a second charge of a wallet with an auto-refill, any error of one charge), so each
+    charge then runs on its own and gets its own answer or error.
     """
     if len(calls) > 1:
         try:
             return _charge_rows_together(calls)
-        except psycopg.Error as exc:
-            if exc.sqlstate == _BATCH_REFUSED:
+        except DatabaseError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == _BATCH_REFUSED:
                 _unbatched[wallet_id] = time.monotonic() + UNBATCHED_SECONDS
     answers: list[dict[str, Any] | DatabaseError] = []
     for params in calls:
@@ -1885,20 +1886,26 @@ def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, A
     return answers
 
 
+@functools.cache
+def _batch_sql(size: int) -> str:
+    """One statement of ``size`` ``billing_charge`` calls, run in order (the branches of a UNION ALL), each
+    after the first with ``p_batch_later``; its rows answer them in the same order."""
+    arguments = ", ".join(f"%s{_CASTS.get(name, '')}" for name in CHARGE_ARGUMENTS)
+    columns = ", ".join(f"c.{column}" for column in CHARGE_COLUMNS)
+    calls = " UNION ALL ".join(
+        f"SELECT {n} AS n, {columns} FROM billing_charge({arguments}, p_batch_later => {'true' if n else 'false'}) c"  # noqa: S608
+        for n in range(size)
+    )
+    return f"SELECT {', '.join(CHARGE_COLUMNS)} FROM ({calls}) batch ORDER BY n"  # noqa: S608
+
+
 def _charge_rows_together(calls: list[list[Any]]) -> list[dict[str, Any]]:
-    """Several ``billing_charge`` calls in one transaction and one round trip (a psycopg pipeline)."""
-    connection.ensure_connection()
-    raw = connection.connection
-    assert raw is not None
-    with raw.pipeline(), raw.transaction():
-        raw.execute("SELECT set_config('tollgate.charge_batch', 'first', true)")  # for this transaction only
-        cursors = [raw.execute(CHARGE_SQL, params) for params in calls]
-    answers = []
-    for cursor in cursors:
-        row = cursor.fetchone()
-        assert row is not None
-        answers.append(dict(zip(CHARGE_COLUMNS, row, strict=True)))
-    return answers
+    """Several ``billing_charge`` calls in one statement: one transaction, one round trip."""
+    with connection.cursor() as cursor:
+        cursor.execute(_batch_sql(len(calls)), [value for params in calls for value in params])
+        rows = cursor.fetchall()
+    assert len(rows) == len(calls)
+    return [dict(zip(CHARGE_COLUMNS, row, strict=True)) for row in rows]
 
 
 def _charge_outcome(row: dict[str, Any], call: ChargeCall) -> ChargeOutcome:

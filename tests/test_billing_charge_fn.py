@@ -74,9 +74,11 @@ def prepared(
     return call, call.arguments(refill_event=refill_event)
 
 
-def billing_charge(arguments: dict[str, Any]) -> dict[str, Any]:
+def billing_charge(arguments: dict[str, Any], *, batch_later: bool = False) -> dict[str, Any]:
+    """The function called directly; ``batch_later``: as a charge after the first of a batch."""
+    sql = FN_SQL.removesuffix(")") + ", p_batch_later => true)" if batch_later else FN_SQL
     with connection.cursor() as cursor:
-        cursor.execute(FN_SQL, arguments)
+        cursor.execute(sql, arguments)
         return dict(zip(services.CHARGE_COLUMNS, cursor.fetchone(), strict=True))
 
 
@@ -320,13 +322,36 @@ def test_in_a_batch_a_wallet_with_an_auto_refill_has_one_charge(tenant):
     parent then is refused (TGBT1) rather than take that lock out of order."""
     factories.top_up(tenant.agent, 10)
     bot = factories.make_wallet(tenant.sponsor, "bot", 12, refill_threshold=D("10"), refill_amount=D("50"))
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT set_config('tollgate.charge_batch', 'first', true)")
     assert billing_charge(prepared(bot, units="1")[1])["code"] == "ok"  # the first of a batch: any wallet
-    assert billing_charge(prepared(tenant.agent, units="1")[1])["code"] == "ok"  # no refill: may follow
+    assert billing_charge(prepared(tenant.agent, units="1")[1], batch_later=True)["code"] == "ok"  # may follow
     with pytest.raises(DatabaseError) as raised, transaction.atomic():
-        billing_charge(prepared(bot, units="1")[1])
+        billing_charge(prepared(bot, units="1")[1], batch_later=True)
     assert getattr(raised.value.__cause__, "sqlstate", None) == "TGBT1"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_is_one_statement_in_arrival_order(tenant):
+    """``_charge_rows_together``: each charge sees the ones before it, and one that fails takes the
+    others with it (nothing written), after which they run one by one."""
+    factories.top_up(tenant.agent, 10)
+    calls = [list(prepared(tenant.agent, units=units, key=f"b{n}")[1].values()) for n, units in enumerate("123")]
+    rows = services._charge_rows_together(calls)
+    assert [row["code"] for row in rows] == ["ok", "ok", "ok"]
+    assert [row["new_balance"] for row in rows] == [D("9"), D("7"), D("4")]
+    assert [json.loads(row["body"])["idempotency_key"] for row in rows] == ["b0", "b1", "b2"]
+
+    bot = factories.make_wallet(tenant.sponsor, "bot", 12, refill_threshold=D("10"), refill_amount=D("50"))
+    before = written()
+    calls = [list(prepared(bot, units="1", key=f"r{n}")[1].values()) for n in range(2)]
+    with pytest.raises(DatabaseError) as raised:
+        services._charge_rows_together(calls)  # the second may lock the refill parent after the chain head
+    assert getattr(raised.value.__cause__, "sqlstate", None) == "TGBT1"
+    assert written() == before  # the first charge of the batch rolled back with it
+    answers = services._charge_rows(bot.wallet_id, calls)
+    assert [answer["code"] for answer in answers] == ["ok", "ok"]  # type: ignore[index]
+    assert bot.wallet_id in services._unbatched
+    services._unbatched.pop(bot.wallet_id)
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
 
 
 # Decimals the ledger holds: numeric(20, 8), signs included (a charge's event amount is negative). A

@@ -60,8 +60,8 @@
 -- index entry; the audit chain head last (audit_append). In autocommit every lock is released
 -- when this statement's transaction commits on the server.
 --
--- Batches (billing.services group commit: several charges of one wallet in one transaction, the
--- transaction-local setting tollgate.charge_batch = 'first' set before them). A charge after the
+-- Batches (billing.services group commit: several charges of one wallet in one statement, so in
+-- one transaction; every charge after the first is called with p_batch_later). A charge after the
 -- first runs with the chain head held, so it may take no lock the order puts before the head: it
 -- locks nothing new (the same wallet and agent ancestors), except the parent of a wallet with an
 -- auto-refill, which billing_debit may lock. Such a charge raises SQLSTATE 'TGBT1' instead, and
@@ -102,6 +102,7 @@ CREATE OR REPLACE FUNCTION billing_charge(
     k_secret_hash text,
     k_window_index bigint,
     k_limit integer,
+    p_batch_later boolean DEFAULT false,  -- a charge after the first of a batch (Batches, above)
     OUT code text,                -- billing_debit's codes, and not_found, access_denied, replay,
                                   -- idempotency_key_reused, idempotency_key_in_progress,
                                   -- unknown_category, amount_too_small, key_stale, rate_limited
@@ -125,7 +126,6 @@ LANGUAGE plpgsql AS $$
 DECLARE
     wallet_path text;
     refills boolean;
-    batch text;
     stored billing_charge_idempotency;
     d record;
     money_amount text;
@@ -147,10 +147,7 @@ BEGIN
     SELECT w.tenant_id, w.path, w.refill_threshold IS NOT NULL AND w.refill_amount IS NOT NULL
       INTO wallet_tenant, wallet_path, refills
       FROM billing_wallet w WHERE w.wallet_id = p_wallet_id;
-    batch := current_setting('tollgate.charge_batch', true);
-    IF batch = 'first' THEN
-        PERFORM set_config('tollgate.charge_batch', 'later', true);
-    ELSIF batch = 'later' AND refills THEN
+    IF p_batch_later AND refills THEN
         RAISE EXCEPTION 'billing_charge: a charge of a wallet with an auto-refill cannot follow another in a batch'
               USING ERRCODE = 'TGBT1';
     END IF;
