@@ -133,6 +133,25 @@ def load_average() -> str:
 # --- Report -----------------------------------------------------------------------------------------
 
 
+def host_speed(seconds: float = 1.0) -> str:
+    """Raw Ed25519 verifications per second on one core right now (bench/receipt_verify.py's reference).
+
+    A shared virtual machine's speed drifts: on the development machine this figure has ranged
+    from about 7,500 to 17,000 within a day, and every figure of a run moves with it. Read at the
+    start and the end of a run, it tells which phase the run was measured in.
+    """
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    key = Ed25519PrivateKey.generate()
+    public, message = key.public_key(), b"host speed " * 20
+    signature = key.sign(message)
+    count, started = 0, time.process_time()
+    while time.process_time() - started < seconds:
+        public.verify(signature, message)
+        count += 1
+    return f"{count / (time.process_time() - started):,.0f}"
+
+
 def _n(value: Any, digits: int = 0) -> str:
     if value is None:
         return "n/a"
@@ -491,7 +510,14 @@ BENCHMARKS = (
 )
 
 
-def render(runs: list[Run], machine: dict[str, str], load: tuple[str, str], started: datetime, took: float) -> str:
+def render(
+    runs: list[Run],
+    machine: dict[str, str],
+    load: tuple[str, str],
+    speed: tuple[str, str],
+    started: datetime,
+    took: float,
+) -> str:
     lines = [
         "# Benchmarks",
         "",
@@ -517,10 +543,13 @@ def render(runs: list[Run], machine: dict[str, str], load: tuple[str, str], star
         f"| duration | {took / 60:.1f} min |",
         f"| load average (1 / 5 / 15 min) at start | {load[0]} |",
         f"| load average (1 / 5 / 15 min) at end | {load[1]} |",
+        f"| host speed at start / end: raw Ed25519 verifications/s, one core | {speed[0]} / {speed[1]} |",
         "",
         f"The load average is that of the whole machine ({machine['cores']} cores). A load above the core count",
         "at the start means other work was running during the measurements, and the absolute figures",
-        "are lower than the machine can do alone; the ratios are less affected.",
+        "are lower than the machine can do alone; the ratios are less affected. The host speed is the",
+        "virtual machine's own: on the development machine it has ranged from about 7,500 to 17,000",
+        "verifications/s within a day, with nothing else running, and every absolute figure moves with it.",
         "",
     ]
     summary: list[str] = []
@@ -583,6 +612,7 @@ def main(argv: list[str] | None = None) -> int:
     started_at = datetime.now(UTC)
     began = time.monotonic()
     load_start = load_average()
+    speed_start = host_speed()
     seconds = f"{args.seconds:g}"
     plan = {
         "governed_call": ["--seconds", seconds],
@@ -610,7 +640,8 @@ def main(argv: list[str] | None = None) -> int:
         if started_db:
             pg.stop()
     load_end = load_average()
-    text = render(runs, machine, (load_start, load_end), started_at, time.monotonic() - began)
+    speed = (speed_start, host_speed())
+    text = render(runs, machine, (load_start, load_end), speed, started_at, time.monotonic() - began)
     Path(args.output).write_text(text, encoding="utf-8")
     print(f"\nwrote {args.output}")
     return 1 if any(r.error for r in runs) else 0
