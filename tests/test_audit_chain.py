@@ -6,8 +6,12 @@ The helpers at the top (fast chain building, raw-SQL tampering) are shared by th
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
+import re
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -509,3 +513,35 @@ def test_the_database_links_each_event_as_chain_hash_does(db, signing):
     assert events[1].prev_hash == events[0].hash
     assert ChainHead.objects.get(chain="tn_link").head_hash == events[3].hash
     assert audit_chain_verify(chain="tn_link").valid
+
+
+def test_the_worked_example_of_the_format_document_recomputes():
+    """docs/audit-chain.md: its example events are what event_bytes writes, and its hashes are the links."""
+    text = (Path(__file__).resolve().parent.parent / "docs" / "audit-chain.md").read_text(encoding="utf-8")
+    documented = re.findall(r"```json\n(.*?)\n```", text, flags=re.S)
+    hashes = re.findall(r"hash\(\d\) = `([0-9a-f]{64})`", text)
+    assert len(documented) == len(hashes) == 2
+    prev = GENESIS_HASH
+    for doc_bytes, doc_hash in zip(documented, hashes, strict=True):
+        event = json.loads(doc_bytes)
+        assert event.pop("type") == "audit_event"
+        rebuilt = event_bytes(
+            event["chain"],
+            event["seq"],
+            event["event_id"],
+            event["event"],
+            event["tenant_id"],
+            event["wallet_id"],
+            event["key_id"],
+            event["tool"],
+            event["endpoint"],
+            event["policy_decision_id"],
+            event["request_id"],
+            event["ok"],
+            event["detail"],
+            event["created_at"],
+        )
+        assert rebuilt == doc_bytes.encode()
+        assert chain_hash(prev, rebuilt) == doc_hash
+        assert hashlib.sha256(bytes.fromhex(prev) + rebuilt).hexdigest() == doc_hash  # the document's own recipe
+        prev = doc_hash
