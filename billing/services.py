@@ -1889,11 +1889,14 @@ def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, A
 @functools.cache
 def _batch_sql(size: int) -> str:
     """One statement of ``size`` ``billing_charge`` calls, run in order (the branches of a UNION ALL), each
-    after the first with ``p_batch_later``; its rows answer them in the same order."""
-    arguments = ", ".join(f"%s{_CASTS.get(name, '')}" for name in CHARGE_ARGUMENTS)
+    after the first with ``p_batch_later``; its rows answer them in the same order. Its placeholders are
+    numbered (``fastsql.fetch_all_numbered``): a batch has more parameters than psycopg's parse cache takes."""
+    width = len(CHARGE_ARGUMENTS)
     columns = ", ".join(f"c.{column}" for column in CHARGE_COLUMNS)
     calls = " UNION ALL ".join(
-        f"SELECT {n} AS n, {columns} FROM billing_charge({arguments}, p_batch_later => {'true' if n else 'false'}) c"  # noqa: S608
+        f"SELECT {n} AS n, {columns} FROM billing_charge("  # noqa: S608
+        + ", ".join(f"${n * width + i + 1}{_CASTS.get(name, '')}" for i, name in enumerate(CHARGE_ARGUMENTS))
+        + f", p_batch_later => {'true' if n else 'false'}) c"
         for n in range(size)
     )
     return f"SELECT {', '.join(CHARGE_COLUMNS)} FROM ({calls}) batch ORDER BY n"  # noqa: S608
@@ -1901,9 +1904,7 @@ def _batch_sql(size: int) -> str:
 
 def _charge_rows_together(calls: list[list[Any]]) -> list[dict[str, Any]]:
     """Several ``billing_charge`` calls in one statement: one transaction, one round trip."""
-    with connection.cursor() as cursor:
-        cursor.execute(_batch_sql(len(calls)), [value for params in calls for value in params])
-        rows = cursor.fetchall()
+    rows = fastsql.fetch_all_numbered(_batch_sql(len(calls)), [value for params in calls for value in params])
     assert len(rows) == len(calls)
     return [dict(zip(CHARGE_COLUMNS, row, strict=True)) for row in rows]
 

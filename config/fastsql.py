@@ -11,6 +11,7 @@ like), so what callers get is what the ORM would have returned.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from datetime import datetime
@@ -18,7 +19,9 @@ from decimal import Decimal
 from functools import cache
 from typing import Any, TypeVar
 
+import psycopg
 from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db.backends.utils import CursorWrapper
 from django.db.models import AutoField, BigAutoField, DateField, DateTimeField, Field, Model, SmallAutoField, TimeField
 
 M = TypeVar("M", bound=Model)
@@ -64,6 +67,36 @@ def fetch_row(sql: str, params: Sequence[Any]) -> tuple[Any, ...] | None:
         cursor.execute(sql, params)
         row = cursor.fetchone()
     return tuple(row) if row is not None else None
+
+
+def fetch_all_numbered(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]:
+    """Every row of ``sql`` (one round trip), whose placeholders are PostgreSQL's own ``$1``, ``$2``, ...
+
+    psycopg turns ``%s`` placeholders into these by parsing the statement on every execution once
+    it has more than 50 parameters (it caches the result only below that), which costs more than a
+    small statement's round trip; a statement written with numbered placeholders goes as it is
+    (psycopg's raw cursor). The cursor is Django's like ``fetch_row``'s (errors are Django's,
+    execute wrappers and query recording apply) and kept the same way.
+    """
+    db = connections[DEFAULT_DB_ALIAS]
+    db.close_if_health_check_failed()
+    db.ensure_connection()
+    kept = db.__dict__.get("_fastsql_raw_cursor")
+    if kept is None or kept[0] is not db.connection:
+        # Django's plain wrapper even while queries are recorded: its debug wrapper renders the
+        # statement with %s placeholders; this records it below instead.
+        kept = (db.connection, CursorWrapper(psycopg.RawCursor(db.connection), db))
+        db.__dict__["_fastsql_raw_cursor"] = kept
+    cursor = kept[1]
+    if not db.queries_logged:
+        cursor.execute(sql, params)
+        return [tuple(row) for row in cursor.fetchall()]
+    start = time.monotonic()
+    try:
+        cursor.execute(sql, params)
+        return [tuple(row) for row in cursor.fetchall()]
+    finally:
+        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
 
 
 def _reusable_cursor() -> Any:

@@ -114,3 +114,17 @@ def test_json_row_reads_each_field_as_its_pre_save_would(tenant) -> None:
     assert datetime.fromisoformat(row["updated_at"]) >= before
     assert tool.updated_at is not None
     assert row["updated_at"] == tool.updated_at.isoformat()
+
+
+def test_numbered_statement_past_psycopgs_parse_cache(db, django_assert_num_queries) -> None:
+    """60 parameters (past the 50 psycopg caches its placeholder parse for) go as PostgreSQL's own $n."""
+    from django.db import DatabaseError
+
+    sql = "SELECT " + ", ".join(f"${n}::int * 2" for n in range(1, 61))
+    with django_assert_num_queries(1):  # recorded while queries are captured, as Django's cursor is
+        assert fastsql.fetch_all_numbered(sql, list(range(60))) == [tuple(n * 2 for n in range(60))]
+    kept = fastsql.fetch_all_numbered("SELECT $1::text UNION ALL SELECT $2::text", ["a", "b"])
+    assert kept == [("a",), ("b",)]
+    with pytest.raises(DatabaseError) as refused:  # Django's error, psycopg's as its cause
+        fastsql.fetch_all_numbered("SELECT 1 / $1::int", [0])
+    assert getattr(refused.value.__cause__, "sqlstate", None) == "22012"
