@@ -32,6 +32,7 @@ from billing import services
 from billing.exceptions import money
 from billing.models import ChargeIdempotency, LedgerEntry, ServicePrice, Wallet
 from billing.serializers import ChargeQuery, ChargeResponse
+from billing.services import charge as charging
 from billing.views import charge_query
 from config.errors import RequestValidationError
 from config.pagination import parse_query
@@ -43,8 +44,8 @@ D = Decimal
 
 # billing_charge called by name, as a reader of the SQL file would call it.
 FN_SQL = (
-    f"SELECT {', '.join(services.CHARGE_COLUMNS)} FROM billing_charge("
-    + ", ".join(f"{name} => %({name})s{services._CASTS.get(name, '')}" for name in services.CHARGE_ARGUMENTS)
+    f"SELECT {', '.join(charging.CHARGE_COLUMNS)} FROM billing_charge("
+    + ", ".join(f"{name} => %({name})s{charging._CASTS.get(name, '')}" for name in charging.CHARGE_ARGUMENTS)
     + ")"
 )
 
@@ -58,8 +59,8 @@ def prepared(
     reach: str | None = None,
     request_path: str = "/work",
     refill_event: bool = True,
-) -> tuple[services.ChargeCall, dict[str, Any]]:
-    call = services.charge_call(
+) -> tuple[charging.ChargeCall, dict[str, Any]]:
+    call = charging.charge_call(
         wallet_id=wallet.wallet_id,
         tenant_id=wallet.tenant_id,
         reach_wallet_id=reach,
@@ -79,7 +80,7 @@ def billing_charge(arguments: dict[str, Any], *, batch_later: bool = False) -> d
     sql = FN_SQL.removesuffix(")") + ", p_batch_later => true)" if batch_later else FN_SQL
     with connection.cursor() as cursor:
         cursor.execute(sql, arguments)
-        return dict(zip(services.CHARGE_COLUMNS, cursor.fetchone(), strict=True))
+        return dict(zip(charging.CHARGE_COLUMNS, cursor.fetchone(), strict=True))
 
 
 def written() -> tuple[int, int, int]:
@@ -335,7 +336,7 @@ def test_a_batch_is_one_statement_in_arrival_order(tenant):
     others with it (nothing written), after which they run one by one."""
     factories.top_up(tenant.agent, 10)
     calls = [list(prepared(tenant.agent, units=units, key=f"b{n}")[1].values()) for n, units in enumerate("123")]
-    rows = services._charge_rows_together(calls)
+    rows = charging._charge_rows_together(calls)
     assert [row["code"] for row in rows] == ["ok", "ok", "ok"]
     assert [row["new_balance"] for row in rows] == [D("9"), D("7"), D("4")]
     assert [json.loads(row["body"])["idempotency_key"] for row in rows] == ["b0", "b1", "b2"]
@@ -344,13 +345,13 @@ def test_a_batch_is_one_statement_in_arrival_order(tenant):
     before = written()
     calls = [list(prepared(bot, units="1", key=f"r{n}")[1].values()) for n in range(2)]
     with pytest.raises(DatabaseError) as raised:
-        services._charge_rows_together(calls)  # the second may lock the refill parent after the chain head
+        charging._charge_rows_together(calls)  # the second may lock the refill parent after the chain head
     assert getattr(raised.value.__cause__, "sqlstate", None) == "TGBT1"
     assert written() == before  # the first charge of the batch rolled back with it
-    answers = services._charge_rows(bot.wallet_id, calls)
+    answers = charging._charge_rows(bot.wallet_id, calls)
     assert [answer["code"] for answer in answers] == ["ok", "ok"]  # type: ignore[index]
-    assert bot.wallet_id in services._unbatched
-    services._unbatched.pop(bot.wallet_id)
+    assert bot.wallet_id in charging._unbatched
+    charging._unbatched.pop(bot.wallet_id)
     assert_chain_recomputes(tenant.sponsor.wallet_id)
 
 
@@ -388,13 +389,13 @@ def test_the_spliced_bytes_are_pythons_canonical_bytes(tenant, amount, balance, 
             entry_id="led_x",
             transaction_id="ltx_x",
             kind="charge",
-            amount=services._LATE,
-            balance_after=services._LATE,
-            counterparty=services._LATE if "counterparty" in late else "revenue",
+            amount=charging._LATE,
+            balance_after=charging._LATE,
+            counterparty=charging._LATE if "counterparty" in late else "revenue",
             service_category="tooling",
             request_path='/a "quoted" \\ path\n',
         )
-        event = services.late_event_prepare(
+        event = charging.late_event_prepare(
             late=late,
             event="ledger.charge",
             ok=True,
@@ -582,7 +583,7 @@ def charge_thread(secret: str, wallet_id: str, key: str, units: str) -> tuple[in
 def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Sizes of the group-committed batches; the first charge of a wallet is slowed so others queue behind it."""
     sizes: list[int] = []
-    together, single = services._charge_rows_together, services._charge_row
+    together, single = charging._charge_rows_together, charging._charge_row
     first = threading.Event()
 
     def counted(calls: list[list[Any]]) -> list[dict[str, Any]]:
@@ -595,8 +596,8 @@ def batches(monkeypatch: pytest.MonkeyPatch) -> list[int]:
             time.sleep(0.3)
         return single(params)
 
-    monkeypatch.setattr(services, "_charge_rows_together", counted)
-    monkeypatch.setattr(services, "_charge_row", slow_first)
+    monkeypatch.setattr(charging, "_charge_rows_together", counted)
+    monkeypatch.setattr(charging, "_charge_row", slow_first)
     return sizes
 
 
@@ -672,7 +673,7 @@ def test_a_batch_that_posts_refills_and_meets_the_velocity_limit(tenant, batches
     assert max(batches) > 1
     # A second charge of a wallet with an auto-refill is refused inside a batch (its parent's lock
     # would come after the chain head): the batch ran one by one and the wallet's charges now run alone.
-    assert bot.wallet_id in services._unbatched
+    assert bot.wallet_id in charging._unbatched
 
     factories.top_up(tenant.agent, 2000)
     services.wallet_charge(wallet=Wallet.objects.get(pk=tenant.agent.pk), service_category="compute", units=994)

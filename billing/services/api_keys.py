@@ -1,0 +1,350 @@
+"""API keys: creation (a key's secret is shown once), rotation and revocation, which takes the
+keys a revoked key minted with it (its lineage), and the operator's keys.
+
+Every service owns its transaction (``@transaction.atomic(durable=True)``) and writes its audit
+events inside it, as the last statements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.db import connection, transaction
+from django.utils import timezone
+
+from audit.services import alert_raise, audit_record
+from billing.keys import hash_secret, make_secret
+from billing.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog, Wallet
+from config.errors import NotFound
+from config.ids import new_id
+
+
+@dataclass(frozen=True)
+class IssuedKey:
+    """A key together with its secret, which exists only in this object and the one response."""
+
+    key: APIKey
+    secret: str
+
+
+def _new_key(*, wallet: Wallet | None, name: str, rotated_from: str = "", actor_key_id: str = "") -> IssuedKey:
+    key_id = new_id("key")
+    secret = make_secret(key_id)
+    key = APIKey.objects.create(
+        key_id=key_id,
+        wallet=wallet,
+        tenant_id=wallet.tenant_id if wallet else None,
+        name=name,
+        secret_hash=hash_secret(secret),
+        secret_last4=secret[-4:],
+        rotated_from=rotated_from,
+        created_by_key_id=actor_key_id,
+    )
+    return IssuedKey(key=key, secret=secret)
+
+
+@transaction.atomic(durable=True)
+def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "", actor: str = "") -> IssuedKey:
+    """Create a wallet-scoped key. The secret is returned once and only its hash is stored.
+
+    ``actor_key_id`` (the minting key) is recorded as the new key's creator: revoking the
+    creator revokes the new key too (``_revoke_lineage``). The creator's row is locked
+    and re-checked here, so a key minted while its creator is being revoked either
+    commits first (and is then found by the revocation) or is refused (401).
+    """
+    _lock_wallet(wallet)
+    _require_active_minter(actor_key_id)
+    issued = _new_key(wallet=wallet, name=name, actor_key_id=actor_key_id)
+    KeyRotationLog.objects.create(
+        wallet=wallet,
+        tenant_id=wallet.tenant_id,
+        action=KeyLogAction.CREATED,
+        key_id=issued.key.key_id,
+        actor_key_id=actor_key_id,
+    )
+    audit_record(
+        event="api_key.created",
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/api-keys",
+        detail={"new_key_id": issued.key.key_id, **({"actor": actor} if actor else {})},
+    )
+    return issued
+
+
+@transaction.atomic(durable=True)
+def operator_key_create(*, name: str = "operator", actor: str = "") -> IssuedKey:
+    """Create an operator key (no wallet). Only ``manage.py`` and the admin console call this."""
+    issued = _new_key(wallet=None, name=name)
+    audit_record(
+        event="api_key.operator_created",
+        ok=True,
+        detail={"new_key_id": issued.key.key_id, **({"actor": actor} if actor else {})},
+    )
+    return issued
+
+
+@transaction.atomic(durable=True)
+def operator_key_revoke(*, key_id: str, reason: str = "operator_console", actor: str = "") -> APIKey:
+    """Revoke an operator key (the console), audited on the system chain. Revoking a revoked key changes nothing."""
+    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet__isnull=True).first()
+    if key is None:
+        raise NotFound("No such operator key.", key_id=key_id)
+    if _revoke(key, reason):
+        audit_record(
+            event="api_key.operator_revoked",
+            ok=True,
+            detail={"revoked_key_id": key.key_id, "reason": reason, **({"actor": actor} if actor else {})},
+        )
+    return key
+
+
+def _lock_wallet(wallet: Wallet) -> None:
+    Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=wallet.wallet_id).first()
+
+
+def _lock_key(wallet: Wallet, key_id: str) -> APIKey:
+    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet=wallet).first()
+    if key is None:
+        raise NotFound("No such API key in this wallet.", key_id=key_id)
+    return key
+
+
+def _require_active_minter(actor_key_id: str) -> None:
+    """The key minting another must still be active (its row locked against a concurrent revocation)."""
+    if not actor_key_id:
+        return
+    minter = APIKey.objects.select_for_update(no_key=True).filter(key_id=actor_key_id).first()
+    if minter is not None and minter.status != APIKeyStatus.ACTIVE:
+        from config.errors import InvalidAPIKey
+
+        raise InvalidAPIKey(key_id=actor_key_id)
+
+
+LINEAGE_SQL = """
+WITH RECURSIVE lineage(key_id) AS (
+    SELECT k.key_id FROM billing_api_key AS k
+     WHERE (k.created_by_key_id = ANY(%(roots)s) OR k.rotated_from = ANY(%(roots)s))
+       AND NOT k.key_id = ANY(%(exclude)s)
+    UNION
+    SELECT k.key_id FROM billing_api_key AS k
+      JOIN lineage AS l ON k.created_by_key_id = l.key_id OR k.rotated_from = l.key_id
+     WHERE NOT k.key_id = ANY(%(exclude)s)
+)
+SELECT key_id FROM lineage
+"""
+
+
+def _revoke_lineage(*, roots: list[APIKey], reason: str, actor_key_id: str, exclude: tuple[str, ...] = ()) -> list[str]:
+    """Revoke every active key minted, directly or transitively, by the wallet keys in ``roots``.
+
+    A key's lineage follows who minted it (``created_by_key_id``) and what it replaced
+    (``rotated_from``), so an agent cannot outlive its own revocation by minting or
+    rotating keys first. Keys minted by an operator key or the console start a lineage
+    of their own (revoking an operator key does not revoke the tenants it provisioned).
+    ``exclude`` keeps a rotation's successor. Each revocation is logged in its wallet's
+    key log (reason ``lineage: ...``), alerted and audited. Caller holds the transaction.
+    """
+    wallet_roots = [key.key_id for key in roots if key.wallet_id is not None]
+    if not wallet_roots:
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(LINEAGE_SQL, {"roots": wallet_roots, "exclude": list(exclude)})
+        lineage = [row[0] for row in cursor.fetchall()]
+    keys = list(
+        APIKey.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("wallet")
+        .filter(key_id__in=lineage, status=APIKeyStatus.ACTIVE)
+        .order_by("key_id")
+    )
+    revoked = []
+    for key in keys:
+        cause = key.created_by_key_id if key.created_by_key_id in wallet_roots else key.rotated_from
+        lineage_reason = f"lineage: minted under revoked key {cause or ', '.join(wallet_roots)} ({reason})"[:200]
+        if not _revoke(key, lineage_reason):
+            continue
+        revoked.append(key.key_id)
+        assert key.wallet is not None
+        _record_revocation(
+            key,
+            key.wallet,
+            reason=lineage_reason,
+            actor_key_id=actor_key_id,
+            message=f"API key {key.key_id} was revoked with the key that minted it.",
+            endpoint="/v1/api-keys",
+            created_by_key_id=key.created_by_key_id,
+            rotated_from=key.rotated_from,
+        )
+    return revoked
+
+
+def _record_revocation(
+    key: APIKey,
+    wallet: Wallet,
+    *,
+    reason: str,
+    actor_key_id: str,
+    message: str,
+    endpoint: str,
+    actor: str = "",
+    **detail: Any,
+) -> None:
+    """A key's revocation in its wallet's key log, an alert and an audit event. Caller holds the transaction."""
+    KeyRotationLog.objects.create(
+        wallet=wallet,
+        tenant_id=wallet.tenant_id,
+        action=KeyLogAction.REVOKED,
+        key_id=key.key_id,
+        reason=reason,
+        actor_key_id=actor_key_id,
+    )
+    alert_raise(
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        kind="api_key_revoked",
+        message=message,
+        detail={"key_id": key.key_id, "reason": reason},
+    )
+    audit_record(
+        event="api_key.revoked",
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint=endpoint,
+        detail={"revoked_key_id": key.key_id, "reason": reason, **detail, **({"actor": actor} if actor else {})},
+    )
+
+
+def _revoke(key: APIKey, reason: str) -> bool:
+    if key.status == APIKeyStatus.REVOKED:
+        return False
+    key.status = APIKeyStatus.REVOKED
+    key.revoked_at = timezone.now()
+    key.revoke_reason = reason
+    key.save(update_fields=["status", "revoked_at", "revoke_reason"])
+    return True
+
+
+@transaction.atomic(durable=True)
+def api_key_rotate(
+    *, wallet: Wallet, key_id: str, revoke_old: bool = True, reason: str = "rotation", actor_key_id: str = ""
+) -> IssuedKey:
+    """Create a successor for ``key_id``; optionally revoke the old key in the same transaction."""
+    old = _lock_key(wallet, key_id)
+    if old.status != APIKeyStatus.ACTIVE:
+        from config.errors import Conflict
+
+        raise Conflict("A revoked key cannot be rotated.", key_id=key_id)
+    _require_active_minter(actor_key_id)
+    issued = _new_key(wallet=wallet, name=old.name, rotated_from=old.key_id, actor_key_id=actor_key_id)
+    if revoke_old:
+        _revoke(old, reason)
+        _revoke_lineage(roots=[old], reason=reason, actor_key_id=actor_key_id, exclude=(issued.key.key_id,))
+    KeyRotationLog.objects.create(
+        wallet=wallet,
+        tenant_id=wallet.tenant_id,
+        action=KeyLogAction.ROTATED,
+        key_id=old.key_id,
+        new_key_id=issued.key.key_id,
+        reason=reason,
+        actor_key_id=actor_key_id,
+    )
+    if revoke_old:
+        alert_raise(
+            tenant_id=wallet.tenant_id,
+            wallet_id=wallet.wallet_id,
+            kind="api_key_revoked",
+            severity="info",
+            message=f"API key {old.key_id} was revoked by rotation to {issued.key.key_id}.",
+            detail={"key_id": old.key_id, "new_key_id": issued.key.key_id, "reason": reason},
+        )
+    audit_record(
+        event="api_key.rotated",
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/api-keys/rotate",
+        detail={"old_key_id": old.key_id, "new_key_id": issued.key.key_id, "old_revoked": revoke_old},
+    )
+    return issued
+
+
+@transaction.atomic(durable=True)
+def api_key_revoke(
+    *, wallet: Wallet, key_id: str, reason: str = "user_request", actor_key_id: str = "", actor: str = ""
+) -> APIKey:
+    """Revoke one key immediately and for good, with every key it minted (``_revoke_lineage``).
+
+    Revoking a revoked key changes nothing but still sweeps its lineage, so a key that
+    slipped through (minted by a key revoked before lineage was enforced) goes too.
+    """
+    key = _lock_key(wallet, key_id)
+    revoked_now = _revoke(key, reason)
+    _revoke_lineage(roots=[key], reason=reason, actor_key_id=actor_key_id)
+    if revoked_now:
+        _record_revocation(
+            key,
+            wallet,
+            reason=reason,
+            actor_key_id=actor_key_id,
+            actor=actor,
+            message=f"API key {key.key_id} was revoked ({reason}).",
+            endpoint="/v1/api-keys/{wallet_id}/{key_id}",
+        )
+    return key
+
+
+@transaction.atomic(durable=True)
+def api_key_emergency_revoke(
+    *, wallet: Wallet, reason: str = "emergency", actor_key_id: str = "", actor: str = ""
+) -> list[str]:
+    """Revoke every active key of ``wallet`` and of every wallet below it at once, with their lineage.
+
+    Returns the ids revoked now. Holds the wallet row lock, which key creation also
+    takes, and locks every key it revokes (a key minting concurrently waits on its own
+    row), so no key created concurrently can survive the revocation.
+    """
+    _lock_wallet(wallet)
+    keys = list(
+        APIKey.objects.select_for_update(no_key=True, of=("self",))
+        .select_related("wallet")
+        .filter(wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE)
+        .order_by("key_id")
+    )
+    revoked = [k.key_id for k in keys if _revoke(k, reason)]
+    for key in keys:
+        if key.key_id not in revoked:
+            continue
+        assert key.wallet is not None
+        KeyRotationLog.objects.create(
+            wallet=key.wallet,
+            tenant_id=wallet.tenant_id,
+            action=KeyLogAction.EMERGENCY_REVOKED,
+            key_id=key.key_id,
+            reason=reason if key.wallet_id == wallet.wallet_id else f"{reason} (wallet {wallet.wallet_id})"[:200],
+            actor_key_id=actor_key_id,
+        )
+    revoked += _revoke_lineage(roots=keys, reason=reason, actor_key_id=actor_key_id)
+    alert_raise(
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        kind="api_keys_emergency_revoked",
+        severity="critical",
+        message=f"All {len(revoked)} active API keys of the wallet and the wallets below it were revoked ({reason}).",
+        detail={"key_ids": revoked, "reason": reason},
+    )
+    audit_record(
+        event="api_key.emergency_revoked",
+        ok=True,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/api-keys/emergency-revoke",
+        detail={"revoked_key_ids": revoked, "reason": reason, **({"actor": actor} if actor else {})},
+    )
+    return revoked
