@@ -108,17 +108,23 @@ def test_connections_are_spread_over_the_workers(tmp_path):
             for sock in open_burst(port, 8):
                 sock.close()
             wait_until_closed(pids, port)
-        for burst in (False, True, True, True):
+        splits: list[tuple[bool, list[int]]] = []
+        for burst in (False, False, *[True] * 10):
             sockets: list[socket.socket] = []
             try:
                 sockets.extend(open_burst(port, 8) if burst else (open_kept_alive(port) for _ in range(8)))
                 assert len(sockets) == 8
-                held = established_by_worker(pids, port)
-                assert sorted(held.values()) == [4, 4], (burst, held)
+                splits.append((burst, sorted(established_by_worker(pids, port).values())))
             finally:
                 for sock in sockets:
                     sock.close()
             wait_until_closed(pids, port)
+    # A worker leaves a new connection to the other for 50 ms only, so a loaded machine that keeps the
+    # other from accepting that long makes a 5/3 now and then (seen during the full suite). gthread's
+    # race split 4/4 in about a third of the bursts and 6/2 or worse in about as many: both bounds
+    # below fail for it with a probability over 99 %.
+    assert all(split in ([4, 4], [3, 5]) for _, split in splits), splits
+    assert sum(split == [4, 4] for _, split in splits) >= 10, splits
 
 
 def test_a_worker_with_more_connections_still_accepts_when_the_others_cannot(tmp_path):
