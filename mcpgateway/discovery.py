@@ -218,6 +218,12 @@ class DocumentSpec:
                 "description": "An unknown or ended MCP session, or (2026-07-28) an unknown method.",
                 "content": {"application/json": {"schema": _JSONRPC_RESPONSE}},
             }
+            responses["422"] = {
+                "description": "JSON this service cannot carry (config/jsonbody.py): a number outside"
+                " ±(2**53 - 1) or not finite, or nesting past 64 levels; a JSON-RPC invalid-request"
+                " error whose data.error names it (number_out_of_range, json_too_deep).",
+                "content": {"application/json": {"schema": _JSONRPC_RESPONSE}},
+            }
         op: dict[str, Any] = {
             "operationId": self.operation_id,
             "summary": self.summary,
