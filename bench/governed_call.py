@@ -13,6 +13,10 @@ key and a permit, then measures at concurrency 1 and 8:
 * the same ``tools/call`` sent directly to the upstream (the in-run reference);
 * at concurrency 8, the governed call spread over 8 agent wallets of one tenant (each
   worker its own wallet, key and permit): calls on one wallet serialize on its row lock;
+* with ``--history N``, at concurrency 8, the measured wallet after N earlier calls copied
+  into its tenant's tables, against an agent wallet of a second tenant without history,
+  in alternating windows (history, fresh, fresh, history, ``--seconds`` each case in all)
+  so that a drift of the host's speed weighs on both alike;
 * CPU per call of every party, in every case (the references' too), over each measured
   window: the gateway (utime + stime of the gunicorn master and workers, from /proc),
   PostgreSQL (the backends of the throwaway database and the server's own processes),
@@ -320,6 +324,12 @@ def main() -> int:
         def direct(index: int) -> loadgen.Request:
             return tools_call(MCP_HEADERS, {"io.tollgate/idempotency-key": uuid.uuid4().hex})
 
+        fresh_headers = {**MCP_HEADERS, "X-API-Key": creds["fresh"]["secret"]}
+
+        def governed_fresh(index: int) -> loadgen.Request:
+            meta = {"permit_id": creds["fresh"]["permit_id"], "idempotency_key": uuid.uuid4().hex}
+            return tools_call(fresh_headers, meta)
+
         def governed_spread(index: int) -> loadgen.Request:
             wallet = spread[index % len(spread)]  # each worker its own wallet, key and permit
             meta = {"permit_id": wallet["permit_id"], "idempotency_key": uuid.uuid4().hex}
@@ -339,7 +349,21 @@ def main() -> int:
             print(f"adding {args.history:,} earlier calls to the measured wallet ...", file=sys.stderr, flush=True)
             history = add_history(dsn, creds["wallet_id"], args.history)
             run_load(gateway_port, governed, 4, 2)  # warm up after the bulk insert
-            results["governed_history_c8"] = run_load(gateway_port, governed, 8, args.seconds, parties)
+            run_load(gateway_port, governed_fresh, 4, 2)
+            # Against a wallet of a tenant without history, in alternating windows (history, fresh,
+            # fresh, history): the host's speed drifts within a run, and the fresh figure measured a
+            # minute earlier is no reference then.
+            results.update(
+                loadgen.run_alternating(
+                    "127.0.0.1",
+                    gateway_port,
+                    {"governed_history_c8": governed, "governed_fresh_c8": governed_fresh},
+                    has_result,
+                    concurrency=8,
+                    seconds=args.seconds,
+                    parties=parties,
+                )
+            )
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d"),
@@ -352,7 +376,7 @@ def main() -> int:
             ),
             "history": history,
             "history_ratio_c8": (
-                round(results["governed_history_c8"]["calls_per_s"] / results["governed_c8"]["calls_per_s"], 3)
+                round(results["governed_history_c8"]["calls_per_s"] / results["governed_fresh_c8"]["calls_per_s"], 3)
                 if "governed_history_c8" in results
                 else None
             ),
@@ -403,6 +427,15 @@ key = api_key_create(wallet=agent, name="bench")
 permit = permit_issue(wallet=agent, issuer_wallet=sponsor, issued_by_key_id="", allowed_tools=["*"],
     max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
     subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key="bench", request_hash="bench").permit
+# A second tenant, left without history: the long-history case's reference (measured in alternation).
+fresh_sponsor = wallet_create_sponsor(name="bench fresh", initial_credits=Decimal("200000"))
+fresh_agent = wallet_create_agent(parent=fresh_sponsor, name="bench fresh agent", initial_balance=Decimal("50000"))
+fresh_key = api_key_create(wallet=fresh_agent, name="bench fresh")
+fresh_permit = permit_issue(wallet=fresh_agent, issuer_wallet=fresh_sponsor, issued_by_key_id="", allowed_tools=["*"],
+    max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
+    subject_key_id=None, idempotency_scope=fresh_sponsor.wallet_id, idempotency_key="bench-fresh",
+    request_hash="bench-fresh").permit
+fresh = {"secret": fresh_key.secret, "permit_id": fresh_permit.permit_id}
 spread = []
 for i in range(8):
     w = wallet_create_agent(parent=sponsor, name=f"bench agent {i}", initial_balance=Decimal("5000"))
@@ -412,7 +445,8 @@ for i in range(8):
         subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key=f"bench-{i}",
         request_hash=f"bench-{i}").permit
     spread.append({"secret": k.secret, "permit_id": p.permit_id})
-print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id, "wallet_id": agent.wallet_id, "spread": spread}))
+print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id, "wallet_id": agent.wallet_id, "spread": spread,
+    "fresh": fresh}))
 """
 
 

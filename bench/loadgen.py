@@ -435,6 +435,96 @@ def run(
     parties: Mapping[str, CpuMeter | None] | None = None,
     timeout: float = 30.0,
 ) -> dict[str, Any]:
+    """Requests from ``concurrency`` threads for ``seconds`` (:func:`_load`): calls, errors, calls/s,
+    p50/p99 and, with ``parties``, CPU per call over the window."""
+    return _load(
+        host, port, make_request, check, concurrency=concurrency, seconds=seconds, parties=parties, timeout=timeout
+    )[0]
+
+
+def run_alternating(
+    host: str,
+    port: int,
+    cases: Mapping[str, Callable[[int], Request]],
+    check: Callable[[Response], bool],
+    *,
+    concurrency: int,
+    seconds: float,
+    parties: Mapping[str, CpuMeter | None] | None = None,
+    rounds: int = 2,
+) -> dict[str, dict[str, Any]]:
+    """Each of ``cases`` (``{label: make_request}``) for ``seconds`` in all, in ``rounds`` windows taken in
+    turn, the order reversed every round (A B, B A, ...), so that a change of the machine's speed during
+    the measurement (a shared host's) weighs on every case alike; each case's figures are those of its
+    windows together, as :func:`run` gives them for one window."""
+    windows: dict[str, list[tuple[dict[str, Any], list[float]]]] = {label: [] for label in cases}
+    order = list(cases)
+    for round_ in range(rounds):
+        for label in order if round_ % 2 == 0 else order[::-1]:
+            windows[label].append(
+                _load(
+                    host, port, cases[label], check, concurrency=concurrency, seconds=seconds / rounds, parties=parties
+                )
+            )
+    return {label: _combined(runs) for label, runs in windows.items()}
+
+
+def _combined(runs: list[tuple[dict[str, Any], list[float]]]) -> dict[str, Any]:
+    """One case's figures over several windows: its calls and latencies together, and CPU per call
+    weighted by each window's calls (so, each party's CPU over all the windows / all the calls)."""
+    results = [result for result, _ in runs]
+    latencies = sorted(latency for _, window in runs for latency in window)
+    n = len(latencies)
+    elapsed = sum(result["seconds"] for result in results)
+    out: dict[str, Any] = {
+        "concurrency": results[0]["concurrency"],
+        "calls": n,
+        "errors": sum(result["errors"] for result in results),
+        "seconds": round(elapsed, 3),
+        "calls_per_s": round(n / elapsed, 1) if elapsed else 0.0,
+        **_percentiles(latencies),
+        "connections": sum(result["connections"] for result in results),
+        "windows": len(results),
+    }
+    first_errors = [result["first_error"] for result in results if "first_error" in result]
+    if first_errors:
+        out["first_error"] = first_errors[0]
+    keys = [key for key in results[0] if key.endswith("_cpu_ms_per_call")]
+    if keys and n:
+        for key in keys:
+            values = [result.get(key) for result in results]
+            out[key] = (
+                None
+                if any(value is None for value in values)
+                else round(sum(value * result["calls"] for value, result in zip(values, results, strict=True)) / n, 3)
+            )
+        cores = results[0].get("cores") or os.cpu_count() or 1
+        total = out.get("total_cpu_ms_per_call")
+        out["cores"] = cores
+        out["ceiling_calls_per_s"] = round(cores * 1000 / total, 1) if total else None
+    return out
+
+
+def _percentiles(latencies: list[float]) -> dict[str, float | None]:
+    """p50 (median) and p99 (nearest rank) in ms of sorted ``latencies`` (seconds)."""
+    n = len(latencies)
+    return {
+        "p50_ms": round(statistics.median(latencies) * 1000, 2) if n else None,
+        "p99_ms": round(latencies[max(0, math.ceil(n * 0.99) - 1)] * 1000, 2) if n else None,
+    }
+
+
+def _load(
+    host: str,
+    port: int,
+    make_request: Callable[[int], Request],
+    check: Callable[[Response], bool],
+    *,
+    concurrency: int,
+    seconds: float,
+    parties: Mapping[str, CpuMeter | None] | None = None,
+    timeout: float = 30.0,
+) -> tuple[dict[str, Any], list[float]]:
     """Requests from ``concurrency`` threads for ``seconds``; worker ``i`` sends ``make_request(i)`` each time.
 
     A request is good when ``check(response)`` says so; any other outcome, a connection error
@@ -514,15 +604,14 @@ def run(
         "errors": errors[0],
         "seconds": round(elapsed, 3),
         "calls_per_s": round(n / elapsed, 1),
-        "p50_ms": round(statistics.median(latencies) * 1000, 2) if n else None,
-        "p99_ms": round(latencies[max(0, math.ceil(n * 0.99) - 1)] * 1000, 2) if n else None,
+        **_percentiles(latencies),
         "connections": connects[0],
     }
     if first_error:
         result["first_error"] = first_error[0]
     if parties is not None:
         result.update(cpu_per_call(before, after, n))
-    return result
+    return result, latencies
 
 
 # --- reporting --------------------------------------------------------------------------------------
