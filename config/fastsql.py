@@ -79,24 +79,16 @@ def fetch_all_numbered(sql: str, params: Sequence[Any]) -> list[tuple[Any, ...]]
     execute wrappers and query recording apply) and kept the same way.
     """
     db = connections[DEFAULT_DB_ALIAS]
-    db.close_if_health_check_failed()
-    db.ensure_connection()
-    kept = db.__dict__.get("_fastsql_raw_cursor")
-    if kept is None or kept[0] is not db.connection:
-        # Django's plain wrapper even while queries are recorded: its debug wrapper renders the
-        # statement with %s placeholders; this records it below instead.
-        kept = (db.connection, CursorWrapper(psycopg.RawCursor(db.connection), db))
-        db.__dict__["_fastsql_raw_cursor"] = kept
-    cursor = kept[1]
-    if not db.queries_logged:
-        cursor.execute(sql, params)
-        return [tuple(row) for row in cursor.fetchall()]
+    # Django's plain wrapper even while queries are recorded: its debug wrapper renders the
+    # statement with %s placeholders; this records it below instead.
+    cursor = _kept_cursor(db, "_fastsql_raw_cursor", lambda: CursorWrapper(psycopg.RawCursor(db.connection), db))
     start = time.monotonic()
     try:
         cursor.execute(sql, params)
         return [tuple(row) for row in cursor.fetchall()]
     finally:
-        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
+        if db.queries_logged:
+            db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
 
 
 def _reusable_cursor() -> Any:
@@ -112,12 +104,18 @@ def _reusable_cursor() -> Any:
     db = connections[DEFAULT_DB_ALIAS]
     if db.queries_logged:
         return None
+    return _kept_cursor(db, "_fastsql_cursor", db.cursor)
+
+
+def _kept_cursor(db: Any, name: str, make: Callable[[], Any]) -> Any:
+    """The cursor ``make()`` made for ``db``'s current connection, kept on ``db`` as ``name``; made again
+    whenever the connection is (a reconnect, a closed connection)."""
     db.close_if_health_check_failed()  # what opening a cursor does first: once per request
     db.ensure_connection()
-    kept = db.__dict__.get("_fastsql_cursor")
+    kept = db.__dict__.get(name)
     if kept is None or kept[0] is not db.connection:
-        kept = (db.connection, db.cursor())
-        db.__dict__["_fastsql_cursor"] = kept
+        kept = (db.connection, make())
+        db.__dict__[name] = kept
     return kept[1]
 
 
