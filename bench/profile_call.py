@@ -181,24 +181,24 @@ SECTIONS = [
     ("config.wsgi", None),  # placeholder: the whole request is timed around the client call
     ("billing.ratelimit", "charge_request"),
     ("billing.selectors", "api_key_authenticate_charging"),
-    ("mcpgateway.services", "governed_call"),
-    ("mcpgateway.services", "_cached"),
-    ("mcpgateway.services", "_lookup"),  # ~0 once the process's cache holds the call's rows
-    ("mcpgateway.services", "_governed"),
-    ("mcpgateway.services", "_phase1"),
+    ("mcpgateway.services.governed", "governed_call"),
+    ("mcpgateway.services.lookup", "_cached"),
+    ("mcpgateway.services.lookup", "_lookup"),  # ~0 once the process's cache holds the call's rows
+    ("mcpgateway.services.governed", "_governed"),
+    ("mcpgateway.services.claim", "_phase1"),
     ("permits.services", "authorize"),
     ("audit.services", "audit_event_prepare"),
-    ("mcpgateway.services", "_claim"),
-    ("mcpgateway.services", "_dispatch"),
-    ("mcpgateway.services", "_phase3"),
-    ("mcpgateway.services", "_finish"),
+    ("mcpgateway.services.claim", "_claim"),
+    ("mcpgateway.services.dispatch", "_dispatch"),
+    ("mcpgateway.services.finish", "_phase3"),
+    ("mcpgateway.services.finish", "_finish"),
     ("receipts.services", "receipt_prepare"),
     ("audit.signing", "sign_statement"),
     ("receipts.services", "receipt_statement"),
-    ("mcpgateway.services", "request_document"),
+    ("mcpgateway.services.call", "request_document"),
     ("audit.canonical", "check_round_trip"),
     ("audit.canonical", "event_bytes"),
-    ("mcpgateway.services", "upstream_client"),
+    ("mcpgateway.services.dispatch", "upstream_client"),
 ]
 
 

@@ -20,6 +20,7 @@ from django.db import OperationalError
 from billing.models import LedgerEntry, Wallet
 from mcpgateway import services
 from mcpgateway.models import Action
+from mcpgateway.services import claim as claiming
 from tests.conftest import make_tenant
 from tests.gateway_helpers import register_upstream, setup_caller
 from tests.live import running_gateway
@@ -107,7 +108,7 @@ def test_transient_conflicts_are_retried(settings, tenant, monkeypatch, error):
         settings.UPSTREAM_MCP_URL = upstream.url
         register_upstream(upstream.url, price="1")
         caller = setup_caller(tenant)
-        real = services._claim  # the round trip that debits, reserves and claims
+        real = claiming._claim  # the round trip that debits, reserves and claims
         failures = {"left": 2}
 
         def flaky(*args, **kwargs):
@@ -116,7 +117,7 @@ def test_transient_conflicts_are_retried(settings, tenant, monkeypatch, error):
                 raise _db_error(error)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(services, "_claim", flaky)
+        monkeypatch.setattr(claiming, "_claim", flaky)
         body = caller.rpc("echo", {}, key="flaky").json()
         assert body["result"]["_meta"]["io.tollgate/outcome"] == "success"
         assert LedgerEntry.objects.filter(wallet_id=tenant.agent.wallet_id, kind="charge").count() == 1
@@ -129,12 +130,12 @@ def test_persistent_conflict_is_409_with_the_key_released(settings, tenant, monk
         settings.UPSTREAM_MCP_URL = upstream.url
         register_upstream(upstream.url, price="1")
         caller = setup_caller(tenant)
-        real = services._claim
+        real = claiming._claim
 
         def always(*args, **kwargs):
             raise _db_error(psycopg.errors.SerializationFailure)
 
-        monkeypatch.setattr(services, "_claim", always)
+        monkeypatch.setattr(claiming, "_claim", always)
         r = caller.invoke("echo", {}, key="stuck")
         assert r.status_code == 409
         assert r["Retry-After"] == "1"
@@ -144,7 +145,7 @@ def test_persistent_conflict_is_409_with_the_key_released(settings, tenant, monk
         assert not Action.objects.exists()
         assert upstream.count("tools/call") == 0
         # The key was released: once the conflict clears, the same key goes through once.
-        monkeypatch.setattr(services, "_claim", real)
+        monkeypatch.setattr(claiming, "_claim", real)
         ok = caller.invoke("echo", {}, key="stuck")
         assert ok.status_code == 200
         assert ok.json()["outcome"] == "success"

@@ -26,6 +26,9 @@ from config import fastsql
 from config.ids import new_id
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState
+from mcpgateway.services import claim as claiming
+from mcpgateway.services import finish as finishing
+from mcpgateway.services import lookup
 from mcpgateway.upstream import CallResult
 from permits.models import Permit, Quote
 from permits.services import permit_revoke, permit_verified_columns, policy_create, quote_consume, quote_create
@@ -42,7 +45,7 @@ fault = governance.fault
 
 
 def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple[Action, list[Any]]:
-    """The arguments of ``gateway_claim`` for a call of ``echo`` at ``amount``, as ``services._claim`` builds them."""
+    """The arguments of ``gateway_claim`` for a call of ``echo`` at ``amount``, as ``claiming._claim`` builds them."""
     now = timezone.now()
     action = Action(
         action_id=new_id("act"),
@@ -92,7 +95,7 @@ def test_the_function_claims_in_one_statement(fault, tenant):
     permit = Permit.objects.get(pk=caller.permit_id)
     action, params = claim_params(tenant, permit, amount="3", key="direct-1")
     with connection.cursor() as cursor:
-        cursor.execute(services._CLAIM_SQL, params)
+        cursor.execute(claiming._CLAIM_SQL, params)
         code, *_rest = cursor.fetchone()
     assert code == "ok"
     stored = Action.objects.get(pk=action.action_id)
@@ -110,9 +113,9 @@ def test_a_refusal_raises_and_writes_nothing(fault, tenant):
     action, params = claim_params(tenant, permit, amount="3", key="direct-2")
     events = AuditEvent.objects.count()
     with pytest.raises(DatabaseError) as caught, fastsql.own_transaction(), connection.cursor() as cursor:
-        cursor.execute(services._CLAIM_SQL, params)
+        cursor.execute(claiming._CLAIM_SQL, params)
     assert getattr(caught.value.__cause__, "sqlstate", None) == services.CLAIM_REFUSED
-    refusal = services._claim_refusal(caught.value)
+    refusal = claiming._claim_refusal(caught.value)
     assert refusal is not None
     assert refusal["code"] == "insufficient_funds"
     assert not Action.objects.filter(pk=action.action_id).exists()
@@ -125,13 +128,13 @@ def test_a_reservation_refused_after_the_debit_rolls_the_debit_back(fault, tenan
     """The permit is spent by someone else between the read and the claim: the debit inside the
     same statement is undone with it."""
     caller = setup_caller(tenant, balance=10, max_credits="4")
-    real = services._claim
+    real = claiming._claim
 
     def exhausted_meanwhile(*args: Any, **kwargs: Any) -> Any:
         Permit.objects.filter(pk=caller.permit_id).update(spent_credits=Decimal("3"))
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(services, "_claim", exhausted_meanwhile)
+    monkeypatch.setattr(claiming, "_claim", exhausted_meanwhile)
     body = caller.rpc("echo", {}).json()
     assert_refused(body, outcome="denied", reason="permit_exhausted")
     assert balance(tenant) == 10
@@ -148,14 +151,14 @@ def test_a_permit_limit_edited_after_the_check_is_refused(fault, tenant, monkeyp
     """Someone with write access to the permits table widens a limit between authorization and the
     reservation: the reservation requires the signed limits, so the call is denied as tampered."""
     caller = setup_caller(tenant, balance=10, max_credits="4", max_calls=5)
-    real = services._claim
+    real = claiming._claim
 
     def edited_meanwhile(*args: Any, **kwargs: Any) -> Any:
         new = value if value is not None else timezone.now() + timedelta(days=400)
         Permit.objects.filter(pk=caller.permit_id).update(**{column: new})
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(services, "_claim", edited_meanwhile)
+    monkeypatch.setattr(claiming, "_claim", edited_meanwhile)
     body = caller.rpc("echo", {}).json()
     receipt = assert_refused(body, outcome="denied", reason="permit_signature_invalid")
     assert body["error"]["data"]["reason"] == f"statement_mismatch:{column}"
@@ -173,13 +176,13 @@ def test_a_quote_spent_or_edited_after_the_check_is_refused(fault, tenant, monke
         lambda: quote_consume(quote_id=spent.quote_id, wallet=tenant.agent, tool="echo", action_id="act_other"),
         lambda: Quote.objects.filter(pk=edited.pk).update(quoted_credits=Decimal("0.00000001")),
     ]
-    real = services._claim
+    real = claiming._claim
 
     def changed_meanwhile(*args: Any, **kwargs: Any) -> Any:
         meanwhile.pop(0)()
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(services, "_claim", changed_meanwhile)
+    monkeypatch.setattr(claiming, "_claim", changed_meanwhile)
     for quote in (spent, edited):
         body = caller.rpc("echo", {}, quote_id=quote.quote_id).json()
         assert_refused(body, outcome="denied", reason="quote_unavailable")
@@ -281,10 +284,10 @@ def test_an_answer_after_the_sweep_writes_nothing(fault, tenant):
     permit = Permit.objects.get(pk=caller.permit_id)
     action, params = claim_params(tenant, permit, amount="3", key="late-1")
     with connection.cursor() as cursor:
-        cursor.execute(services._CLAIM_SQL, params)
+        cursor.execute(claiming._CLAIM_SQL, params)
     assert services.action_sweep(older_than=timedelta(0)) == [action.action_id]
     late = CallResult(kind="success", reason="ok", request_id=action.action_id, status_code=200, result={"content": []})
-    settled = services._phase3(action, late)
+    settled = finishing._phase3(action, late)
     assert settled.state == "delivery_uncertain"
     assert Receipt.objects.filter(action_id=action.action_id).count() == 1
     assert Receipt.objects.get(action_id=action.action_id).outcome == "delivery_uncertain"
@@ -340,16 +343,16 @@ def test_a_refusal_decided_on_cached_rows_is_never_recorded(fault, tenant):
     that the table does not show) is decided again on fresh rows, and the call goes through."""
     caller = setup_caller(tenant, balance=10)
     assert "result" in caller.rpc("echo", {}).json()
-    cached = services._permits[caller.permit_id]
+    cached = lookup._permits[caller.permit_id]
     stale = Permit.from_db(
         "default",
         [f.attname for f in Permit._meta.concrete_fields],
         [getattr(cached, f.attname) for f in Permit._meta.concrete_fields],
     )
     stale.status = "revoked"
-    services._permits[caller.permit_id] = stale
+    lookup._permits[caller.permit_id] = stale
     assert "result" in caller.rpc("echo", {}).json()
-    assert services._permits[caller.permit_id].status == "active"  # read again, and cached again
+    assert lookup._permits[caller.permit_id].status == "active"  # read again, and cached again
     assert balance(tenant) == 6
 
 

@@ -104,12 +104,12 @@ def test_refused_connection_is_failed_refunded(settings, tenant):
 
 def test_refund_that_cannot_post_is_failed_unrefunded_with_a_reconciliation_item(fault, tenant, monkeypatch):
     from config.errors import Conflict
-    from mcpgateway import services
+    from mcpgateway.services import finish as finishing
 
     def broken_refund(**kwargs):
         raise Conflict("refunds are down")
 
-    monkeypatch.setattr(services, "ledger_refund", broken_refund)
+    monkeypatch.setattr(finishing, "ledger_refund", broken_refund)
     caller = setup_caller(tenant)
     start = balance(tenant)
     body = caller.rpc("rpc_error", {}, key="unrefunded").json()

@@ -25,8 +25,8 @@ from billing.keys import hash_secret
 from billing.models import APIKey, LedgerEntry, Wallet
 from billing.ratelimit import bucket_charge
 from config import fastsql
-from mcpgateway import services
 from mcpgateway.models import Action
+from mcpgateway.services import claim as claiming
 from permits.models import Permit
 from tests import factories
 from tests import test_gateway_governance as governance
@@ -244,10 +244,10 @@ def test_the_claim_checks_the_key_and_charges_its_window(fault, tenant, settings
         params[-4:] = [key_id, digest, window_index, limit]
         try:
             with fastsql.own_transaction(), connection.cursor() as cursor:
-                cursor.execute(services._CLAIM_SQL, params)
+                cursor.execute(claiming._CLAIM_SQL, params)
                 row = cursor.fetchone()
         except DatabaseError as err:
-            refusal = services._claim_refusal(err)
+            refusal = claiming._claim_refusal(err)
             assert refusal is not None
             assert not Action.objects.filter(pk=action.action_id).exists()
             return refusal["code"], None

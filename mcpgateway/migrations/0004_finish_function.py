@@ -11,7 +11,7 @@ answer and the receipt's audit event; the function then, in one round trip:
 4. appends the audit event with ``audit_append`` (audit/0005), last.
 
 Refunds, reconciliation items and alerts (failed and uncertain calls) keep the
-path of several statements in ``mcpgateway.services._phase3``.
+path of several statements in ``mcpgateway.services.finish._phase3``.
 """
 
 from django.db import migrations

@@ -1,6 +1,6 @@
 -- gateway_claim: phase 1 of the governed call after authorization, in one statement.
 --
--- The caller (mcpgateway.services._phase1) has read the permit, the quote and the
+-- The caller (mcpgateway.services.claim._phase1) has read the permit, the quote and the
 -- policies, verified the signed statements and decided the authorization; what
 -- moves money and claims the dispatch is this one call, sent in autocommit: the
 -- statement is its own transaction, so nothing is held across a round trip and
@@ -21,7 +21,7 @@
 --    chain head, last).
 --
 -- When the call was authorized from the process's cache rather than from rows read for
--- it (mcpgateway.services, "cached"), the tool, its list price and the policies of the
+-- it (mcpgateway.services.lookup, "cached"), the tool, its list price and the policies of the
 -- wallet's line must still be what was cached: c_tool_version (gateway_tool_version),
 -- c_price and c_policies_version (permits_policies_version of c_ancestry) are compared
 -- before anything is written, and any difference refuses with 'stale' (the caller reads

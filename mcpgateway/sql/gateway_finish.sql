@@ -1,7 +1,7 @@
 -- gateway_finish: phase 3 of the governed call in one statement when the charge stands.
 --
 -- For the outcomes that keep the charge and owe nothing back (success, tool_error,
--- response_rejected), Python (mcpgateway.services._phase3) prepares the signed receipt,
+-- response_rejected), Python (mcpgateway.services.finish._phase3) prepares the signed receipt,
 -- the action's final answer and the receipt's audit event; this function then, sent in
 -- autocommit as its own transaction:
 --
@@ -14,7 +14,7 @@
 --
 -- Lock order (docs/decisions.md, "Lock order"): the action row, then the chain head.
 -- Refunds, reconciliation items and alerts (failed and uncertain calls) keep the path of
--- several statements in mcpgateway.services._phase3.
+-- several statements in mcpgateway.services.finish._phase3.
 CREATE OR REPLACE FUNCTION gateway_finish(
     p_action_id text, p_receipt jsonb,
     p_state text, p_outcome text, p_reason_code text, p_receipt_id text, p_response jsonb, p_completed_at timestamptz,

@@ -1,0 +1,246 @@
+"""Phase 1 of the governed call: authorize on what was read, then claim in one statement, or record the refusal.
+
+The claim (``gateway_claim``) inserts the action already ``dispatch_claimed``, consumes the quote,
+debits, reserves and appends the audit event; a refusal writes nothing there, and the denial is
+recorded in a transaction of its own.
+"""
+
+from __future__ import annotations
+
+import json
+from decimal import Decimal
+from typing import Any
+
+from django.db import DatabaseError, transaction
+from django.utils import timezone
+
+from audit.services import PreparedEvent, audit_event_prepare
+from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
+from billing.exceptions import money as _money
+from billing.ratelimit import DeferredCharge
+from billing.services import DEBIT_COLUMNS, DebitCall, DebitResult, debit_call, wallet_check_may_spend
+from config import fastsql
+from config.faults import fault_point
+from config.ids import new_id
+from mcpgateway.models import Action, ActionState, Tool
+from mcpgateway.services.call import CallRequest, _uncharged
+from mcpgateway.services.finish import _finish
+from mcpgateway.services.lookup import _Found, _Stale
+from permits import exceptions as permit_exc
+from permits.models import Permit, Quote
+from permits.services import authorize, permit_reserve_refusal, permit_verified_columns, quote_check
+from receipts.models import Outcome
+
+# gateway_claim (mcpgateway/sql/gateway_claim.sql): the action row, the quote's 3, whether to debit and the
+# debit's 11, the reservation's 11, audit_append's 15, what a cached call compares 4, the deferred rate-limit
+# charge's 4; it answers billing_debit's columns and the rate-limit window's count.
+_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)}, rate_count FROM gateway_claim({', '.join(['%s'] * 50)})"  # noqa: S608
+CLAIM_REFUSED = "P0T01"  # the SQLSTATE gateway_claim raises a refusal with
+
+
+def _claim(
+    action: Action,
+    quote: Quote | None,
+    debit: DebitCall | None,
+    permit: Permit,
+    now: Any,
+    event: PreparedEvent,
+    found: _Found,
+    deferred: DeferredCharge | None = None,
+) -> DebitResult | None:
+    """``gateway_claim``: insert the claimed action, consume the quote, debit, reserve and append the audit
+    event, in one statement (its own transaction). Returns the debit's entries (None for a free call).
+
+    Raises the refusal (the debit's, ``QuoteUnavailable``, or the permit's) with nothing written,
+    ``_Stale`` when ``found`` came from the cache and no longer holds, and ``IntegrityError`` when a
+    concurrent request holds the same idempotency key. With ``deferred``, the claim also checks the
+    cached key and charges its rate-limit window (``_Stale`` when the key changed or the window is
+    full: the request is then charged on the rate limiter's path, which answers the refusal).
+    """
+    price = action.price
+    wallet = action.wallet
+    ancestry = "{" + ",".join(wallet.ancestry) + "}"  # wallet ids are [A-Za-z0-9_]: a literal needs no quoting
+    cached = [found.tool.version if found.tool else None, found.price, ancestry, found.policies_version]
+    params = [
+        json.dumps(fastsql.json_row(action)),
+        quote.quote_id if quote else "",
+        quote.quoted_credits if quote else None,
+        quote.signature if quote else None,
+        debit is not None,
+        *(_debit_params(debit) if debit else [None] * 11),
+        permit.permit_id,
+        price,
+        now,
+        *permit_verified_columns(permit),
+        *event.params(),
+        *(cached if found.cached else [None] * 4),
+        *(deferred.claim_params() if deferred is not None else [None] * 4),
+    ]
+    try:
+        with fastsql.own_transaction():
+            row = fastsql.fetch_row(_CLAIM_SQL, params)
+        assert row is not None
+        *debit_row, rate_count = row
+        answer = dict(zip(DEBIT_COLUMNS, debit_row, strict=True))
+    except DatabaseError as err:
+        refused = _claim_refusal(err)
+        if refused is None:
+            raise
+        if refused["code"] in ("stale", "rate_limited"):
+            raise _Stale() from None
+        if refused["code"] == "quote_unavailable":
+            raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
+        if refused["code"] == "permit_refused":
+            raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price or Decimal(0), now=now) from None
+        assert debit is not None
+        debit.result(refused)  # raises the debit's refusal
+        raise AssertionError(f"gateway_claim refused with {refused['code']!r}") from err
+    fastsql.inserted(action)
+    if deferred is not None:
+        deferred.claimed(int(rate_count))
+    return debit.result(answer) if debit else None
+
+
+def _debit_params(debit: DebitCall) -> list[Any]:
+    """``billing_debit``'s first 11 arguments; the ids as an array literal (ids are ``[A-Za-z0-9_]``, so the
+    literal needs no quoting), which PostgreSQL parses at once where psycopg adapts a list item by item."""
+    params = debit.params()[:11]
+    params[8] = "{" + ",".join(debit.ids) + "}"
+    return params
+
+
+def _claim_refusal(err: DatabaseError) -> dict[str, Any] | None:
+    """The answer a refusal of ``gateway_claim`` carries (its columns), or None for any other error."""
+    cause = err.__cause__
+    if getattr(cause, "sqlstate", None) != CLAIM_REFUSED:
+        return None
+    detail = json.loads(cause.diag.message_detail or "{}", parse_float=Decimal)  # type: ignore[union-attr]
+    answer = {name: detail.get(name) for name in DEBIT_COLUMNS}
+    return {name: Decimal(value) if isinstance(value, int) else value for name, value in answer.items()}
+
+
+_REFUSALS = (permit_exc.PermitDenied, permit_exc.QuoteUnavailable, SpendRefused, InsufficientFunds)
+
+
+def _phase1(
+    req: CallRequest, found: _Found, tool: Tool, list_price: Decimal, digest: str
+) -> tuple[Action, VelocityLimitExceeded | None]:
+    """Authorize on what ``_lookup`` read, then claim in one statement; or record the refusal.
+
+    Authorization (the permit's and the quote's signed statements, the policies) is decided in
+    Python; the claim (``_claim``) inserts the action already claimed, consumes the quote, debits,
+    reserves and appends the audit event in one statement, re-checking under its locks everything
+    that can have changed since the read (statuses, funds, spend windows, the permit's allowance
+    and signed limits, the quote). A refusal writes nothing there; the denial (action, receipt,
+    audit event) is then written in a transaction of its own. Raises ``IntegrityError`` when a
+    concurrent request holds the same key.
+    """
+    now = timezone.now()
+    key = req.principal.key
+    wallet = key.wallet
+    assert wallet is not None
+    action = Action(
+        action_id=new_id("act"),
+        tenant_id=wallet.tenant_id,
+        wallet=wallet,
+        api_key_id=key.key_id,
+        idempotency_key=req.idempotency_key,
+        request_hash=digest,
+        tool=tool.service_id,
+        arguments=req.arguments,
+        transport=req.transport,
+        quote_id=req.quote_id,
+        created_at=now,
+    )
+    permit = found.permit
+    try:
+        if permit is None:
+            raise permit_exc.PermitNotFound(permit_id=req.permit_id)
+        price, quote = list_price, None
+        if req.quote_id:
+            quote = quote_check(quote=found.quote, quote_id=req.quote_id, wallet=wallet, tool=tool.service_id, now=now)
+            price = quote.quoted_credits
+        decision = authorize(
+            permit=permit,
+            wallet=wallet,
+            key_id=key.key_id,
+            tool=tool.service_id,
+            price=price,
+            category=tool.category,
+            now=now,
+            # A cached permit's signed statement verified when it was cached, and the reservation requires
+            # the row to still carry that signature and the signed limits.
+            verify_signature=not found.cached,
+            policies=found.policies,
+        )
+        action.policy_decision_id = decision.policy_decision_id
+        if decision.refusal is not None:
+            if found.cached:  # decided on cached rows (a permit's spend, say): decide again on fresh ones
+                raise _Stale()
+            raise decision.refusal
+        debit = None
+        if price <= 0:
+            wallet_check_may_spend(wallet=wallet)  # free calls still honour frozen/expired/closed
+        else:
+            debit = debit_call(
+                wallet_id=wallet.wallet_id,
+                amount=price,
+                service_category=tool.category,
+                description=f"tool call {tool.service_id}",
+                request_path=req.endpoint,
+                correlation_id=action.action_id,
+            )
+        action.state = ActionState.DISPATCH_CLAIMED
+        action.permit = permit
+        action.price = price
+        action.ledger_entry_id = debit.entry_id if debit else None
+        action.claimed_at = timezone.now()
+        event = audit_event_prepare(
+            event="tool_call.dispatch_claimed",
+            ok=True,
+            tenant_id=wallet.tenant_id,
+            wallet_id=wallet.wallet_id,
+            key_id=key.key_id,
+            tool=tool.service_id,
+            endpoint=req.endpoint,
+            policy_decision_id=action.policy_decision_id,
+            detail={
+                "action_id": action.action_id,
+                "permit_id": permit.permit_id,
+                "ledger_entry_id": debit.entry_id if debit else None,
+                "amount": _money(price),
+                "quote_id": req.quote_id or None,
+            },
+        )
+        fault_point("before_claim")
+        posted = _claim(action, quote, debit, permit, now, event, found, req.deferred if _uncharged(req) else None)
+        action.ledger_entry = posted.entry if posted is not None else None
+        return action, None
+    except _REFUSALS as refusal:
+        if _uncharged(req):  # the request is charged before its denial is written: decided again, afresh
+            raise _Stale() from None
+        velocity = refusal if isinstance(refusal, VelocityLimitExceeded) else None
+        outcome = Outcome.INSUFFICIENT_FUNDS if isinstance(refusal, InsufficientFunds) else Outcome.DENIED
+        with transaction.atomic(durable=True):
+            action.state = ActionState.ACCEPTED
+            action.permit = None
+            action.price = None
+            action.ledger_entry = None
+            action.claimed_at = None
+            action._state.adding = True
+            fastsql.insert(action)
+            _finish(
+                action,
+                state=ActionState.DENIED,
+                outcome=outcome,
+                reason_code=refusal.code,
+                message=refusal.detail_message,
+                extra=refusal.extra,
+                permit=permit,
+                credits_authorized=Decimal(0),
+                credits_charged=Decimal(0),
+                endpoint=req.endpoint,
+                # 402 for funds, 403 for every other refusal (409 stays reserved for keys in progress).
+                http_status=402 if isinstance(refusal, InsufficientFunds) else 403,
+            )
+        return action, velocity

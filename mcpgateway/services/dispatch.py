@@ -1,0 +1,60 @@
+"""Phase 2 of the governed call: one upstream ``tools/call`` outside any transaction, never resent.
+
+The upstream client is one per process, shared by its threads.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from django.conf import settings
+
+from config import metrics
+from mcpgateway.models import Action, Tool
+from mcpgateway.services.call import CallRequest
+from mcpgateway.upstream import CallResult, UpstreamClient
+
+# --- Upstream client (one per process) -------------------------------------------------
+
+_client_lock = threading.Lock()
+_client: UpstreamClient | None = None
+_client_url: str | None = None
+
+
+def upstream_client() -> UpstreamClient:
+    """The process-wide upstream client for ``settings.UPSTREAM_MCP_URL`` (thread-safe)."""
+    global _client, _client_url
+    url = settings.UPSTREAM_MCP_URL
+    if not url:
+        raise RuntimeError("UPSTREAM_MCP_URL is not configured")
+    with _client_lock:
+        if _client is None or _client_url != url:
+            if _client is not None:
+                _client.close()
+            _client = UpstreamClient(
+                url,
+                connect_timeout=settings.UPSTREAM_CONNECT_TIMEOUT,
+                read_timeout=settings.UPSTREAM_READ_TIMEOUT,
+                total_timeout=settings.UPSTREAM_READ_TIMEOUT * 2,
+            )
+            _client_url = url
+        return _client
+
+
+def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
+    """Phase 2: one upstream tools/call outside any transaction. Never raises, never resends."""
+    try:
+        client = upstream_client()
+    except RuntimeError as exc:
+        return CallResult(kind="not_sent", reason=str(exc), request_id=action.action_id)
+    result = client.call_tool(
+        tool.service_id,
+        req.arguments,
+        idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
+        request_id=action.action_id,
+        extra_meta={"io.tollgate/action-id": action.action_id},
+        output_schema=tool.output_schema or None,
+        input_schema=tool.input_schema or None,  # arguments marked x-mcp-header travel as headers too
+    )
+    metrics.observe_upstream(result.elapsed, kind=result.kind)
+    return result

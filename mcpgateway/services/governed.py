@@ -1,0 +1,150 @@
+"""The governed action (DESIGN.md section 6): the core of the gateway.
+
+One logical action is one ``Action`` row, unique per (wallet, idempotency key)
+across every transport. It moves through three phases:
+
+Phase 1, one transaction: create the action (or find it: same request hash ->
+replay the stored answer, or 409 while it runs; other hash -> 422
+``idempotency_key_reused``, nothing written); authorize (permit + policies);
+consume the quote, if any; reserve the price against the permit allowance;
+debit the wallet; mark ``dispatch_claimed``; audit. A refusal (permit, policy,
+spend controls, funds, quote) is recorded in the same transaction as a
+``denied``/``insufficient_funds`` action with its receipt; nothing was charged.
+
+Phase 2, no transaction: send ``tools/call`` upstream once, forwarding the
+idempotency key (header and ``params._meta``). Never resent.
+
+Phase 3, one transaction: record the outcome; refund where the tool certainly
+did not run (or open a reconciliation item when the refund cannot be posted);
+sign the receipt; append the audit event; link everything; store the answer.
+
+A worker that dies after the claim leaves the action ``dispatch_claimed``;
+``action_sweep`` later turns it into ``delivery_uncertain`` with its receipt.
+The local dogfood tool runs inside phase 3's transaction, so it has no
+dispatch uncertainty.
+
+This module runs the phases in order (``governed_call``); each has its module:
+``claim``, ``dispatch`` and ``finish``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+from django.db import IntegrityError
+
+from billing.exceptions import VelocityLimitExceeded
+from billing.services import wallet_freeze_for_velocity
+from config.dbretry import run_retrying
+from config.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
+from config.faults import fault_point
+from mcpgateway.models import Action, ActionState, ToolSource
+from mcpgateway.services.call import CallAnswer, CallRequest, _charged, _uncharged, request_hash_of
+from mcpgateway.services.claim import _phase1
+from mcpgateway.services.dispatch import _dispatch
+from mcpgateway.services.finish import _phase3, _phase3_local
+from mcpgateway.services.lookup import _cached, _Found, _lookup, _remember, _Stale
+from mcpgateway.services.tools import _RegisteredTool
+
+RETRY_AFTER_SECONDS = 2
+
+
+def _validate_arguments(tool: _RegisteredTool, arguments: dict[str, Any]) -> None:
+    """422 before anything is accepted or charged when the arguments break the tool's inputSchema."""
+    validator = tool.arguments_validator
+    if validator is None or validator.is_valid(arguments):
+        return
+    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
+    if error is not None:
+        loc = ["body", "arguments", *[str(p) for p in error.absolute_path]]
+        raise RequestValidationError.single(loc, error.message[:300], "invalid_arguments")
+
+
+def governed_call(req: CallRequest) -> CallAnswer:
+    """Run one logical tools/call through permit -> meter -> dispatch -> receipt, at most once.
+
+    Raises before acceptance (nothing written): ``RequestValidationError``
+    (unknown or unpriced tool, arguments that break the inputSchema),
+    ``IdempotencyKeyReused`` (422) and ``IdempotencyKeyInProgress`` (409).
+
+    A call whose tool, price, permit and policies the process has cached is decided on those
+    and claimed without reading them again (the claim compares what can have changed); any
+    doubt, including a refusal, and it is decided again on rows read afresh (``_lookup``).
+    """
+    principal = req.principal
+    if principal.is_operator or principal.wallet_id is None:
+        from config.errors import WalletKeyRequired
+
+        raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
+    digest = request_hash_of(req.tool, req.arguments)
+    cached = _cached(req)
+    if cached is not None:
+        try:
+            return _governed(req, cached, digest)
+        except _Stale:
+            pass
+    if _uncharged(req):
+        req = _charged(req)  # before the fresh path, which may record a denial
+    return _governed(req, _lookup(req), digest)
+
+
+def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:
+    """The call on ``found``. From the cache, raises ``_Stale`` (nothing written) where fresh rows must decide."""
+    if found.action is not None:
+        return _existing(found.action, digest)
+    if found.tool is None:
+        raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
+    tool, price = found.tool.tool, found.price
+    if price is None:
+        raise RequestValidationError.single(
+            ["body", "name"], "This tool has no price set and cannot be called.", "tool_price_not_set"
+        )
+    if found.cached:
+        validator = found.tool.arguments_validator
+        if validator is not None and not validator.is_valid(req.arguments):
+            raise _Stale()  # a replay of the key, or the 422, is for the fresh lookup to tell
+    else:
+        _validate_arguments(found.tool, req.arguments)
+
+    velocity: VelocityLimitExceeded | None = None
+    try:
+        action, velocity = run_retrying(lambda: _phase1(req, found, tool, price, digest))
+    except IntegrityError:
+        # A concurrent request with the same key inserted first (the unique index made us wait for it),
+        # or, for a call decided from the cache, the key's earlier request.
+        existing = _lookup(req).action
+        if existing is None:
+            raise
+        return _existing(existing, digest)
+    if velocity is not None:
+        wallet_freeze_for_velocity(exc=velocity, actor_key_id=req.principal.key_id)
+    if action.state == ActionState.DENIED:
+        assert action.response is not None
+        return CallAnswer(action.action_id, action.response, replayed=False)
+    _remember(req, found)
+
+    fault_point("after_claim")
+    claimed = action
+    if tool.source == ToolSource.LOCAL:
+        action = run_retrying(lambda: _phase3_local(claimed, req))
+    else:
+        result = _dispatch(action, tool, req)
+        fault_point("after_upstream")
+        # Still unrecorded after the retries: the action stays claimed (409, retry later); the
+        # sweeper settles it if this worker never does.
+        action = run_retrying(lambda: _phase3(claimed, result))
+    assert action.response is not None
+    return CallAnswer(action.action_id, action.response, replayed=False)
+
+
+def _existing(action: Action, digest: str) -> CallAnswer:
+    if action.request_hash != digest:
+        raise IdempotencyKeyReused()
+    if action.finished and action.response is not None:
+        return CallAnswer(action.action_id, action.response, replayed=True)
+    raise IdempotencyKeyInProgress(
+        headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+        action_id=action.action_id,
+        retry_after_seconds=RETRY_AFTER_SECONDS,
+    )

@@ -1,0 +1,63 @@
+"""The sweeper: claims a worker never finished become ``delivery_uncertain`` with their receipt; nothing is re-sent."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from decimal import Decimal
+
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from mcpgateway.models import Action, ActionState
+from mcpgateway.services.finish import _alert_uncertain, _finish
+from receipts.models import Outcome
+
+
+def sweep_threshold() -> timedelta:
+    """Claims older than this are lost: the dispatch timeout (connect + twice the read timeout) plus a margin."""
+    seconds = settings.UPSTREAM_CONNECT_TIMEOUT + 2 * settings.UPSTREAM_READ_TIMEOUT + settings.SWEEP_MARGIN_SECONDS
+    return timedelta(seconds=seconds)
+
+
+def action_sweep(*, older_than: timedelta | None = None, limit: int = 500) -> list[str]:
+    """Turn stale ``dispatch_claimed`` actions into ``delivery_uncertain`` with receipt, audit and alert.
+
+    Nothing is re-sent. Each action is settled in its own transaction under its
+    row lock (``SKIP LOCKED``: a worker finishing it right now wins).
+    """
+    cutoff = timezone.now() - (older_than if older_than is not None else sweep_threshold())
+    swept: list[str] = []
+    candidates = list(
+        Action.objects.filter(state=ActionState.DISPATCH_CLAIMED, claimed_at__lt=cutoff)
+        .order_by("claimed_at")
+        .values_list("action_id", flat=True)[:limit]
+    )
+    for action_id in candidates:
+        with transaction.atomic(durable=True):
+            locked = (
+                Action.objects.select_for_update(no_key=True, of=("self",), skip_locked=True)
+                .select_related("permit", "ledger_entry", "wallet")
+                .filter(action_id=action_id, state=ActionState.DISPATCH_CLAIMED)
+                .first()
+            )
+            if locked is None:
+                continue
+            price = locked.price or Decimal(0)
+            _finish(
+                locked,
+                state=ActionState.DELIVERY_UNCERTAIN,
+                outcome=Outcome.DELIVERY_UNCERTAIN,
+                reason_code="dispatch_lost",
+                message=(
+                    "The gateway lost track of this dispatch (the worker stopped after claiming it). It was "
+                    "not re-sent; the charge is kept pending external reconciliation."
+                ),
+                credits_authorized=price,
+                credits_charged=price,
+                endpoint="sweeper",
+                audit_detail={"swept": True},
+            )
+            _alert_uncertain(locked, "dispatch lost: the worker stopped after claiming it")
+            swept.append(action_id)
+    return swept

@@ -1,0 +1,179 @@
+"""The tool registry: the catalogue, the upstream's tools synced in, the local dogfood tool, console edits.
+
+Tools change rarely and are read on every call, so each process also keeps here the rows the
+governed call has read (``_registered_tool``), by name and version, with their argument validators.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema  # type: ignore[import-untyped]
+from django.conf import settings
+from django.db import transaction
+from django.utils import timezone
+
+from audit.services import audit_record
+from config import fastsql
+from mcpgateway.models import Tool, ToolSource
+
+DOGFOOD_TOOL = "partner.notes.write"
+
+
+def tool_is_callable(tool: Tool) -> bool:
+    if not tool.enabled:
+        return False
+    if tool.source == ToolSource.LOCAL:
+        return bool(settings.ENABLE_DOGFOOD_TOOL) and tool.service_id == DOGFOOD_TOOL
+    return True
+
+
+def tools_catalog(*, category: str | None = None) -> list[Tool]:
+    """Callable tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
+    qs = Tool.objects.filter(enabled=True).order_by("service_id")
+    if category:
+        qs = qs.filter(category=category)
+    return [t for t in qs if tool_is_callable(t)]
+
+
+def tool_get(name: str) -> Tool | None:
+    tool = Tool.objects.filter(service_id=name).first()
+    return tool if tool is not None and tool_is_callable(tool) else None
+
+
+@dataclass(frozen=True)
+class _RegisteredTool:
+    """A tool's row as of one version, with the validator of its inputSchema (None: none usable)."""
+
+    version: str
+    tool: Tool
+    arguments_validator: Any
+
+
+# Tools change rarely (a sync, a console edit) and are read on every call: each process keeps the rows
+# it has read, by name, with the version they had (``gateway_tool_version``: any change to the row,
+# however it is made, gives it a new one). The version is read in the call's lookup, or compared in its
+# claim when the call is authorized from the cache, so a changed tool is read again at once.
+_registered: dict[str, _RegisteredTool] = {}
+
+_TOOL_AT_VERSION_SQL = (
+    f"SELECT {fastsql.columns(Tool, 't')}, gateway_tool_version(t.service_id) "  # noqa: S608
+    "FROM mcpgateway_tool t WHERE t.service_id = %s"
+)
+
+
+def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
+    """The tool ``name`` at ``version`` (as the lookup saw it), from the process's cache or read now."""
+    cached = _registered.get(name)
+    if cached is not None and cached.version == version:
+        return cached
+    row = fastsql.fetch_row(_TOOL_AT_VERSION_SQL, [name])
+    if row is None:  # removed since the lookup
+        _registered.pop(name, None)
+        return None
+    tool = fastsql.instance(Tool, row[:-1])
+    schema = tool.input_schema or {"type": "object"}
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema)
+    except Exception:  # an unusable schema from the upstream: let the upstream judge
+        validator = None
+    registered = _RegisteredTool(version=row[-1], tool=tool, arguments_validator=validator)
+    _registered[name] = registered
+    return registered
+
+
+@dataclass(frozen=True)
+class SyncReport:
+    created: list[str]
+    updated: list[str]
+    disabled: list[str]
+
+
+@transaction.atomic(durable=True)
+def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools") -> SyncReport:
+    """Register the upstream's tools (name, description, schemas, annotations); disable vanished ones.
+
+    Prices are untouched: a new tool has no price until an operator sets one.
+    """
+    now = timezone.now()
+    seen: set[str] = set()
+    created: list[str] = []
+    updated: list[str] = []
+    for spec in remote_tools:
+        name = spec.get("name")
+        if not isinstance(name, str) or not name or name == DOGFOOD_TOOL:
+            continue
+        seen.add(name)
+        annotations = spec.get("annotations") or {}
+        values = {
+            "title": str(spec.get("title") or annotations.get("title") or "")[:200],
+            "description": str(spec.get("description") or ""),
+            "input_schema": spec.get("inputSchema") or {"type": "object"},
+            "output_schema": spec.get("outputSchema"),
+            "annotations": annotations,
+            "source": ToolSource.UPSTREAM,
+            "enabled": True,
+            "synced_at": now,
+        }
+        category = (spec.get("_meta") or {}).get("io.tollgate/category")
+        if isinstance(category, str):
+            values["category"] = category
+        _, was_created = Tool.objects.update_or_create(service_id=name, defaults=values)
+        (created if was_created else updated).append(name)
+    disabled = list(
+        Tool.objects.filter(source=ToolSource.UPSTREAM, enabled=True)
+        .exclude(service_id__in=seen)
+        .values_list("service_id", flat=True)
+    )
+    Tool.objects.filter(service_id__in=disabled).update(enabled=False)
+    audit_record(
+        event="tools.synced",
+        ok=True,
+        detail={"created": created, "updated": updated, "disabled": disabled, "actor": actor},
+    )
+    return SyncReport(created, updated, disabled)
+
+
+def dogfood_tool_register() -> Tool:
+    """Register the local-only ``partner.notes.write`` tool (callable only while the flag is on)."""
+    tool, _ = Tool.objects.update_or_create(
+        service_id=DOGFOOD_TOOL,
+        defaults={
+            "title": "Partner notes (local dogfood tool)",
+            "description": "Write a note into the gateway's own partner notebook. Local-only; not covered by "
+            "dispatch-uncertainty semantics.",
+            "input_schema": {
+                "type": "object",
+                "properties": {"text": {"type": "string", "minLength": 1, "maxLength": 2000}},
+                "required": ["text"],
+                "additionalProperties": False,
+            },
+            "output_schema": {
+                "type": "object",
+                "properties": {"note_id": {"type": "string"}, "text": {"type": "string"}},
+                "required": ["note_id", "text"],
+            },
+            "source": ToolSource.LOCAL,
+            "category": "tooling",
+            "enabled": True,
+        },
+    )
+    return tool
+
+
+@transaction.atomic(durable=True)
+def tool_update(*, service_id: str, category: str, enabled: bool, actor: str = "") -> Tool:
+    """Change a tool's category or availability (prices are set in billing); audited."""
+    tool = Tool.objects.select_for_update(no_key=True).get(service_id=service_id)
+    before = {"category": tool.category, "enabled": tool.enabled}
+    tool.category = category
+    tool.enabled = enabled
+    tool.save(update_fields=["category", "enabled", "updated_at"])
+    audit_record(
+        event="tool.updated",
+        ok=True,
+        tool=service_id,
+        detail={"before": before, "after": {"category": category, "enabled": enabled}, "actor": actor},
+    )
+    return tool
