@@ -186,7 +186,7 @@ SECTIONS = [
     ("mcpgateway.services", "_lookup"),  # ~0 once the process's cache holds the call's rows
     ("mcpgateway.services", "_governed"),
     ("mcpgateway.services", "_phase1"),
-    ("permits.services", "authorize"),
+    ("permits.services.authorization", "authorize"),
     ("audit.services", "audit_event_prepare"),
     ("mcpgateway.services", "_claim"),
     ("mcpgateway.services", "_dispatch"),
