@@ -186,7 +186,7 @@ SECTIONS = [
     ("mcpgateway.services.lookup", "_lookup"),  # ~0 once the process's cache holds the call's rows
     ("mcpgateway.services.governed", "_governed"),
     ("mcpgateway.services.claim", "_phase1"),
-    ("permits.services", "authorize"),
+    ("permits.services.authorization", "authorize"),
     ("audit.services", "audit_event_prepare"),
     ("mcpgateway.services.claim", "_claim"),
     ("mcpgateway.services.dispatch", "_dispatch"),

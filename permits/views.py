@@ -17,6 +17,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.signing import verify_statement
+from billing.exceptions import money
 from billing.models import Wallet, WalletStatus
 from billing.selectors import wallet_for_caller, wallet_spend
 from config.authentication import principal, wallet_principal
@@ -60,7 +61,7 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 
 
 def _money(value: Any) -> str:
-    return services.money(value)
+    return money(value)
 
 
 def _normalized(data: dict[str, Any]) -> dict[str, Any]:

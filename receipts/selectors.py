@@ -66,7 +66,7 @@ def verification_map(receipt: Receipt, audit_event: AuditEvent | None) -> dict[s
     if receipt.permit is None:
         checks["permit_signature"] = "skipped"
     else:
-        # The signature over the statement and every column authorization reads (permits.services).
+        # The signature over the statement and every column authorization reads (permits.services.permits).
         checks["permit_signature"] = permit_statement_problem(receipt.permit) or "ok"
     if audit_event is None:
         checks["audit_chain"] = "missing_event"

@@ -19,6 +19,7 @@ from billing.models import LedgerEntry, Wallet
 from permits import services
 from permits.exceptions import PermitExhausted, QuoteUnavailable
 from permits.models import Permit, Quote
+from permits.services import permits as permit_module
 from tests import factories
 from tests.conftest import client_for, make_tenant
 
@@ -210,7 +211,7 @@ def test_expired_and_exhausted_permits(tenant):
     # Expired for real: the expiry column and the signed statement agree (re-signed as issued).
     Permit.objects.filter(pk=permit.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
     permit.refresh_from_db()
-    signed = sign_statement(services._permit_statement(permit))
+    signed = sign_statement(permit_module._permit_statement(permit))
     Permit.objects.filter(pk=permit.pk).update(signed_statement=signed.statement, signature=signed.signature)
     v = tenant.sponsor_client.post("/v1/permits/verify", {"permit_id": p["permit_id"]}, format="json").json()
     assert v["reasons"] == ["expired"]

@@ -8,7 +8,7 @@
 -- price edited in the table after signing is never charged. Returns whether it
 -- consumed the quote.
 --
--- Callers: the governed call's claim (gateway_claim) and permits.services.quote_consume.
+-- Callers: the governed call's claim (gateway_claim) and permits.services.quotes.quote_consume.
 -- Lock order: after the action row, before the wallet rows.
 CREATE OR REPLACE FUNCTION permits_quote_consume(
     p_quote_id text,

@@ -15,7 +15,7 @@
 -- refuses instead of widening the permit. NULL p_signature skips that comparison
 -- (callers that hold no verified statement).
 --
--- Callers: the governed call's claim (gateway_claim) and permits.services.permit_reserve.
+-- Callers: the governed call's claim (gateway_claim) and permits.services.permits.permit_reserve.
 -- Lock order: callers take it after the wallet rows (the debit) and before the chain head.
 CREATE OR REPLACE FUNCTION permits_reserve(
     p_permit_id text,

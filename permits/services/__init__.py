@@ -1,0 +1,81 @@
+"""Authority writes: permits, allowance reservations, permit requests, quotes, policies.
+
+One module per entity: ``permits`` (issue, revoke, the signed statement's check at use, the
+allowance reservation), ``authorization`` (``authorize``), ``permit_requests`` (requests, their
+approvers and the human decision), ``quotes`` and ``policies``. This package names their public
+services, so callers import from ``permits.services``.
+
+Every service that changes state owns its transaction and writes its audit
+event inside it as the last statement. The building blocks the gateway runs in
+its own phase-1 transaction (``permit_reserve``, ``permit_release``,
+``quote_consume``, ``authorize``) say so and take no transaction of their own.
+"""
+
+from permits.services.authorization import (
+    POLICIES_JSON_SQL,
+    WILDCARD,
+    Decision,
+    authorize,
+    policies_from_json,
+    tool_allowed,
+)
+from permits.services.permit_requests import (
+    PERMIT_REQUEST_LIFETIME,
+    RequestCreate,
+    approval_url,
+    permit_request_create,
+    permit_request_decide,
+    permit_request_notify,
+    tenant_approver_add,
+    tenant_approver_remove,
+    user_is_approver,
+)
+from permits.services.permits import (
+    PERMIT_SIGNED_FIELDS,
+    PermitIssue,
+    permit_issue,
+    permit_release,
+    permit_reserve,
+    permit_reserve_refusal,
+    permit_revoke,
+    permit_statement_problem,
+    permit_verified_columns,
+)
+from permits.services.policies import POLICY_FIELDS, human_approval_required, policy_create, policy_update
+from permits.services.quotes import QUOTE_LIFETIME, quote_check, quote_consume, quote_create, quote_statement_problem
+
+__all__ = [
+    "PERMIT_REQUEST_LIFETIME",
+    "PERMIT_SIGNED_FIELDS",
+    "POLICIES_JSON_SQL",
+    "POLICY_FIELDS",
+    "QUOTE_LIFETIME",
+    "WILDCARD",
+    "Decision",
+    "PermitIssue",
+    "RequestCreate",
+    "approval_url",
+    "authorize",
+    "human_approval_required",
+    "permit_issue",
+    "permit_release",
+    "permit_request_create",
+    "permit_request_decide",
+    "permit_request_notify",
+    "permit_reserve",
+    "permit_reserve_refusal",
+    "permit_revoke",
+    "permit_statement_problem",
+    "permit_verified_columns",
+    "policies_from_json",
+    "policy_create",
+    "policy_update",
+    "quote_check",
+    "quote_consume",
+    "quote_create",
+    "quote_statement_problem",
+    "tenant_approver_add",
+    "tenant_approver_remove",
+    "tool_allowed",
+    "user_is_approver",
+]

@@ -1,0 +1,162 @@
+"""Authorization: ``authorize`` checks a call against the permit and every enabled policy on the
+wallet's line, and ``POLICIES_JSON_SQL`` / ``policies_from_json`` read those policies alongside
+other rows. A pure read: the gateway runs it in its own phase-1 transaction and records the decision.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from datetime import datetime
+from decimal import Decimal
+from typing import Any
+
+from django.utils import timezone
+
+from billing.exceptions import money
+from billing.models import Wallet
+from billing.selectors import wallet_spend
+from config import fastsql
+from config.ids import new_id
+from permits import exceptions as exc
+from permits.models import Permit, PermitStatus, PolicyBundle
+from permits.services.permits import permit_statement_problem
+
+WILDCARD = "*"
+
+
+# Every enabled policy on a wallet's line (its path: ``%s``), oldest first, as one JSON array of the
+# fields authorization reads; amounts as strings. For statements that read the policies alongside
+# other rows (the governed call's acceptance); ``policies_from_json`` reads it back.
+POLICIES_JSON_SQL = (
+    "SELECT coalesce(jsonb_agg(jsonb_build_object("
+    "'policy_id', b.policy_id, 'allowed_tools', b.allowed_tools, 'denied_tools', b.denied_tools, "
+    "'max_credits_per_call', b.max_credits_per_call::text, 'max_daily_credits', b.max_daily_credits::text, "
+    "'allowed_categories', b.allowed_categories) ORDER BY b.created_at), '[]'::jsonb) "
+    "FROM permits_policy_bundle b WHERE b.wallet_id = ANY(%s) AND b.enabled"
+)
+
+
+def policies_from_json(text: str | list[Any]) -> list[PolicyBundle]:
+    """The policies of ``POLICIES_JSON_SQL``'s answer, with the fields ``authorize`` reads."""
+    rows = json.loads(text) if isinstance(text, str) else text
+    return [
+        PolicyBundle(
+            policy_id=row["policy_id"],
+            allowed_tools=row["allowed_tools"],
+            denied_tools=row["denied_tools"],
+            max_credits_per_call=Decimal(row["max_credits_per_call"]) if row["max_credits_per_call"] else None,
+            max_daily_credits=Decimal(row["max_daily_credits"]) if row["max_daily_credits"] else None,
+            allowed_categories=row["allowed_categories"],
+        )
+        for row in rows
+    ]
+
+
+@dataclass
+class Decision:
+    """The result of ``authorize``: allowed, or the refusal to raise; always a decision id."""
+
+    policy_decision_id: str
+    allowed: bool
+    refusal: exc.PermitDenied | None = None
+    policies: list[str] = field(default_factory=list)
+
+
+def tool_allowed(patterns: list[str], tool: str) -> bool:
+    """Exact names, ``*`` for any tool, or a ``prefix.*`` namespace pattern."""
+    for pattern in patterns:
+        if pattern in (WILDCARD, tool):
+            return True
+        if pattern.endswith(".*") and tool.startswith(pattern[:-1]):
+            return True
+    return False
+
+
+def authorize(
+    *,
+    permit: Permit,
+    wallet: Wallet,
+    key_id: str,
+    tool: str,
+    price: Decimal,
+    category: str | None = None,
+    now: datetime | None = None,
+    verify_signature: bool = True,
+    policies: list[PolicyBundle] | None = None,
+) -> Decision:
+    """Evaluate the permit and every enabled policy on the wallet and its ancestors.
+
+    Pure read; the caller records the decision (its ``policy_decision_id``) on
+    the audit event and raises ``decision.refusal`` when not allowed. ``policies``:
+    the enabled policies of the wallet's line, oldest first, when the caller read
+    them already (``POLICIES_JSON_SQL``); else they are read here.
+    """
+    now = now or timezone.now()
+    decision_id = new_id("pdec")
+
+    def deny(err: exc.PermitDenied, policies: list[str] | None = None) -> Decision:
+        err.extra.setdefault("policy_decision_id", decision_id)
+        return Decision(decision_id, False, err, policies or [])
+
+    if verify_signature:
+        # Every column read below must be what was signed (a column edited after signing is tampering).
+        problem = permit_statement_problem(permit)
+        if problem is not None:
+            return deny(exc.PermitSignatureInvalid(permit_id=permit.permit_id, reason=problem))
+    if permit.wallet_id != wallet.wallet_id:
+        return deny(exc.PermitWalletMismatch(permit_id=permit.permit_id))
+    if permit.subject_key_id and permit.subject_key_id != key_id:
+        return deny(exc.PermitKeyMismatch(permit_id=permit.permit_id))
+    status = permit.effective_status(now)
+    if status == PermitStatus.REVOKED:
+        return deny(exc.PermitRevoked(permit_id=permit.permit_id))
+    if status == PermitStatus.EXPIRED:
+        return deny(exc.PermitExpired(permit_id=permit.permit_id))
+    if status == PermitStatus.EXHAUSTED or permit.spent_credits + price > permit.max_credits:
+        return deny(exc.PermitExhausted(permit_id=permit.permit_id, required=money(price)))
+    if not tool_allowed(list(permit.allowed_tools), tool):
+        return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
+
+    if policies is None:
+        row = fastsql.fetch_row(POLICIES_JSON_SQL, [wallet.ancestry])
+        policies = policies_from_json(row[0] if row is not None else "[]")
+    applied = [p.policy_id for p in policies]
+    daily_spent: Decimal | None = None
+    for policy in policies:
+        if tool in (policy.denied_tools or []) or tool_allowed(
+            [t for t in (policy.denied_tools or []) if t.endswith("*")], tool
+        ):
+            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="denied_tools", tool=tool), applied)
+        if policy.allowed_tools is not None and not tool_allowed(list(policy.allowed_tools), tool):
+            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="allowed_tools", tool=tool), applied)
+        if policy.max_credits_per_call is not None and price > policy.max_credits_per_call:
+            return deny(
+                exc.PolicyDenied(
+                    policy_id=policy.policy_id,
+                    rule="max_credits_per_call",
+                    limit=money(policy.max_credits_per_call),
+                    required=money(price),
+                ),
+                applied,
+            )
+        if policy.allowed_categories is not None and category not in policy.allowed_categories:
+            return deny(
+                exc.PolicyDenied(policy_id=policy.policy_id, rule="allowed_categories", category=category),
+                applied,
+            )
+        if policy.max_daily_credits is not None:
+            if daily_spent is None:
+                daily_spent = wallet_spend(wallet, now=now).today
+            if daily_spent + price > policy.max_daily_credits:
+                return deny(
+                    exc.PolicyDenied(
+                        policy_id=policy.policy_id,
+                        rule="max_daily_credits",
+                        limit=money(policy.max_daily_credits),
+                        spent=money(daily_spent),
+                        required=money(price),
+                    ),
+                    applied,
+                )
+    return Decision(decision_id, True, None, applied)

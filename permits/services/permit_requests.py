@@ -1,0 +1,231 @@
+"""Permit requests and human approval: a request for a permit, the email to the tenant's approvers,
+their decision (approving mints the permit), and adding and removing approvers from the console.
+
+Every service that changes state owns its transaction and writes its audit event inside it as
+the last statement.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from datetime import timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.conf import settings
+from django.core.mail import send_mail
+from django.db import IntegrityError, transaction
+from django.template.loader import render_to_string
+from django.utils import timezone
+
+from audit.services import audit_record
+from billing.exceptions import money
+from billing.models import Wallet
+from config.ids import new_id
+from permits import exceptions as exc
+from permits.models import PermitRequest, PermitRequestStatus, TenantApprover
+from permits.services.permits import _check_subject_key, _created_before, _mint_permit
+
+logger = logging.getLogger("tollgate.permits")
+
+PERMIT_REQUEST_LIFETIME = timedelta(hours=24)
+
+
+@dataclass(frozen=True)
+class RequestCreate:
+    permit_request: PermitRequest
+    replayed: bool
+
+
+def permit_request_create(
+    *,
+    wallet: Wallet,
+    requested_by_key_id: str,
+    allowed_tools: list[str],
+    max_credits: Decimal,
+    max_calls: int | None,
+    permit_ttl_seconds: int,
+    subject_key_id: str | None,
+    justification: str,
+    idempotency_scope: str,
+    idempotency_key: str,
+    request_hash: str,
+) -> RequestCreate:
+    """Record a pending request and notify the tenant's approvers after commit.
+
+    Idempotent per (scope, key) like ``permit_issue``. Creating or listing
+    requests never advances a decision.
+    """
+    existing = _created_before(PermitRequest, idempotency_scope, idempotency_key, request_hash)
+    if existing is not None:
+        return RequestCreate(permit_request=existing, replayed=True)
+    _check_subject_key(wallet, subject_key_id)
+    now = timezone.now()
+    try:
+        with transaction.atomic(durable=True):
+            preq = PermitRequest.objects.create(
+                request_id=new_id("preq"),
+                tenant_id=wallet.tenant_id,
+                wallet=wallet,
+                requested_by_key_id=requested_by_key_id,
+                allowed_tools=sorted(set(allowed_tools)),
+                max_credits=max_credits,
+                max_calls=max_calls,
+                permit_ttl_seconds=permit_ttl_seconds,
+                subject_key_id=subject_key_id,
+                justification=justification,
+                expires_at=now + PERMIT_REQUEST_LIFETIME,
+                created_at=now,
+                idempotency_scope=idempotency_scope,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+            )
+            request_id = preq.request_id
+            transaction.on_commit(lambda: permit_request_notify(request_id=request_id))
+            audit_record(
+                event="permit_request.created",
+                ok=True,
+                tenant_id=wallet.tenant_id,
+                wallet_id=wallet.wallet_id,
+                key_id=requested_by_key_id,
+                endpoint="/v1/permit-requests",
+                detail={"request_id": preq.request_id, "allowed_tools": preq.allowed_tools},
+            )
+    except IntegrityError:
+        existing = _created_before(PermitRequest, idempotency_scope, idempotency_key, request_hash)
+        if existing is None:
+            raise
+        return RequestCreate(permit_request=existing, replayed=True)
+    return RequestCreate(permit_request=preq, replayed=False)
+
+
+def approval_url(request_id: str) -> str:
+    return f"{settings.PUBLIC_BASE_URL.rstrip('/')}/approvals/{request_id}"
+
+
+def permit_request_notify(*, request_id: str) -> int:
+    """Email the tenant's approvers the request card and a link to the approval page.
+
+    Runs after the creating transaction commits. A delivery failure is logged and
+    does not affect the request (approvers also see the queue page).
+    """
+    preq = PermitRequest.objects.select_related("wallet").get(request_id=request_id)
+    recipients = sorted(
+        {
+            email
+            for email in TenantApprover.objects.filter(tenant_id=preq.tenant_id).values_list("user__email", flat=True)
+            if email
+        }
+    )
+    if not recipients:
+        return 0
+    from permits.selectors import permit_request_card_context
+
+    context = {
+        **permit_request_card_context(preq, approval_url=approval_url(preq.request_id)),
+        "show_decide_link": True,
+    }
+    html = render_to_string("permits/card.html", context)
+    text = (
+        f"Permit request {preq.request_id} from wallet {preq.wallet_id}\n"
+        f"Tools: {', '.join(preq.allowed_tools)}\nUp to {money(preq.max_credits)} credits\n"
+        f"Reason: {preq.justification or '-'}\n\nReview it: {context['approval_url']}\n"
+    )
+    try:
+        return send_mail(
+            subject=f"[Tollgate] Permit request {preq.request_id} needs a decision",
+            message=text,
+            from_email=None,
+            recipient_list=recipients,
+            html_message=html,
+        )
+    except Exception:
+        logger.exception("could not send the approval notification for %s", request_id)
+        return 0
+
+
+def user_is_approver(user: Any, tenant_id: str) -> bool:
+    return bool(user.is_authenticated and TenantApprover.objects.filter(user_id=user.pk, tenant_id=tenant_id).exists())
+
+
+@transaction.atomic(durable=True)
+def permit_request_decide(*, request_id: str, user: Any, approve: bool, note: str = "") -> PermitRequest:
+    """Approve (minting exactly one permit) or reject a pending request.
+
+    Locks the request row, then re-checks: a decided request cannot be decided
+    again (409), an expired one cannot be approved, and only approvers of the
+    request's tenant may decide. Two concurrent approvals mint one permit.
+    """
+    preq = PermitRequest.objects.select_for_update(no_key=True).select_related("wallet").get(request_id=request_id)
+    if not user_is_approver(user, preq.tenant_id):
+        raise exc.NotAnApprover()
+    now = timezone.now()
+    if preq.status != PermitRequestStatus.PENDING:
+        raise exc.RequestAlreadyDecided(request_id=request_id, status=preq.status)
+    if preq.expires_at <= now:
+        raise exc.RequestExpired(request_id=request_id)
+    preq.decided_at = now
+    preq.decided_by = user
+    preq.decision_note = note[:500]
+    if approve:
+        tenant_root = Wallet.objects.get(wallet_id=preq.tenant_id)
+        permit = _mint_permit(
+            wallet=preq.wallet,
+            issuer_wallet=tenant_root,
+            issued_by_key_id="",
+            allowed_tools=list(preq.allowed_tools),
+            max_credits=preq.max_credits,
+            max_calls=preq.max_calls,
+            expires_at=now + timedelta(seconds=preq.permit_ttl_seconds),
+            subject_key_id=preq.subject_key_id,
+            via_request_id=preq.request_id,
+        )
+        preq.permit = permit
+        preq.status = PermitRequestStatus.APPROVED
+    else:
+        preq.status = PermitRequestStatus.REJECTED
+    preq.save(update_fields=["status", "decided_at", "decided_by", "decision_note", "permit"])
+    audit_record(
+        event="permit_request.approved" if approve else "permit_request.rejected",
+        ok=True,
+        tenant_id=preq.tenant_id,
+        wallet_id=preq.wallet_id,
+        endpoint=f"/approvals/{request_id}",
+        detail={
+            "request_id": request_id,
+            "decided_by": user.get_username(),
+            "permit_id": preq.permit_id,
+        },
+    )
+    return preq
+
+
+@transaction.atomic(durable=True)
+def tenant_approver_add(*, user: Any, tenant: Wallet, actor: str) -> TenantApprover:
+    """Make ``user`` an approver of ``tenant``'s permit requests (the console), audited. Idempotent."""
+    approver, created = TenantApprover.objects.get_or_create(user=user, tenant=tenant)
+    if created:
+        audit_record(
+            event="approver.added",
+            ok=True,
+            tenant_id=tenant.tenant_id,
+            wallet_id=tenant.wallet_id,
+            detail={"user": user.get_username(), "actor": actor},
+        )
+    return approver
+
+
+@transaction.atomic  # not durable: the console's delete view runs inside its own transaction
+def tenant_approver_remove(*, approver: TenantApprover, actor: str) -> None:
+    """Stop ``approver`` approving for its tenant (the console), audited."""
+    tenant = approver.tenant
+    username = approver.user.get_username()
+    if TenantApprover.objects.filter(pk=approver.pk).delete()[0]:
+        audit_record(
+            event="approver.removed",
+            ok=True,
+            tenant_id=tenant.tenant_id,
+            wallet_id=tenant.wallet_id,
+            detail={"user": username, "actor": actor},
+        )

@@ -1,0 +1,297 @@
+"""Permits: issuing (signed, once per idempotency key), revoking, the check of a permit's signed
+statement at use, and the allowance reservation.
+
+``permit_issue`` and ``permit_revoke`` own their transaction and write their audit event inside
+it as the last statement. ``permit_reserve`` and ``permit_release`` are building blocks the gateway
+runs in its own phase-1 transaction; they take no transaction of their own.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from decimal import Decimal
+from typing import Any, TypeVar
+
+from django.db import IntegrityError, connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from audit.canonical import iso_utc
+from audit.services import audit_record
+from audit.signing import sign_statement, statement_problem
+from billing.exceptions import money
+from billing.models import Wallet
+from config.errors import IdempotencyKeyReused, RequestValidationError
+from config.ids import new_id
+from permits import exceptions as exc
+from permits.models import Permit, PermitRequest, PermitStatus
+from permits.services.policies import human_approval_required
+
+M = TypeVar("M", Permit, PermitRequest)
+
+
+def _permit_statement(permit: Permit) -> dict[str, Any]:
+    return {
+        "type": "permit",
+        "permit_id": permit.permit_id,
+        "tenant_id": permit.tenant_id,
+        "wallet_id": permit.wallet_id,
+        "issuer_wallet_id": permit.issuer_wallet_id,
+        "subject_key_id": permit.subject_key_id,
+        "allowed_tools": list(permit.allowed_tools),
+        "max_credits": money(permit.max_credits),
+        "max_calls": permit.max_calls,
+        "created_at": iso_utc(permit.created_at),
+        "expires_at": iso_utc(permit.expires_at),
+    }
+
+
+# The columns authorization and evidence read, each checked against the signed statement at use.
+PERMIT_SIGNED_FIELDS = (
+    "permit_id",
+    "tenant_id",
+    "wallet_id",
+    "subject_key_id",
+    "allowed_tools",
+    "max_credits",
+    "max_calls",
+    "expires_at",
+)
+
+
+def permit_verified_columns(permit: Permit) -> list[Any]:
+    """What ``permits_reserve`` requires the row to still carry, after its signed statement verified:
+    the signature, then the tenant, wallet, subject key, tools, allowance, call limit and expiry."""
+    return [
+        permit.signature,
+        permit.tenant_id,
+        permit.wallet_id,
+        permit.subject_key_id,
+        json.dumps(list(permit.allowed_tools)),
+        permit.max_credits,
+        permit.max_calls,
+        permit.expires_at,
+    ]
+
+
+def permit_statement_problem(permit: Permit) -> str | None:
+    """Why ``permit``'s stored columns cannot be trusted, or None: the one check of a permit at use.
+
+    Every column that authorization reads (``PERMIT_SIGNED_FIELDS``) must equal what
+    was signed (``audit.signing.statement_problem``).
+    """
+    stored = _permit_statement(permit)
+    return statement_problem(
+        permit.signed_statement,
+        permit.signature,
+        expected_type="permit",
+        columns={name: stored[name] for name in PERMIT_SIGNED_FIELDS},
+    )
+
+
+@dataclass(frozen=True)
+class PermitIssue:
+    """The outcome of ``permit_issue``: the permit and whether this was a replay."""
+
+    permit: Permit
+    replayed: bool
+
+
+def _mint_permit(
+    *,
+    wallet: Wallet,
+    issuer_wallet: Wallet | None,
+    issued_by_key_id: str,
+    allowed_tools: list[str],
+    max_credits: Decimal,
+    max_calls: int | None,
+    expires_at: datetime,
+    subject_key_id: str | None,
+    idempotency_scope: str = "",
+    idempotency_key: str = "",
+    request_hash: str = "",
+    via_request_id: str = "",
+) -> Permit:
+    """Create and sign a permit. Caller holds the transaction."""
+    now = timezone.now()
+    permit = Permit(
+        permit_id=new_id("pmt"),
+        tenant_id=wallet.tenant_id,
+        wallet=wallet,
+        issuer_wallet=issuer_wallet,
+        issued_by_key_id=issued_by_key_id,
+        issued_via_request_id=via_request_id,
+        subject_key_id=subject_key_id,
+        allowed_tools=sorted(set(allowed_tools)),
+        max_credits=max_credits,
+        max_calls=max_calls,
+        expires_at=expires_at,
+        created_at=now,
+        idempotency_scope=idempotency_scope,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+    )
+    signed = sign_statement(_permit_statement(permit))
+    permit.signed_statement = signed.statement
+    permit.signature = signed.signature
+    permit.key_id = signed.kid
+    permit.save(force_insert=True)
+    return permit
+
+
+def _check_subject_key(wallet: Wallet, subject_key_id: str | None) -> None:
+    """A permit (or a request for one) may bind only an active key of its own subject wallet."""
+    if subject_key_id is None:
+        return
+    from billing.models import APIKey
+
+    if not APIKey.objects.filter(key_id=subject_key_id, wallet=wallet, status="active").exists():
+        raise RequestValidationError.single(
+            ["body", "subject_key_id"], "Not an active API key of the subject wallet.", "value_error"
+        )
+
+
+def permit_issue(
+    *,
+    wallet: Wallet,
+    issuer_wallet: Wallet | None,
+    issued_by_key_id: str,
+    allowed_tools: list[str],
+    max_credits: Decimal,
+    max_calls: int | None,
+    expires_at: datetime,
+    subject_key_id: str | None,
+    idempotency_scope: str,
+    idempotency_key: str,
+    request_hash: str,
+) -> PermitIssue:
+    """Issue a signed permit once per (scope, idempotency key).
+
+    The same key with the same request returns the permit issued first
+    (``replayed``); with a different request it is the idempotency conflict.
+    The issuer must be the subject wallet or above it (the caller checks reach;
+    this re-checks the hierarchy). Operator keys issue with no issuer wallet.
+    """
+    existing = _created_before(Permit, idempotency_scope, idempotency_key, request_hash)
+    if existing is not None:
+        return PermitIssue(permit=existing, replayed=True)
+    if issuer_wallet is not None and issuer_wallet.wallet_id not in wallet.ancestry:
+        raise exc.IssuerNotAllowed()
+    if issuer_wallet is not None and human_approval_required(wallet):
+        raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
+    _check_subject_key(wallet, subject_key_id)
+    try:
+        with transaction.atomic(durable=True):
+            permit = _mint_permit(
+                wallet=wallet,
+                issuer_wallet=issuer_wallet,
+                issued_by_key_id=issued_by_key_id,
+                allowed_tools=allowed_tools,
+                max_credits=max_credits,
+                max_calls=max_calls,
+                expires_at=expires_at,
+                subject_key_id=subject_key_id,
+                idempotency_scope=idempotency_scope,
+                idempotency_key=idempotency_key,
+                request_hash=request_hash,
+            )
+            audit_record(
+                event="permit.issued",
+                ok=True,
+                tenant_id=wallet.tenant_id,
+                wallet_id=wallet.wallet_id,
+                key_id=issued_by_key_id or None,
+                endpoint="/v1/permits",
+                detail={
+                    "permit_id": permit.permit_id,
+                    "allowed_tools": permit.allowed_tools,
+                    "max_credits": money(permit.max_credits),
+                },
+            )
+    except IntegrityError:
+        # A concurrent request with the same key won the insert; answer as a replay.
+        existing = _created_before(Permit, idempotency_scope, idempotency_key, request_hash)
+        if existing is None:
+            raise
+        return PermitIssue(permit=existing, replayed=True)
+    return PermitIssue(permit=permit, replayed=False)
+
+
+def _created_before(model: type[M], scope: str, key: str, request_hash: str) -> M | None:
+    """What this idempotency key already created (replayed as is), or None.
+
+    The same key with a different request is the idempotency conflict (422), nothing written.
+    """
+    existing = model.objects.filter(idempotency_scope=scope, idempotency_key=key).first()
+    if existing is not None and existing.request_hash != request_hash:
+        raise IdempotencyKeyReused()
+    return existing
+
+
+@transaction.atomic(durable=True)
+def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str = "", actor: str = "") -> Permit:
+    """Revoke a permit for good. Revoking a revoked permit changes nothing."""
+    permit = Permit.objects.select_for_update(no_key=True).get(permit_id=permit_id)
+    if permit.status == PermitStatus.REVOKED:
+        return permit
+    permit.status = PermitStatus.REVOKED
+    permit.revoked_at = timezone.now()
+    permit.revoke_reason = reason
+    permit.save(update_fields=["status", "revoked_at", "revoke_reason"])
+    audit_record(
+        event="permit.revoked",
+        ok=True,
+        tenant_id=permit.tenant_id,
+        wallet_id=permit.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/permits/{permit_id}/revoke",
+        detail={"permit_id": permit.permit_id, "reason": reason, **({"actor": actor} if actor else {})},
+    )
+    return permit
+
+
+_RESERVE_SQL = "SELECT permits_reserve(%s, %s, %s)"  # permits/migrations/0004
+
+
+def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = None) -> None:
+    """Reserve ``amount`` and one call against the permit's allowance. Caller holds the transaction.
+
+    The database function ``permits_reserve`` (one conditional UPDATE): it succeeds
+    only while the permit is active, unexpired, and the allowance (credits and calls)
+    covers the reservation, so concurrent reservations can never spend past
+    ``max_credits``. Raises the reason when it fails (``permit_reserve_refusal``).
+    """
+    now = now or timezone.now()
+    with connection.cursor() as cursor:
+        cursor.execute(_RESERVE_SQL, [permit.permit_id, amount, now])
+        reserved = bool(cursor.fetchone()[0])
+    if not reserved:
+        raise permit_reserve_refusal(permit_id=permit.permit_id, amount=amount, now=now)
+
+
+def permit_reserve_refusal(*, permit_id: str, amount: Decimal, now: datetime) -> exc.PermitDenied:
+    """Why a reservation of ``amount`` on the permit was refused (read after the refusal)."""
+    current = Permit.objects.get(permit_id=permit_id)
+    problem = permit_statement_problem(current)
+    if problem is not None:  # edited after it was checked: the reservation requires the signed limits
+        return exc.PermitSignatureInvalid(permit_id=permit_id, reason=problem)
+    status = current.effective_status(now)
+    if status == PermitStatus.REVOKED:
+        return exc.PermitRevoked(permit_id=permit_id)
+    if status == PermitStatus.EXPIRED:
+        return exc.PermitExpired(permit_id=permit_id)
+    return exc.PermitExhausted(
+        permit_id=permit_id,
+        max_credits=money(current.max_credits),
+        spent_credits=money(current.spent_credits),
+        required=money(amount),
+    )
+
+
+def permit_release(*, permit_id: str, amount: Decimal) -> None:
+    """Give back a reservation (the call was refunded). Caller holds the transaction."""
+    Permit.objects.filter(permit_id=permit_id, spent_credits__gte=amount, calls_used__gte=1).update(
+        spent_credits=F("spent_credits") - amount, calls_used=F("calls_used") - 1
+    )
