@@ -3,20 +3,26 @@
 One logical action is one ``Action`` row, unique per (wallet, idempotency key)
 across every transport. It moves through three phases:
 
-Phase 1, one transaction: create the action (or find it: same request hash ->
-replay the stored answer, or 409 while it runs; other hash -> 422
-``idempotency_key_reused``, nothing written); authorize (permit + policies);
-consume the quote, if any; reserve the price against the permit allowance;
-debit the wallet; mark ``dispatch_claimed``; audit. A refusal (permit, policy,
-spend controls, funds, quote) is recorded in the same transaction as a
-``denied``/``insufficient_funds`` action with its receipt; nothing was charged.
+Phase 1: find the action (same request hash -> replay the stored answer, or
+409 while it runs; other hash -> 422 ``idempotency_key_reused``, nothing
+written); authorize (permit + policies, decided in Python on the rows read or
+cached); then claim in one statement (``gateway_claim``), which re-checks under
+its locks what may have changed since the read: insert the action already
+``dispatch_claimed``, consume the quote, if any, debit the
+wallet, reserve the price against the permit allowance and audit. A refusal
+(permit, policy, spend controls, funds, quote) writes nothing there; it is
+recorded in a transaction of its own as a ``denied``/``insufficient_funds``
+action with its receipt; nothing was charged.
 
 Phase 2, no transaction: send ``tools/call`` upstream once, forwarding the
 idempotency key (header and ``params._meta``). Never resent.
 
-Phase 3, one transaction: record the outcome; refund where the tool certainly
-did not run (or open a reconciliation item when the refund cannot be posted);
-sign the receipt; append the audit event; link everything; store the answer.
+Phase 3, one statement (``gateway_finish``) when the charge stands: record the
+outcome while the action is still claimed, sign the receipt, append the audit
+event, link everything and store the answer. Otherwise one transaction of
+several statements does the same, refunding where the tool certainly did not
+run (or opening a reconciliation item when the refund cannot be posted) or
+recording ``delivery_uncertain`` when the answer was lost.
 
 A worker that dies after the claim leaves the action ``dispatch_claimed``;
 ``action_sweep`` later turns it into ``delivery_uncertain`` with its receipt.
