@@ -22,7 +22,7 @@ from audit.canonical import iso_utc
 from audit.services import audit_record
 from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
-from billing.models import Wallet
+from billing.models import APIKey, Wallet
 from config.errors import IdempotencyKeyReused, RequestValidationError
 from config.ids import new_id
 from permits import exceptions as exc
@@ -145,8 +145,6 @@ def _check_subject_key(wallet: Wallet, subject_key_id: str | None) -> None:
     """A permit (or a request for one) may bind only an active key of its own subject wallet."""
     if subject_key_id is None:
         return
-    from billing.models import APIKey
-
     if not APIKey.objects.filter(key_id=subject_key_id, wallet=wallet, status="active").exists():
         raise RequestValidationError.single(
             ["body", "subject_key_id"], "Not an active API key of the subject wallet.", "value_error"
