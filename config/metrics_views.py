@@ -45,8 +45,9 @@ from rest_framework.views import APIView
 
 from audit.models import ChainHead
 from billing.models import LedgerEntry, LedgerKind, SystemAccount
+from billing.selectors import Principal
 from config import metrics
-from config.authentication import APIKeyAuthentication, Principal
+from config.authentication import APIKeyAuthentication
 from config.errors import NotAuthenticated, OperatorKeyRequired
 from config.schema import error_responses
 from mcpgateway.models import Action, ActionState

@@ -70,7 +70,7 @@ if PRODUCTION:
         raise ImproperlyConfigured("refusing to start in production: " + "; ".join(problems))
 
 INSTALLED_APPS = [
-    "config.admin_site.TollgateAdminConfig",  # django.contrib.admin with throttled logins
+    "config.apps.TollgateAdminConfig",  # django.contrib.admin with throttled logins
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",

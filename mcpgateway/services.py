@@ -47,6 +47,7 @@ from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExc
 from billing.exceptions import money as _money
 from billing.models import Wallet
 from billing.ratelimit import DeferredCharge
+from billing.selectors import Principal
 from billing.services import (
     DEBIT_COLUMNS,
     DebitCall,
@@ -57,7 +58,6 @@ from billing.services import (
     wallet_freeze_for_velocity,
 )
 from config import fastsql, metrics
-from config.authentication import Principal
 from config.dbretry import run_retrying
 from config.errors import ApplicationError, IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
 from config.faults import fault_point

@@ -10,8 +10,7 @@ from audit.canonical import b64url_encode, canonical_bytes, canonical_bytes_fast
 from audit.chain_verification import audit_chain_verify
 from audit.models import AuditEvent, SigningKey
 from audit.signing import verify_statement
-from billing.selectors import scope_to_caller
-from config.authentication import Principal
+from billing.selectors import Principal, scope_to_caller
 from config.errors import NotFound
 from permits.services import permit_statement_problem
 from receipts.models import Receipt, RefundReconciliation
