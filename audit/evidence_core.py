@@ -234,7 +234,7 @@ def verify_chain_rows(
     (verifying a range that does not start at 1). Stops at the first broken
     event. ``created_at`` may be a ``datetime`` or its :func:`iso_utc` text.
     (The service streams rows pre-rendered by PostgreSQL through a faster
-    variant, ``audit.services._verify_rendered``, which falls back to this
+    variant, ``audit.chain_verification._verify_rendered``, which falls back to this
     module's encoding for any event it cannot confirm.)
     """
     sha256 = hashlib.sha256

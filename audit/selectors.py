@@ -3,25 +3,40 @@
 Scope (DESIGN.md section 4): operator keys see every chain and event; a wallet
 key sees the events about its own wallet and the wallets below it, never its
 parent's or a sibling's (the audit app stores plain wallet ids; the wallet tree
-comes from billing through ``Principal.wallet_ids_in_reach``). Events about no
+comes from billing through ``Caller.wallet_ids_in_reach``). Events about no
 wallet are operator-only. ``/v1/me/*`` narrows further to the caller's own wallet.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from django.db.models import Count, Q, QuerySet
 
 from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead, SigningKey, SigningKeyState
-from config.authentication import Principal
 from config.errors import NotFound, WalletAccessDenied, WalletKeyRequired
+
+
+class Caller(Protocol):
+    """What audit reads of the authenticated caller, billing's ``Principal`` (audit sits below billing)."""
+
+    @property
+    def is_operator(self) -> bool: ...
+
+    @property
+    def tenant_id(self) -> str | None: ...
+
+    @property
+    def wallet_id(self) -> str | None: ...
+
+    def wallet_ids_in_reach(self) -> Any: ...
+
 
 EVENT_FILTERS = ("event", "wallet_id", "key_id", "tool", "endpoint", "policy_decision_id", "request_id", "ok")
 
 
-def audit_events_visible(principal: Principal) -> QuerySet[AuditEvent]:
+def audit_events_visible(principal: Caller) -> QuerySet[AuditEvent]:
     """Events the caller may read: all for operators; for wallet keys, those about their subtree."""
     qs = AuditEvent.objects.all()
     if principal.is_operator:
@@ -40,12 +55,12 @@ def _filtered(qs: QuerySet[AuditEvent], params: dict[str, Any]) -> QuerySet[Audi
     return qs
 
 
-def audit_event_list(principal: Principal, params: dict[str, Any]) -> QuerySet[AuditEvent]:
+def audit_event_list(principal: Caller, params: dict[str, Any]) -> QuerySet[AuditEvent]:
     """The caller's visible events matching ``params``, newest first."""
     return _filtered(audit_events_visible(principal), params).order_by("-created_at", "-seq", "event_id")
 
 
-def my_audit_event_list(principal: Principal, params: dict[str, Any]) -> QuerySet[AuditEvent]:
+def my_audit_event_list(principal: Caller, params: dict[str, Any]) -> QuerySet[AuditEvent]:
     """Events about the caller's own wallet (wallet keys only), newest first."""
     if principal.is_operator:
         raise WalletKeyRequired()
@@ -54,7 +69,7 @@ def my_audit_event_list(principal: Principal, params: dict[str, Any]) -> QuerySe
 
 
 def audit_summary(
-    principal: Principal, *, created_after: datetime | None, created_before: datetime | None
+    principal: Caller, *, created_after: datetime | None, created_before: datetime | None
 ) -> dict[str, Any]:
     """Counts of visible events by event name and outcome over ``[created_after, created_before)``."""
     qs = _filtered(audit_events_visible(principal), {"created_after": created_after, "created_before": created_before})
@@ -80,7 +95,7 @@ def audit_summary(
     }
 
 
-def chain_for_caller(principal: Principal, chain: str | None) -> str:
+def chain_for_caller(principal: Caller, chain: str | None) -> str:
     """The chain the caller asks to verify, if it may: 404 for a chain it cannot see or that does not exist.
 
     Default: the caller's tenant chain (``system`` for operator keys). The tenant chain
@@ -106,7 +121,7 @@ def chain_for_caller(principal: Principal, chain: str | None) -> str:
     return chain
 
 
-def my_alerts(principal: Principal) -> QuerySet[Alert]:
+def my_alerts(principal: Caller) -> QuerySet[Alert]:
     """Alerts of the caller's own wallet (wallet keys only), newest first."""
     if principal.is_operator:
         raise WalletKeyRequired()

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -28,7 +27,8 @@ from audit.evidence_core import (
     verify_statement_with_keys,
 )
 from audit.exceptions import SigningKeyUnavailable
-from audit.models import SigningKey, SigningKeyState
+from audit.models import SigningKey
+from audit.services import active_kid, signing_key_ensure
 
 __all__ = [
     "SignedStatement",
@@ -73,8 +73,6 @@ def sign_statement(statement: Mapping[str, Any]) -> SignedStatement:
         raise ValueError("a signed statement needs a non-empty string 'type'")
     kid = active_kid()
     if kid is None:
-        from audit.services import signing_key_ensure
-
         kid = signing_key_ensure().key_id
     private_key = keystore.private_key_for(kid)
     if private_key is None:
@@ -85,32 +83,9 @@ def sign_statement(statement: Mapping[str, Any]) -> SignedStatement:
 
 
 # A kid names one public key forever (it is derived from it), so a found key can be cached for
-# good. The active kid is cached for a moment only: after a rotation a process may sign with the
-# just-retired key for up to ACTIVE_KID_TTL seconds, and that signature still verifies.
-ACTIVE_KID_TTL = 2.0
+# good. (The active kid is cached for a moment only: ``audit.services.active_kid``.)
 _public_keys: dict[str, str] = {}
-_active: tuple[float, str | None] = (0.0, None)
 _cache_lock = threading.Lock()
-
-
-def active_kid() -> str | None:
-    """The active key's id (cached for ``ACTIVE_KID_TTL`` seconds per process)."""
-    global _active
-    now = time.monotonic()
-    fetched_at, kid = _active
-    if kid is not None and now - fetched_at < ACTIVE_KID_TTL:
-        return kid
-    kid = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).values_list("key_id", flat=True).first()
-    with _cache_lock:
-        _active = (now, kid)
-    return kid
-
-
-def forget_active_kid() -> None:
-    """Drop the cached active kid (called after a rotation in this process)."""
-    global _active
-    with _cache_lock:
-        _active = (0.0, None)
 
 
 def _keys_for(kid: Any) -> dict[str, str]:

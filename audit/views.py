@@ -7,7 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from audit import selectors, services
+from audit import chain_verification, selectors, services
 from audit.serializers import (
     AlertListResponse,
     AlertResponse,
@@ -82,7 +82,7 @@ class AuditChainVerifyView(APIView):
         caller = principal(request)
         data = parse_body(request, AuditChainVerifyRequest)
         chain = selectors.chain_for_caller(caller, data.get("chain"))
-        result = services.audit_chain_verify(
+        result = chain_verification.audit_chain_verify(
             chain=chain,
             from_seq=data["from_seq"],
             to_seq=data.get("to_seq"),

@@ -128,8 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         _setup(args.database, key_dir)
         from django.db import connection
 
+        from audit.chain_verification import audit_chain_verify
         from audit.evidence_core import verify_chain_rows
-        from audit.services import audit_chain_verify
 
         old_name = connection.creation.create_test_db(verbosity=0, autoclobber=True, serialize=False)
         try:

@@ -29,7 +29,6 @@ from billing.models import (
     Wallet,
 )
 from config import fastsql
-from config.authentication import Principal
 from config.errors import InvalidAPIKey, NotFound, WalletAccessDenied
 
 MONEY_FIELD = models.DecimalField(max_digits=20, decimal_places=8)
@@ -110,6 +109,45 @@ def _key_charge_sql() -> str:
         "billing_rate_limit_key_charge(%s, %s, %s, NULL) "
         "FROM billing_api_key k LEFT JOIN billing_wallet w ON w.wallet_id = k.wallet_id WHERE k.key_id = %s"
     )
+
+
+@dataclass(frozen=True)
+class Principal:
+    """The authenticated caller: one API key, wallet-scoped or operator.
+
+    Here beside the reach rule it carries (``wallets_visible``); ``config.authentication``
+    puts it on ``request.user``.
+    """
+
+    key: APIKey
+
+    @property
+    def key_id(self) -> str:
+        return self.key.key_id
+
+    @property
+    def wallet_id(self) -> str | None:
+        return self.key.wallet_id
+
+    @property
+    def tenant_id(self) -> str | None:
+        return self.key.tenant_id
+
+    @property
+    def is_operator(self) -> bool:
+        return self.key.wallet_id is None
+
+    def wallet_ids_in_reach(self) -> Any:
+        """The ids of the wallets a wallet key reaches (its own and its descendants), as a subquery.
+
+        For apps below billing (audit) that store plain wallet ids and cannot read the tree.
+        """
+        return wallets_visible(self).values("wallet_id")
+
+    # DRF and Django treat request.user as a user object.
+    @property
+    def is_authenticated(self) -> bool:
+        return True
 
 
 def wallet_in_reach(principal: Principal, wallet: Wallet) -> bool:

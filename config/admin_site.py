@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin
-from django.contrib.admin.apps import AdminConfig
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
@@ -61,7 +60,3 @@ def console_summary(request: HttpRequest) -> dict[str, Any]:
 
         summary["last_verification"] = ChainVerificationRecord.objects.order_by("-verified_at").first() or "never"
     return summary
-
-
-class TollgateAdminConfig(AdminConfig):
-    default_site = "config.admin_site.TollgateAdminSite"

@@ -3,12 +3,15 @@
 Credentials: ``X-API-Key: <key>`` or ``Authorization: Bearer <key>``. The
 rate-limit middleware resolves the credential first (it must know whose bucket
 to charge) and leaves the result on the request; authentication reuses it.
+
+The caller it authenticates is a :class:`billing.selectors.Principal`, defined
+in billing beside the reach rule it carries; this module wires billing's key
+lookup into DRF and gives views the caller.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from django.http import HttpRequest
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
@@ -16,47 +19,9 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from config.errors import InvalidAPIKey, NotAuthenticated
-
-if TYPE_CHECKING:
-    from billing.models import APIKey
-
-
-@dataclass(frozen=True)
-class Principal:
-    """The authenticated caller: one API key, wallet-scoped or operator."""
-
-    key: APIKey
-
-    @property
-    def key_id(self) -> str:
-        return self.key.key_id
-
-    @property
-    def wallet_id(self) -> str | None:
-        return self.key.wallet_id
-
-    @property
-    def tenant_id(self) -> str | None:
-        return self.key.tenant_id
-
-    @property
-    def is_operator(self) -> bool:
-        return self.key.wallet_id is None
-
-    def wallet_ids_in_reach(self) -> Any:
-        """The ids of the wallets a wallet key reaches (its own and its descendants), as a subquery.
-
-        For apps below billing (audit) that store plain wallet ids and cannot read the tree.
-        """
-        from billing.selectors import wallets_visible
-
-        return wallets_visible(self).values("wallet_id")
-
-    # DRF and Django treat request.user as a user object.
-    @property
-    def is_authenticated(self) -> bool:
-        return True
+from billing.models import APIKey
+from billing.selectors import Principal, api_key_authenticate
+from config.errors import InvalidAPIKey, NotAuthenticated, WalletKeyRequired
 
 
 def credential_from_headers(request: HttpRequest) -> str | None:
@@ -78,8 +43,6 @@ def resolve_credential(request: HttpRequest) -> tuple[APIKey | None, Exception |
     cached = getattr(request, "_tollgate_auth", None)
     if cached is not None:
         return cached
-    from billing.selectors import api_key_authenticate
-
     secret = credential_from_headers(request)
     result: tuple[APIKey | None, Exception | None]
     if secret is None:
@@ -133,8 +96,6 @@ def principal(request: Request) -> Principal:
 
 def wallet_principal(request: Request) -> Principal:
     """The caller, who must hold a wallet-scoped key (403 ``wallet_key_required`` for operator keys)."""
-    from config.errors import WalletKeyRequired
-
     caller = principal(request)
     if caller.is_operator:
         raise WalletKeyRequired()

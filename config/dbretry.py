@@ -16,36 +16,18 @@ from typing import TypeVar
 
 from django.db import OperationalError
 
-from config.errors import Conflict
+from config.errors import conflict_response, is_retryable
 
 logger = logging.getLogger("tollgate.db")
 
-RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
 ATTEMPTS = 4
 T = TypeVar("T")
-
-
-class TransactionConflict(Conflict):
-    code = "transaction_conflict"
-    message = "The database refused the transaction because of a concurrent one; nothing was written. Retry."
-
-
-def is_retryable(exc: BaseException) -> bool:
-    """True for a serialization failure or deadlock (directly or wrapped by Django)."""
-    for candidate in (exc, exc.__cause__, exc.__context__):
-        if candidate is not None and getattr(candidate, "sqlstate", None) in RETRYABLE_SQLSTATES:
-            return True
-    return False
-
-
-def conflict_response() -> TransactionConflict:
-    return TransactionConflict(headers={"Retry-After": "1"}, retry_after_seconds=1)
 
 
 def run_retrying(fn: Callable[[], T], *, attempts: int = ATTEMPTS) -> T:
     """Run ``fn`` (one whole transaction) again after a serialization failure or deadlock.
 
-    Raises ``TransactionConflict`` when every attempt hit one.
+    Raises ``TransactionConflict`` (``config.errors``) when every attempt hit one.
     """
     for attempt in range(1, attempts + 1):
         try:

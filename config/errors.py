@@ -103,6 +103,11 @@ class IdempotencyKeyInProgress(Conflict):
     message = "A request with this idempotency key is still being processed; retry later."
 
 
+class TransactionConflict(Conflict):
+    code = "transaction_conflict"
+    message = "The database refused the transaction because of a concurrent one; nothing was written. Retry."
+
+
 class RateLimited(ApplicationError):
     code = "rate_limited"
     http_status = status.HTTP_429_TOO_MANY_REQUESTS
@@ -174,6 +179,24 @@ def _error_response(err: ApplicationError) -> Response:
     return response
 
 
+# Serialization failures and deadlocks: PostgreSQL aborted the transaction and nothing it wrote
+# remains, so the answer is 409 ``transaction_conflict`` with ``Retry-After``, never a 500.
+# ``config.dbretry.run_retrying`` first runs a transaction that is safe to repeat a few times more.
+RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
+
+
+def is_retryable(exc: BaseException) -> bool:
+    """True for a serialization failure or deadlock (directly or wrapped by Django)."""
+    for candidate in (exc, exc.__cause__, exc.__context__):
+        if candidate is not None and getattr(candidate, "sqlstate", None) in RETRYABLE_SQLSTATES:
+            return True
+    return False
+
+
+def conflict_response() -> TransactionConflict:
+    return TransactionConflict(headers={"Retry-After": "1"}, retry_after_seconds=1)
+
+
 _DRF_MAP: dict[type[Exception], type[ApplicationError]] = {
     drf_exceptions.NotAuthenticated: NotAuthenticated,
     drf_exceptions.AuthenticationFailed: InvalidAPIKey,
@@ -211,12 +234,9 @@ def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response:
         return _error_response(RateLimited())
     from django.db import OperationalError
 
-    if isinstance(exc, OperationalError):
-        from config.dbretry import conflict_response, is_retryable
-
-        if is_retryable(exc):
-            logger.warning("transaction conflict answered 409: %s", exc)
-            return _error_response(conflict_response())
+    if isinstance(exc, OperationalError) and is_retryable(exc):
+        logger.warning("transaction conflict answered 409: %s", exc)
+        return _error_response(conflict_response())
     if isinstance(exc, drf_exceptions.APIException):
         code = exc.default_code if isinstance(exc.default_code, str) else "error"
         response = Response(

@@ -1,6 +1,10 @@
 """Operational counters for ``GET /metrics``, kept the Prometheus way (``prometheus-client``).
 
-Two sources feed the exposition (see ``config.metrics_views``):
+Every app may count here (the rate limiter its refusals, the gateway its upstream
+latency, ``metrics.middleware`` every response); the ``metrics`` app, on the top
+floor, serves the scrape. This module imports no app, so any app may import it.
+
+Two sources feed the exposition (see ``metrics.views``):
 
 * Business totals (governed actions by outcome, credits debited and refunded,
   swept actions, audit appends) are read from PostgreSQL at scrape time. They
@@ -21,17 +25,14 @@ process. ``tollgate_metrics_store_info`` says which mode answered.
 
 from __future__ import annotations
 
-import hmac
 import os
-from collections.abc import Callable
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest
 from django.urls import Resolver404, resolve
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client import multiprocess as _multiprocess
 
-METRICS_PATH = "/metrics"
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 # Upstream latency buckets in seconds: the gateway's own overhead sits in the first ones, the
@@ -110,37 +111,3 @@ def exposition() -> str:
         _multiprocess.MultiProcessCollector(registry, path=directory)
         return generate_latest(registry).decode()
     return generate_latest(REGISTRY).decode()
-
-
-def scrape_token_matches(request: HttpRequest) -> bool:
-    """True when ``Authorization: Bearer <METRICS_SCRAPE_TOKEN>`` is presented (constant-time comparison)."""
-    expected = str(getattr(settings, "METRICS_SCRAPE_TOKEN", "") or "")
-    header = request.headers.get("Authorization")
-    if not expected or header is None:
-        return False
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer":
-        return False
-    return hmac.compare_digest(token.strip().encode(), expected.encode())
-
-
-class MetricsMiddleware:
-    """Counts every response by method, route and status. Sits before the rate limiter, so 429s count too.
-
-    It also keeps a scraper's token out of the API-key path: the rate limiter
-    would otherwise take the token for a rejected API key (charged ten units
-    and written to the audit log on every scrape). A matching token on
-    ``/metrics`` is resolved as "no API key", so the scrape is metered in the
-    anonymous bucket and the view accepts it on the token.
-    """
-
-    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request: HttpRequest) -> HttpResponse:
-        if request.path_info == METRICS_PATH and scrape_token_matches(request):
-            # config.authentication.resolve_credential's per-request memo: (key, error).
-            request._tollgate_auth = (None, None)  # type: ignore[attr-defined]
-        response = self.get_response(request)
-        count_request(request, response.status_code)
-        return response

@@ -70,7 +70,7 @@ if PRODUCTION:
         raise ImproperlyConfigured("refusing to start in production: " + "; ".join(problems))
 
 INSTALLED_APPS = [
-    "config.admin_site.TollgateAdminConfig",  # django.contrib.admin with throttled logins
+    "config.apps.TollgateAdminConfig",  # django.contrib.admin with throttled logins
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -85,6 +85,7 @@ INSTALLED_APPS = [
     "permits",
     "receipts",
     "mcpgateway",
+    "metrics",
 ]
 
 MIDDLEWARE = [
@@ -95,7 +96,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Counts every response by route and status; before the rate limiter, so its 429s count too.
-    "config.metrics.MetricsMiddleware",
+    "metrics.middleware.MetricsMiddleware",
     "billing.ratelimit.RateLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -285,7 +286,7 @@ CONTENT_SOURCE_URLS = env.list("CONTENT_SOURCE_URLS", default=[])
 PAYMENT_SECRET_KEY = env.str("PAYMENT_SECRET_KEY", default="")
 PREFLIGHT_FETCH_TIMEOUT = env.float("PREFLIGHT_FETCH_TIMEOUT", default=5.0)
 
-# --- Metrics (GET /metrics, config.metrics) ----------------------------------------------------
+# --- Metrics (GET /metrics, the metrics app) ----------------------------------------------------
 # Bearer token for Prometheus scrapers (operator keys work too); empty: only operator keys.
 METRICS_SCRAPE_TOKEN = env.str("METRICS_SCRAPE_TOKEN", default="")
 if PRODUCTION and METRICS_SCRAPE_TOKEN and len(METRICS_SCRAPE_TOKEN) < 32:

@@ -24,7 +24,7 @@ urlpatterns = [
     path("", include("permits.urls")),
     path("", include("receipts.urls")),
     path("", include("mcpgateway.site_urls")),
-    path("", include("config.metrics_urls")),
+    path("", include("metrics.urls")),
 ]
 
 handler400 = "config.errors.handler400"

@@ -35,7 +35,8 @@ from django.views.decorators.csrf import csrf_exempt
 
 from billing.models import ToolPrice
 from billing.ratelimit import DeferredRefused
-from config.authentication import Principal, resolve_credential
+from billing.selectors import Principal
+from config.authentication import resolve_credential
 from config.errors import (
     ApplicationError,
     InvalidAPIKey,

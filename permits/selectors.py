@@ -10,8 +10,7 @@ from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
 from billing.models import Wallet
-from billing.selectors import scope_to_caller, tool_price, wallet_spend
-from config.authentication import Principal
+from billing.selectors import Principal, scope_to_caller, tool_price, wallet_spend
 from config.errors import NotFound
 from permits.exceptions import PolicyReadOnly
 from permits.models import (

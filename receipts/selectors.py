@@ -7,11 +7,10 @@ from typing import Any
 from django.db.models import QuerySet
 
 from audit.canonical import b64url_encode, canonical_bytes, canonical_bytes_fast, sha256_hex
+from audit.chain_verification import audit_chain_verify
 from audit.models import AuditEvent, SigningKey
-from audit.services import audit_chain_verify
 from audit.signing import verify_statement
-from billing.selectors import scope_to_caller
-from config.authentication import Principal
+from billing.selectors import Principal, scope_to_caller
 from config.errors import NotFound
 from permits.services import permit_statement_problem
 from receipts.models import Receipt, RefundReconciliation

@@ -41,13 +41,13 @@ def _rate_limit_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(autouse=True)
 def _forget_signing_caches() -> Iterator[None]:
     """Tests flush and recreate signing keys; the per-process key caches must not outlive them."""
-    from audit import signing
+    from audit import services, signing
 
-    signing.forget_active_kid()
+    services.forget_active_kid()
     signing._public_keys.clear()
     signing._verified.clear()
     yield
-    signing.forget_active_kid()
+    services.forget_active_kid()
     signing._public_keys.clear()
     signing._verified.clear()
 

@@ -18,9 +18,10 @@ from django.db import connection
 from django.utils import timezone
 
 from audit.canonical import event_bytes, iso_utc
+from audit.chain_verification import audit_chain_verify
 from audit.evidence_core import GENESIS_HASH, chain_hash
 from audit.models import AuditEvent, ChainHead
-from audit.services import audit_chain_verify, audit_record
+from audit.services import audit_record
 from audit.signing import verify_statement
 from config.ids import new_id
 
@@ -412,20 +413,20 @@ def test_database_rendering_matches_the_reference_encoding(db, signing, monkeypa
     """The fast path (canonical JSON rendered by PostgreSQL) never needs the reference fallback."""
     from datetime import UTC, datetime
 
-    from audit import services
+    from audit import chain_verification
 
     for i, text in enumerate(TRICKY):
         fields = dict(wallet_id=text, key_id=text, tool=text, endpoint=text, policy_decision_id=text, request_id=text)
         audit_record(event=f"e.{text}", ok=bool(i % 2), tenant_id=CHAIN, detail={text: [text, i, None]}, **fields)
     build_chain(CHAIN, 2, tenant_id=CHAIN, start=len(TRICKY) + 1, times=[datetime(2026, 1, 1, tzinfo=UTC)] * 2)
     calls: list[str] = []
-    reference = services._reference_bytes
+    reference = chain_verification._reference_bytes
 
     def spy(event_id: str) -> bytes | None:
         calls.append(event_id)
         return reference(event_id)
 
-    monkeypatch.setattr(services, "_reference_bytes", spy)
+    monkeypatch.setattr(chain_verification, "_reference_bytes", spy)
     result = verify()
     assert result.valid, result
     assert result.checked_events == len(TRICKY) + 2
@@ -433,9 +434,9 @@ def test_database_rendering_matches_the_reference_encoding(db, signing, monkeypa
 
 
 def test_reference_fallback_when_the_fast_path_disagrees(chain, monkeypatch):
-    from audit import services
+    from audit import chain_verification
 
-    monkeypatch.setattr(services, "fast_text", lambda value: "{}")  # a broken fast path
+    monkeypatch.setattr(chain_verification, "fast_text", lambda value: "{}")  # a broken fast path
     assert verify(to_seq=50).valid  # every event re-checked against the reference encoding
     with tampering() as cursor:
         cursor.execute("UPDATE audit_event SET ok = NOT ok WHERE chain = %s AND seq = 20", [CHAIN])
@@ -446,7 +447,8 @@ def test_reference_fallback_when_the_fast_path_disagrees(chain, monkeypatch):
 
 
 def test_a_partial_verification_signs_no_checkpoint_and_a_full_one_names_its_range(db):
-    from audit.services import audit_chain_verify, audit_record
+    from audit.chain_verification import audit_chain_verify
+    from audit.services import audit_record
 
     chain = "spn_checkpointrange"
     events = [audit_record(event="test.range", ok=True, tenant_id=chain, detail={"i": i}) for i in range(5)]
@@ -462,7 +464,8 @@ def test_a_partial_verification_signs_no_checkpoint_and_a_full_one_names_its_ran
 
 
 def test_a_full_checkpoint_covers_seq_1_to_its_size(db):
-    from audit.services import audit_chain_verify, audit_record
+    from audit.chain_verification import audit_chain_verify
+    from audit.services import audit_record
 
     chain = "spn_checkpointfull"
     for i in range(3):

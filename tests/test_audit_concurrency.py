@@ -7,8 +7,9 @@ import threading
 import pytest
 from django.db import connection
 
+from audit.chain_verification import audit_chain_verify
 from audit.models import AuditEvent, ChainHead
-from audit.services import audit_chain_verify, audit_record
+from audit.services import audit_record
 
 THREADS = 16
 PER_THREAD = 200

@@ -25,9 +25,9 @@ from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
 from audit.canonical import audit_event_payload, canonical_bytes, iso_utc
+from audit.chain_verification import audit_chain_verify
 from audit.evidence_core import GENESIS_HASH, chain_hash
 from audit.models import Alert, AuditEvent
-from audit.services import audit_chain_verify
 from billing import services
 from billing.exceptions import money
 from billing.models import ChargeIdempotency, LedgerEntry, ServicePrice, Wallet

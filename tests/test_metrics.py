@@ -15,9 +15,9 @@ from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
 from config import metrics
-from config.metrics_views import metrics_exposition
 from mcpgateway.models import Action
 from mcpgateway.services import action_sweep
+from metrics.views import metrics_exposition
 from tests.conftest import client_for
 from tests.gateway_helpers import register_upstream, setup_caller
 from tests.upstream_server import FaultUpstream
@@ -176,7 +176,7 @@ def test_requests_are_counted_by_route_pattern_not_path(scrape_token, tenant):
 
 
 def test_label_values_are_escaped():
-    from config.metrics_views import Family, render
+    from metrics.views import Family, render
 
     text = render([Family("x_total", "counter", "help").add(1, (("route", 'a"b\\c\nd'),))])
     assert parse(text) == {("x_total", frozenset({("route", 'a\\"b\\\\c\\nd')})): 1.0}

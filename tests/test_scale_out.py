@@ -18,7 +18,7 @@ import httpx
 import pytest
 from django.db import connection
 
-from audit.services import audit_chain_verify
+from audit.chain_verification import audit_chain_verify
 from billing.models import LedgerEntry, Wallet
 from mcpgateway.models import Action
 from permits.models import Permit

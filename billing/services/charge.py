@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any, Unpack
+from typing import Any, Unpack
 
 from django.db import DatabaseError, connection
 from django.utils import timezone
@@ -36,6 +36,7 @@ from audit.services import EventFields, audit_event_prepare
 from billing.exceptions import VelocityLimitExceeded, money
 from billing.models import DEFAULT_CATEGORY_PRICES, LedgerKind, ServiceCategory, SystemAccount, Wallet
 from billing.ratelimit import DeferredCharge, DeferredRefused
+from billing.selectors import Principal
 from billing.serializers import charge_response_in_order, charge_response_template
 from billing.services.ledger import (
     DEBIT_COLUMNS,
@@ -57,9 +58,6 @@ from config.errors import (
 from config.idempotency import request_hash
 from config.ids import new_id
 from config.middleware import get_request_id
-
-if TYPE_CHECKING:
-    from config.authentication import Principal
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from typing import Any
 
 from audit.canonical import canonical_bytes_fast, sha256_hex
 from billing.ratelimit import DeferredCharge
-from config.authentication import Principal
+from billing.selectors import Principal
 from receipts.models import Outcome
 
 # Outcome -> (HTTP status on the REST invoke, JSON-RPC error code on MCP; None: a result is returned).

@@ -45,11 +45,13 @@ from rest_framework.views import APIView
 
 from audit.models import ChainHead
 from billing.models import LedgerEntry, LedgerKind, SystemAccount
-from config import metrics
-from config.authentication import APIKeyAuthentication, Principal
+from billing.selectors import Principal
+from config.authentication import APIKeyAuthentication
 from config.errors import NotAuthenticated, OperatorKeyRequired
+from config.metrics import exposition, multiprocess_dir
 from config.schema import error_responses
 from mcpgateway.models import Action, ActionState
+from metrics.middleware import scrape_token_matches
 from receipts.models import Outcome, Receipt
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -200,7 +202,7 @@ def _business_families(totals: BusinessTotals) -> list[Family]:
 
 
 def _store_info() -> Family:
-    directory = metrics.multiprocess_dir()
+    directory = multiprocess_dir()
     return Family(
         "tollgate_metrics_store_info",
         "gauge",
@@ -213,7 +215,7 @@ def metrics_exposition() -> str:
     build = Family("tollgate_build_info", "gauge", "Service version.").add(
         1, (("version", str(settings.SERVICE_VERSION)),)
     )
-    return render([build, *_business_families(business_totals()), _store_info()]) + metrics.exposition()
+    return render([build, *_business_families(business_totals()), _store_info()]) + exposition()
 
 
 # --- The view ---------------------------------------------------------------------------------------
@@ -229,7 +231,7 @@ class ScrapeTokenAuthentication(BaseAuthentication):
     """``Authorization: Bearer <METRICS_SCRAPE_TOKEN>``, compared in constant time. Otherwise no opinion."""
 
     def authenticate(self, request: Request) -> tuple[ScrapeClient, None] | None:
-        return (ScrapeClient(), None) if metrics.scrape_token_matches(request._request) else None
+        return (ScrapeClient(), None) if scrape_token_matches(request._request) else None
 
     def authenticate_header(self, request: Request) -> str:
         return 'Bearer realm="tollgate"'
@@ -289,7 +291,7 @@ class MetricsView(APIView):
 
 
 class ScrapeTokenScheme(OpenApiAuthenticationExtension):
-    target_class = "config.metrics_views.ScrapeTokenAuthentication"
+    target_class = "metrics.views.ScrapeTokenAuthentication"
     name = "MetricsScrapeToken"
 
     def get_security_definition(self, auto_schema: Any) -> dict[str, Any]:
