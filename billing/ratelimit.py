@@ -52,7 +52,9 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 
+from audit.services import audit_record
 from billing.keys import hash_secret
+from billing.selectors import api_key_authenticate_charging
 from config import metrics
 from config.authentication import credential_from_headers, resolve_credential
 from config.errors import InvalidAPIKey, RateLimited, json_error
@@ -155,8 +157,6 @@ def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
 
 
 def _charge_presented_key(request: HttpRequest, secret: str) -> tuple[str, int, int, int]:
-    from billing.selectors import api_key_authenticate_charging
-
     window = settings.RATE_LIMIT_WINDOW_SECONDS
     now = time.time()
     window_index = int(now // window)
@@ -321,8 +321,6 @@ class RateLimitMiddleware:
 
     @staticmethod
     def _audit_rejection(request: HttpRequest) -> None:
-        from audit.services import audit_record
-
         _, error = resolve_credential(request)
         try:
             audit_record(
@@ -377,8 +375,6 @@ def _locked(request: HttpRequest, retry_after: int) -> HttpResponse:
 
 
 def _audit_lockout(request: HttpRequest, username: str) -> None:
-    from audit.services import audit_record
-
     try:
         audit_record(
             event="auth.login_locked",
