@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.db import connections
 
 CHROMIUM = os.environ.get("CHROMIUM_PATH", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
@@ -59,6 +60,14 @@ def browser_page(**context_options: Any) -> Iterator[Any]:
             page.requested = requested  # type: ignore[attr-defined]
             yield page
         finally:
+            # Inside sync_playwright an event loop runs in this thread, so the ORM's connections of
+            # a test that reads in the block (DJANGO_ALLOW_ASYNC_UNSAFE) are kept in that context,
+            # apart from the thread's own: close them here, or they stay open past the test (and
+            # the test database cannot be dropped). Only open ones: closing is refused in an async
+            # context unless the test allowed it, and only such a test can have opened one.
+            for conn in connections.all(initialized_only=True):
+                if conn.connection is not None:
+                    conn.close()
             browser.close()
 
 
