@@ -72,6 +72,7 @@ INVALID_PARAMS = -32602
 INTERNAL_ERROR = -32603
 HEADER_MISMATCH = -32020
 FORBIDDEN = -32001
+IN_PROGRESS = -32009  # the same idempotency key is still being answered (HTTP 409)
 
 
 def server_info() -> dict[str, str]:
@@ -264,7 +265,7 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
         first = err.errors[0]
         raise RpcError(INVALID_PARAMS, first["msg"], {"error": first["type"], "loc": first["loc"]}) from err
     except ApplicationError as err:
-        code = -32009 if err.http_status == 409 else FORBIDDEN
+        code = IN_PROGRESS if err.http_status == 409 else FORBIDDEN
         ex.headers.update(err.headers)  # Retry-After for a key still in progress
         raise RpcError(code, err.detail_message, err.as_detail()) from err
     response = answer.response

@@ -10,8 +10,6 @@ back. This package names their public services, so callers import from ``mcpgate
 """
 
 from mcpgateway.services.call import (
-    JSONRPC_IN_PROGRESS,
-    JSONRPC_INVALID_PARAMS,
     OUTCOME_STATUS,
     CallAnswer,
     CallRequest,
@@ -38,8 +36,6 @@ __all__ = [
     "CACHE_LIMIT",
     "CLAIM_REFUSED",
     "DOGFOOD_TOOL",
-    "JSONRPC_INVALID_PARAMS",
-    "JSONRPC_IN_PROGRESS",
     "OUTCOME_STATUS",
     "RETRY_AFTER_SECONDS",
     "CallAnswer",

@@ -26,8 +26,6 @@ OUTCOME_STATUS: dict[str, tuple[int, int | None]] = {
     Outcome.RESPONSE_REJECTED: (502, -32004),
     Outcome.DELIVERY_UNCERTAIN: (504, -32005),
 }
-JSONRPC_IN_PROGRESS = -32009
-JSONRPC_INVALID_PARAMS = -32602
 
 
 @dataclass(frozen=True)
