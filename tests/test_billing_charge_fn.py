@@ -8,6 +8,7 @@ the reference RFC 8785 encoding of the stored events, and that verify-chain reco
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -353,6 +354,54 @@ def test_a_batch_is_one_statement_in_arrival_order(tenant):
     assert bot.wallet_id in charging._unbatched
     charging._unbatched.pop(bot.wallet_id)
     assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_batch_never_spans_two_rate_limit_windows(tenant, monkeypatch):
+    """Charges of one wallet and key that meet in the process go in one batch only within one window.
+
+    billing_charge locks the key's window row first; a later charge of a batch that crossed into the
+    next window would lock that row after the chain head, against the lock order, and deadlock with a
+    charge of the next window that holds it and waits for the wallet. Here the first charge's
+    statement is held while charges of both windows arrive; then every batch is read back.
+    """
+    window = int(time.time() // 60)
+    held, arrived, batches = threading.Event(), threading.Semaphore(0), []
+
+    def recorded(wallet_id: str, calls: list[list[Any]]) -> list[DatabaseError]:
+        batches.append([params[charging.CHARGE_ARGUMENTS.index("k_window_index")] for params in calls])
+        arrived.release()
+        held.wait(10)
+        return [DatabaseError("not run") for _ in calls]
+
+    monkeypatch.setattr(charging, "_charge_rows", recorded)
+
+    def one(index: int) -> None:
+        call = prepared(tenant.agent, key=f"w{index}")[0]
+        rate = ("key_window", "0" * 64, window + index % 2, 1000)
+        with pytest.raises(DatabaseError, match="not run"):
+            charging._charge(dataclasses.replace(call, rate=rate))
+
+    def waiting() -> int:  # charges queued behind a running statement
+        with charging._charge_queues_lock:
+            return sum(len(queue) for queue in charging._charge_queues.values())
+
+    threads = [threading.Thread(target=one, args=(0,))]
+    threads[0].start()
+    assert arrived.acquire(timeout=10)  # the first charge's statement runs (and is held)
+    threads += [threading.Thread(target=one, args=(index,)) for index in range(1, 7)]
+    for thread in threads[1:]:
+        thread.start()
+    deadline = time.monotonic() + 10
+    while len(batches) + waiting() < 7 and time.monotonic() < deadline:  # each one running or queued
+        time.sleep(0.01)
+    held.set()
+    for thread in threads:
+        thread.join(10)
+    assert sum(len(batch) for batch in batches) == 7
+    assert any(len(batch) > 1 for batch in batches)  # charges did meet
+    assert all(len(set(batch)) == 1 for batch in batches), batches
+    assert not charging._charge_queues
 
 
 # Decimals the ledger holds: numeric(20, 8), signs included (a charge's event amount is negative). A

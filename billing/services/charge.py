@@ -474,9 +474,7 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
     while True:
         params = list(call.arguments(refill_event=refill_event).values())
         try:
-            # A batch carries one key's deferred charges at most (billing_charge: a later charge locks no new row).
-            group = call.wallet_id if call.rate is None else f"{call.wallet_id} {call.rate[0]}"
-            row = _charge_row(params) if connection.in_atomic_block else _charge_row_grouped(group, params)
+            row = _charge_row(params) if connection.in_atomic_block else _charge_row_grouped(_batch_group(call), params)
         except DatabaseError as exc:
             if refill_event or getattr(exc.__cause__, "sqlstate", None) != _REFILL_EVENT_NEEDED:
                 raise
@@ -490,6 +488,21 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
             if row["code"] == "rate_limited":
                 raise DeferredRefused()
         return _charge_outcome(row, call)
+
+
+def _batch_group(call: ChargeCall) -> str:
+    """The charges ``call`` may share a batch with: the same wallet and, with a deferred rate-limit charge,
+    the same key's same window.
+
+    billing_charge locks the key's window row first, and a charge after the first of a batch may lock
+    nothing new (its "Batches"). A batch that crossed into the next window would lock that window's row
+    after the chain head, out of order: another process's charge that took it first, then waits for the
+    wallet, would deadlock with the batch.
+    """
+    if call.rate is None:
+        return call.wallet_id
+    key_id, _digest, window_index, _limit = call.rate
+    return f"{call.wallet_id} {key_id} {window_index}"
 
 
 def _charge_row(params: list[Any]) -> dict[str, Any]:

@@ -32,8 +32,9 @@
 --    (k_window_index), both by billing_rate_limit_key_charge, and past k_limit the answer is
 --    'rate_limited' with the unit kept (a refused request counts, as at a request's start). Every other answer keeps the unit too: each request
 --    is counted once, whatever it is answered. rate_count is the window's count after the charge.
---    The window row is the first lock this function takes; a batch (below) has one key's charges
---    only, so a later charge of it locks no new window row. NULLs skip this.
+--    The window row is the first lock this function takes; a batch (below) has the charges of one
+--    key in one window only (billing.services.charge._batch_group), so a later charge of it locks
+--    no new window row. NULLs skip this.
 --
 -- Figures known only after the debit. Python prepares everything else (ids, time, request hash,
 -- the events' canonical bytes, the body's other fields); this function adds the figures in forms
