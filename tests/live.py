@@ -32,6 +32,20 @@ def test_database_url() -> str:
     return f"postgresql://{quote(s['USER'])}:{quote(s.get('PASSWORD') or '')}@{host}{port}/{s['NAME']}"
 
 
+def database_deadlocks() -> int:
+    """Deadlocks PostgreSQL has detected in the test database so far.
+
+    A deadlock the gateway retried (a batch run again charge by charge, a phase transaction run
+    again) leaves no trace in any answer; this count is where it shows. Backends report theirs
+    when their transaction ends or, at the latest, when they exit (a stopped gateway's have).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_stat_clear_snapshot()")
+        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
+        row = cursor.fetchone()
+    return int(row[0])
+
+
 @dataclass
 class LiveGateway:
     url: str

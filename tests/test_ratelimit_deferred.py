@@ -447,7 +447,7 @@ def test_batches_of_concurrent_charges_stay_within_a_window(tmp_path) -> None:
     import httpx
 
     from tests.conftest import make_tenant
-    from tests.live import running_gateway
+    from tests.live import database_deadlocks, running_gateway
 
     tenant = make_tenant("deferred-charge-windows")
     factories.top_up(tenant.agent, 100)
@@ -470,14 +470,6 @@ def test_batches_of_concurrent_charges_stay_within_a_window(tmp_path) -> None:
     assert set(statuses) == {200}, Counter(statuses)
     assert ledger_charges(tenant) == len(statuses)
     assert database_deadlocks() == deadlocks  # not even one retried out of sight
-
-
-def database_deadlocks() -> int:
-    """Deadlocks PostgreSQL detected in this database so far (the gateway's stopped backends reported theirs)."""
-    with connection.cursor() as cursor:
-        cursor.execute("SELECT pg_stat_clear_snapshot()")
-        cursor.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()")
-        return int(cursor.fetchone()[0])
 
 
 def ledger_charges(tenant: Tenant) -> int:

@@ -1,9 +1,10 @@
 """Bounded soak: 20,000 governed calls at concurrency 16 against a live gateway.
 
 A mix of fresh calls, replays, idempotency conflicts, refusals and upstream faults. Zero 5xx from
-the gateway, every invariant holds afterwards, and the workers' resident memory grows by less
-than 20 % from the end of the first quarter to the end of the last. Bounded in count
-(``SOAK_CALLS``, default 20000) and in time (``SOAK_SECONDS``, default 600).
+the gateway, no deadlock in the database (not even one retried), every invariant holds afterwards,
+and the workers' resident memory grows by less than 20 % from the end of the first quarter to the
+end of the last. Bounded in count (``SOAK_CALLS``, default 20000) and in time (``SOAK_SECONDS``,
+default 600).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from mcpgateway.models import Action
 from permits.models import Permit
 from tests.conftest import make_tenant
 from tests.gateway_helpers import register_upstream, setup_caller
-from tests.live import running_gateway
+from tests.live import database_deadlocks, running_gateway
 from tests.upstream_server import FaultUpstream
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.timeout(900)]
@@ -57,6 +58,7 @@ def test_soak(tmp_path):
             )
             callers.append((tenant, caller, tenant.agent_secret))
         env = {"UPSTREAM_MCP_URL": upstream.url, "RATE_LIMIT_REQUESTS": "100000000", "LOG_LEVEL": "WARNING"}
+        deadlocks = database_deadlocks()
         with running_gateway(tmp_path, workers=2, threads=8, extra_env=env) as gw:
             statuses: Counter[int] = Counter()
             kinds: Counter[str] = Counter()
@@ -128,6 +130,7 @@ def test_soak(tmp_path):
               f"kinds {dict(kinds)}, RSS by quarter {quarter_rss} KiB, final {final_rss} KiB")  # fmt: skip
         assert total == CALLS, "the soak ran out of time before its call count"
         assert not [s for s in statuses if s >= 500], statuses
+        assert database_deadlocks() == deadlocks  # the lock order holds: none was even retried out of sight
         assert set(workers) <= set(workers)  # the same workers served the whole run (none restarted)
         first, last = quarter_rss.get(1), quarter_rss.get(4, final_rss)
         assert first is not None
