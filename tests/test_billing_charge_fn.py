@@ -404,6 +404,22 @@ def test_a_batch_never_spans_two_rate_limit_windows(tenant, monkeypatch):
     assert not charging._charge_queues
 
 
+def test_a_wallet_that_refused_a_batch_runs_alone_whatever_its_group(monkeypatch):
+    """The wallet's charges run one statement each after its TGBT1, from every key and window."""
+    alone: list[list[Any]] = []
+
+    def run_alone(params: list[Any]) -> dict[str, Any]:
+        alone.append(params)
+        return {"code": "ok"}
+
+    monkeypatch.setattr(charging, "_charge_row", run_alone)
+    monkeypatch.setitem(charging._unbatched, "agt_refills", time.monotonic() + 60)
+    for group in ("agt_refills", "agt_refills key_a 7", "agt_refills key_b 8"):
+        assert charging._charge_row_grouped("agt_refills", group, [group]) == {"code": "ok"}
+    assert alone == [["agt_refills"], ["agt_refills key_a 7"], ["agt_refills key_b 8"]]
+    assert not charging._charge_queues
+
+
 # Decimals the ledger holds: numeric(20, 8), signs included (a charge's event amount is negative). A
 # negative zero never reaches an event (amounts are not zero; PostgreSQL's numeric has no -0).
 MONEY = st.decimals(

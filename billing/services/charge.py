@@ -474,7 +474,10 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
     while True:
         params = list(call.arguments(refill_event=refill_event).values())
         try:
-            row = _charge_row(params) if connection.in_atomic_block else _charge_row_grouped(_batch_group(call), params)
+            if connection.in_atomic_block:
+                row = _charge_row(params)
+            else:
+                row = _charge_row_grouped(call.wallet_id, _batch_group(call), params)
         except DatabaseError as exc:
             if refill_event or getattr(exc.__cause__, "sqlstate", None) != _REFILL_EVENT_NEEDED:
                 raise
@@ -541,15 +544,16 @@ class _QueuedCharge:
     batch: list[_QueuedCharge] | None = None  # set when this charge's thread is to run the next batch
 
 
-_charge_queues: dict[str, list[_QueuedCharge]] = {}  # wallet id -> charges waiting while a batch of it runs
+_charge_queues: dict[str, list[_QueuedCharge]] = {}  # batch group -> charges waiting while a batch of it runs
 _charge_queues_lock = threading.Lock()
 _unbatched: dict[str, float] = {}  # wallet id -> monotonic time until which its charges run alone
 
 
-def _charge_row_grouped(wallet_id: str, params: list[Any]) -> dict[str, Any]:
-    """``billing_charge``'s answer to ``params``, committed with the wallet's other charges waiting here.
+def _charge_row_grouped(wallet_id: str, group: str, params: list[Any]) -> dict[str, Any]:
+    """``billing_charge``'s answer to ``params`` (a charge of ``wallet_id``), committed with the other
+    charges of its batch ``group`` (``_batch_group``) waiting here.
 
-    The first charge of an idle wallet runs at once (alone: no wait, no batching cost). Charges
+    The first charge of an idle group runs at once (alone: no wait, no batching cost). Charges
     arriving while it runs queue; when it ends, the first of them runs the queue (at most
     ``CHARGE_BATCH_MAX``) as one batch in its own thread and connection, and hands the rest on.
     Answers and errors reach each charge's own thread. Assumes autocommit (no atomic block).
@@ -561,25 +565,26 @@ def _charge_row_grouped(wallet_id: str, params: list[Any]) -> dict[str, Any]:
         _unbatched.pop(wallet_id, None)
     mine = _QueuedCharge(params)
     with _charge_queues_lock:
-        waiting = _charge_queues.get(wallet_id)
+        waiting = _charge_queues.get(group)
         if waiting is None:
-            _charge_queues[wallet_id] = []
+            _charge_queues[group] = []
         else:
             waiting.append(mine)
     if waiting is None:
-        _charge_batch(wallet_id, [mine])
+        _charge_batch(wallet_id, group, [mine])
     else:
         mine.ready.wait()
         if mine.batch is not None:
-            _charge_batch(wallet_id, mine.batch)
+            _charge_batch(wallet_id, group, mine.batch)
     if mine.error is not None:
         raise mine.error
     assert mine.row is not None
     return mine.row
 
 
-def _charge_batch(wallet_id: str, batch: list[_QueuedCharge]) -> None:
-    """Run ``batch`` (this thread's charge first), answer every charge in it, hand the queue on."""
+def _charge_batch(wallet_id: str, group: str, batch: list[_QueuedCharge]) -> None:
+    """Run ``batch`` (charges of ``wallet_id``, this thread's first), answer every charge in it, hand the
+    queue of ``group`` on."""
     try:
         for queued, answer in zip(batch, _charge_rows(wallet_id, [queued.params for queued in batch]), strict=True):
             if isinstance(answer, BaseException):
@@ -591,11 +596,11 @@ def _charge_batch(wallet_id: str, batch: list[_QueuedCharge]) -> None:
             queued.error = exc
     finally:
         with _charge_queues_lock:
-            waiting = _charge_queues[wallet_id]
+            waiting = _charge_queues[group]
             following = waiting[:CHARGE_BATCH_MAX]
             del waiting[:CHARGE_BATCH_MAX]
             if not following:
-                del _charge_queues[wallet_id]
+                del _charge_queues[group]
         for queued in batch[1:]:
             queued.ready.set()
         if following:
