@@ -11,7 +11,9 @@ the same key once the wallet can pay. The velocity freeze is the one write that
 survives a refusal; it commits in its own transaction after the refused debit
 rolled back. The charge endpoint is one statement, the database function
 ``billing_charge`` (billing/sql/billing_charge.sql); charges of one wallet that
-meet in a gateway process share one commit (group commit, ``_charge_row_grouped``).
+meet in a gateway process share one commit (group commit, ``_charge_row_grouped``;
+those that carry a key's rate-limit charge, with the same key's charges of the
+same window, ``_batch_group``).
 """
 
 from __future__ import annotations
