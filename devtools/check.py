@@ -29,18 +29,18 @@ def step(title: str, cmd: list[str], env: dict[str, str]) -> None:
 
 def main(argv: list[str]) -> int:
     env = dict(os.environ)
-    step("ruff check", [str(BIN / "ruff"), "check", "."], env)
-    step("ruff format", [str(BIN / "ruff"), "format", "--check", "."], env)
-    step("mypy", [str(BIN / "mypy"), "."], env)
-    started_db = False
-    if not env.get("DATABASE_URL"):
-        was_running = pg.running_url() is not None
-        env["DATABASE_URL"] = pg.start()
-        started_db = not was_running
+    embedded = not env.get("DATABASE_URL")
+    # Before any step: mypy's Django plugin loads the settings, which start the embedded server.
+    was_running = embedded and pg.running_url() is not None
     try:
+        step("ruff check", [str(BIN / "ruff"), "check", "."], env)
+        step("ruff format", [str(BIN / "ruff"), "format", "--check", "."], env)
+        step("mypy", [str(BIN / "mypy"), "."], env)
+        if embedded:
+            env["DATABASE_URL"] = pg.start()
         step("pytest", [str(BIN / "pytest"), *argv], env)
     finally:
-        if started_db:
+        if embedded and not was_running:
             pg.stop()
     return 0
 
