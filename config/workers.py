@@ -54,11 +54,11 @@ class BalancedThreadWorker(ThreadWorker):
     that holds more connections than another leaves a new one to the others for ``DEFER_SECONDS``
     and takes it only if it is still waiting then (the others may all be busy or stuck), which
     is least-connections balancing. Each worker publishes its count on the shared
-    :class:`ConnectionBoard` before it waits for events, so the others see every change; a
-    worker that is still booting or is stopping is not on the board.
+    :class:`ConnectionBoard` as soon as it accepts and before it waits for events, so the others
+    see every change; a worker that is still booting or is stopping is not on the board.
     """
 
-    DEFER_SECONDS = 0.05
+    DEFER_SECONDS = 0.2
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -78,6 +78,8 @@ class BalancedThreadWorker(ThreadWorker):
                 return
         self._deferred_until = None
         super().accept(listener)
+        if self.board_slot >= 0:  # at once: a count published only at the next loop misleads the others
+            BOARD.write(self.board_slot, self.nr_conns)
 
     def set_accept_enabled(self, enabled: bool) -> None:
         if enabled and self._deferred_until is not None and time.monotonic() < self._deferred_until:
