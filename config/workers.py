@@ -78,17 +78,20 @@ class BalancedThreadWorker(ThreadWorker):
                 return
         self._deferred_until = None
         super().accept(listener)
-        if self.board_slot >= 0:  # at once: a count published only at the next loop misleads the others
-            BOARD.write(self.board_slot, self.nr_conns)
+        self.publish()  # at once: a count published only at the next loop misleads the others
 
     def set_accept_enabled(self, enabled: bool) -> None:
         if enabled and self._deferred_until is not None and time.monotonic() < self._deferred_until:
             return
         super().set_accept_enabled(enabled)
 
-    def wait_for_and_dispatch_events(self, timeout: float) -> None:
-        if self.board_slot >= 0:  # a stopping worker takes no new connections: it leaves the board
+    def publish(self) -> None:
+        """Write this worker's count to its slot; a stopping worker takes no new connections: it leaves the board."""
+        if self.board_slot >= 0:
             BOARD.write(self.board_slot, self.nr_conns if self.alive else -1)
+
+    def wait_for_and_dispatch_events(self, timeout: float) -> None:
+        self.publish()
         if self._deferred_until is not None and not self._accepting:
             timeout = max(0.0, min(timeout, self._deferred_until - time.monotonic()))
         super().wait_for_and_dispatch_events(timeout)
