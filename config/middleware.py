@@ -32,7 +32,7 @@ class RequestIdMiddleware:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        incoming = request.headers.get("X-Request-Id", "")
+        incoming = request.META.get("HTTP_X_REQUEST_ID", "")  # request.headers would copy every header first
         request_id = incoming if _SANE.match(incoming) else new_id("req")
         request.request_id = request_id  # type: ignore[attr-defined]
         token = current_request_id.set(request_id)
