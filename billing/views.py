@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.renderers import BaseRenderer
@@ -16,6 +18,7 @@ from rest_framework.views import APIView
 from billing import selectors, services
 from billing.models import ServiceCategory
 from billing.ratelimit import DeferredRefused
+from billing.selectors import Principal
 from billing.serializers import (
     APIKeyListResponse,
     APIKeyWithSecret,
@@ -196,26 +199,36 @@ class ChargeView(APIView):
         caller = principal(request)
         params = charge_query(request)
         key = validate_idempotency_key(request.headers.get(IDEMPOTENCY_HEADER_NAME), required=False)
-        # The wallet's reach is checked in the charge's own statement (``caller``), and so is a key's rate limit
-        # when the middleware deferred its charge (billing.ratelimit); a refusal there is the middleware's to answer.
         try:
-            outcome = services.wallet_charge(
-                wallet=params["wallet_id"],
-                service_category=params["service_category"],
-                units=params["units"],
-                request_path=params["request_path"],
-                description=params["description"],
-                idempotency_key=key,
-                actor_key_id=caller.key_id,
-                caller=caller,
-                deferred=getattr(request._request, "_tollgate_rate", None),
-            )
+            outcome = charge(request._request, caller, params, key)
         except DeferredRefused:
             return Response(status=429)
         response = Response(outcome.body, status=outcome.status)
         if outcome.replayed:
             response["Idempotent-Replayed"] = "true"
         return response
+
+
+def charge(
+    request: HttpRequest, caller: Principal, params: dict[str, Any], idempotency_key: str | None
+) -> services.ChargeOutcome:
+    """The charge of ``params`` (``charge_query``'s) for ``caller``: ``ChargeView``'s, and billing.fastcharge's.
+
+    Raises ``DeferredRefused`` when the rate-limit charge deferred to the statement refuses it.
+    """
+    # The wallet's reach is checked in the charge's own statement (``caller``), and so is a key's rate limit
+    # when the middleware deferred its charge (billing.ratelimit); a refusal there is the middleware's to answer.
+    return services.wallet_charge(
+        wallet=params["wallet_id"],
+        service_category=params["service_category"],
+        units=params["units"],
+        request_path=params["request_path"],
+        description=params["description"],
+        idempotency_key=idempotency_key,
+        actor_key_id=caller.key_id,
+        caller=caller,
+        deferred=getattr(request, "_tollgate_rate", None),
+    )
 
 
 # Values ChargeQuery accepts unchanged: printable ASCII without surrounding spaces (nothing to trim,
@@ -231,12 +244,19 @@ _DEFAULT_UNITS = Decimal("1.0")  # ChargeQuery's default
 def charge_query(request: Request) -> dict[str, Any]:
     """The charge's query parameters, as ``parse_query(request, ChargeQuery)`` returns them.
 
-    Plain values (the usual request) are read directly, which costs a few microseconds instead of
-    a serializer; anything else (a value to trim, non-ASCII text, a malformed or zero ``units``, an
-    unknown or conflicting category, a missing ``wallet_id``) goes to ``ChargeQuery``, which
-    decides and writes the 422.
+    Plain values (the usual request) are read by ``plain_charge_params``; anything else goes to
+    ``ChargeQuery``, which decides and writes the 422.
     """
-    query = request.query_params
+    return plain_charge_params(request.query_params) or parse_query(request, ChargeQuery)
+
+
+def plain_charge_params(query: Mapping[str, str]) -> dict[str, Any] | None:
+    """The charge's parameters from ``query`` (each name's last value) when every value is plain, else None.
+
+    Plain values are read directly, which costs a few microseconds instead of a serializer; None
+    for anything else (a value to trim, non-ASCII text, a malformed or zero ``units``, an unknown
+    or conflicting category, a missing ``wallet_id``), which ``ChargeQuery`` then decides.
+    """
     wallet_id, units = query.get("wallet_id"), query.get("units")
     category, alias = query.get("service_category"), query.get("service")
     request_path, description = query.get("request_path", ""), query.get("description", "")
@@ -259,7 +279,7 @@ def charge_query(request: Request) -> dict[str, Any]:
                 "request_path": request_path,
                 "description": description,
             }
-    return parse_query(request, ChargeQuery)
+    return None
 
 
 class APIKeyCreateView(APIView):

@@ -11,6 +11,7 @@ lookup into DRF and gives views the caller.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from django.http import HttpRequest
@@ -26,10 +27,15 @@ from config.errors import InvalidAPIKey, NotAuthenticated, WalletKeyRequired
 
 def credential_from_headers(request: HttpRequest) -> str | None:
     """The presented secret, or None when no credential header is present."""
-    key = request.headers.get("X-API-Key")
+    return credential_from_meta(request.META)
+
+
+def credential_from_meta(meta: Mapping[str, Any]) -> str | None:
+    """``credential_from_headers`` on a request's ``META`` (or a WSGI environ, which it copies)."""
+    key = meta.get("HTTP_X_API_KEY")
     if key is not None:
-        return key.strip()
-    auth = request.headers.get("Authorization")
+        return str(key).strip()
+    auth = meta.get("HTTP_AUTHORIZATION")
     if auth is not None:
         scheme, _, token = auth.partition(" ")
         if scheme.lower() != "bearer":
