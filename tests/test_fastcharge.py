@@ -375,3 +375,24 @@ def test_plain_request_reads_the_query_as_chargeview(query: dict[str, str], acce
         raise AssertionError(f"the fast path took a query ChargeQuery refuses: {exc.errors}") from exc
     assert params == reference
     assert str(params["units"]) == str(reference["units"])
+
+
+@pytest.mark.parametrize(
+    ("query", "taken"),
+    [
+        ("wallet_id=agt_first&wallet_id=agt_second&units=1", True),
+        ("wallet_id=agt_x&units=1&units=2&service=data&service_category=data", True),
+        ("wallet_id=agt_x&description=a%20b&request_path=%2Fp", True),
+        ("wallet_id=agt_x&&units=1&", True),
+        ("wallet_id=agt_x&units=", False),  # ChargeQuery's 422
+        ("wallet_id=agt_x&service=data&service_category=search", False),
+    ],
+)
+def test_repeated_and_encoded_parameters_read_as_chargeview(query: str, taken: bool) -> None:
+    """Each name's last value, percent-decoding, empty pairs: what the fast path takes, ChargeView reads alike."""
+    django_request = APIRequestFactory().post("/v1/billing/charge?" + query, HTTP_X_API_KEY="tg_key_x")
+    params = fastcharge.plain_request(django_request.META)
+    assert (params is not None) == taken
+    if params is not None:
+        assert params.pop("idempotency_key") is None
+        assert params == charge_query(Request(django_request))
