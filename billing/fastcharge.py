@@ -48,7 +48,7 @@ from rest_framework.settings import api_settings
 
 from billing.ratelimit import DeferredRefused
 from billing.selectors import Principal
-from billing.views import ChargeView, charge, plain_charge_params
+from billing.views import PLAIN_ACCEPT, ChargeView, charge, plain_charge_params
 from config.authentication import credential_from_meta
 from config.errors import RequestValidationError
 from config.idempotency import validate_idempotency_key
@@ -82,7 +82,6 @@ KEPT = frozenset(
         "django.middleware.clickjacking.XFrameOptionsMiddleware",
     }
 )
-_PLAIN_ACCEPT = (None, "*/*", "application/json")  # what ChargeView answers with JSON without negotiating
 
 
 def plain_request(environ: dict[str, Any]) -> dict[str, Any] | None:
@@ -90,7 +89,7 @@ def plain_request(environ: dict[str, Any]) -> dict[str, Any] | None:
     charge (module docstring), else None. Reads the query as Django's ``QueryDict`` does."""
     if environ.get("PATH_INFO") != CHARGE_PATH or environ.get("REQUEST_METHOD") != "POST":
         return None
-    if environ.get("HTTP_ACCEPT") not in _PLAIN_ACCEPT or credential_from_meta(environ) is None:
+    if environ.get("HTTP_ACCEPT") not in PLAIN_ACCEPT or credential_from_meta(environ) is None:
         return None
     try:
         idempotency_key = validate_idempotency_key(environ.get("HTTP_IDEMPOTENCY_KEY"), required=False)
@@ -173,10 +172,10 @@ def charge_handler() -> ChargeHandler | None:
         logger.warning("charge fast path off: middleware it does not know: %s", ", ".join(unknown))
         return None
     try:
-        route = resolve(CHARGE_PATH)
+        handler: ChargeHandler | None = ChargeHandler()
     except Resolver404:
-        route = None
-    if route is None or getattr(route.func, "view_class", None) is not ChargeView:
+        handler = None
+    if handler is None or getattr(handler.route.func, "view_class", None) is not ChargeView:
         logger.warning("charge fast path off: %s is not served by ChargeView", CHARGE_PATH)
         return None
-    return ChargeHandler()
+    return handler

@@ -160,6 +160,10 @@ class PricingView(APIView):
         return Response(PricingTableResponse(selectors.pricing_table()).data)
 
 
+# The Accept headers ChargeView answers with JSON without DRF's negotiation (billing.fastcharge takes only these).
+PLAIN_ACCEPT = (None, "*/*", "application/json")
+
+
 class ChargeView(APIView):
     def perform_content_negotiation(self, request: Request, force: bool = False) -> tuple[BaseRenderer, str]:
         """DRF's negotiation, answered directly in the usual case (no ``Accept`` or ``*/*`` or JSON, no ``format``).
@@ -167,8 +171,7 @@ class ChargeView(APIView):
         The answer is the one DRF gives there (the JSON renderer, ``application/json``); any other
         request is negotiated by DRF, which may refuse it (406, or 404 for an unknown ``format``).
         """
-        accept = request.META.get("HTTP_ACCEPT")
-        if (accept is None or accept in ("*/*", "application/json")) and (
+        if request.META.get("HTTP_ACCEPT") in PLAIN_ACCEPT and (
             self.settings.URL_FORMAT_OVERRIDE not in request.query_params
         ):
             renderer = self.get_renderers()[0]

@@ -23,11 +23,10 @@ class Gateway:
         self.charge = charge_handler()
 
     def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
-        if self.charge is not None and environ.get("PATH_INFO") == "/v1/billing/charge":
-            params = plain_request(environ)
-            if params is not None:
-                environ[PARAMS] = params
-                return self.charge(environ, start_response)
+        params = plain_request(environ) if self.charge is not None else None
+        if self.charge is not None and params is not None:
+            environ[PARAMS] = params
+            return self.charge(environ, start_response)
         return self.django(environ, start_response)
 
 
