@@ -63,6 +63,7 @@ CREATE OR REPLACE FUNCTION gateway_claim(
 LANGUAGE plpgsql AS $$
 DECLARE
     d record;
+    appended record;  -- audit_append's answer, unused
 BEGIN
     IF k_key_id IS NOT NULL THEN
         rate_count := billing_rate_limit_key_charge(k_key_id, k_secret_hash, k_window_index, p_action->>'wallet_id');
@@ -97,8 +98,8 @@ BEGIN
     END IF;
 
     IF p_debit THEN
-        SELECT * INTO d FROM billing_debit(d_wallet_id, d_amount, d_now, d_category, d_units, d_description,
-                                           d_request_path, d_correlation_id, d_ids, d_hour_limit, d_day_limit, NULL);
+        d := billing_debit(d_wallet_id, d_amount, d_now, d_category, d_units, d_description,
+                           d_request_path, d_correlation_id, d_ids, d_hour_limit, d_day_limit, NULL);
         IF d.code <> 'ok' THEN
             RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || d.code,
                 DETAIL = to_jsonb(d)::text;
@@ -115,8 +116,8 @@ BEGIN
             DETAIL = jsonb_build_object('code', code, 'subject_id', subject_id)::text;
     END IF;
 
-    PERFORM audit_append(a_chain, a_event_id, a_event, a_tenant_id, a_wallet_id, a_key_id, a_tool, a_endpoint,
-                         a_policy_decision_id, a_request_id, a_ok, a_detail, a_created_at, a_prefix, a_suffix);
+    appended := audit_append(a_chain, a_event_id, a_event, a_tenant_id, a_wallet_id, a_key_id, a_tool, a_endpoint,
+                             a_policy_decision_id, a_request_id, a_ok, a_detail, a_created_at, a_prefix, a_suffix);
     code := 'ok';
 END;
 $$;

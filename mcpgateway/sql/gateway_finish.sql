@@ -24,6 +24,8 @@ CREATE OR REPLACE FUNCTION gateway_finish(
 )
 RETURNS text
 LANGUAGE plpgsql AS $$
+DECLARE
+    appended record;  -- audit_append's answer, unused
 BEGIN
     UPDATE mcpgateway_action
        SET state = p_state, outcome = p_outcome, reason_code = p_reason_code, receipt_id = p_receipt_id,
@@ -33,8 +35,8 @@ BEGIN
         RETURN 'not_claimed';
     END IF;
     INSERT INTO receipts_receipt SELECT * FROM jsonb_populate_record(NULL::receipts_receipt, p_receipt);
-    PERFORM audit_append(a_chain, a_event_id, a_event, a_tenant_id, a_wallet_id, a_key_id, a_tool, a_endpoint,
-                         a_policy_decision_id, a_request_id, a_ok, a_detail, a_created_at, a_prefix, a_suffix);
+    appended := audit_append(a_chain, a_event_id, a_event, a_tenant_id, a_wallet_id, a_key_id, a_tool, a_endpoint,
+                             a_policy_decision_id, a_request_id, a_ok, a_detail, a_created_at, a_prefix, a_suffix);
     RETURN 'ok';
 END;
 $$;
