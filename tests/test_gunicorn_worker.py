@@ -1,7 +1,9 @@
-"""The gateway's gunicorn worker (config/workers.py): new connections go where the fewest are open."""
+"""The gateway's gunicorn worker (config/workers.py): new connections go where the fewest are open, and a
+thread serves its kept-alive connection's next request when it comes at once."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import socket
@@ -9,10 +11,13 @@ import threading
 import time
 from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
+from gunicorn.workers.gthread import ThreadWorker
 
-from config.workers import ConnectionBoard
+from config.workers import BalancedThreadWorker, ConnectionBoard
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -177,3 +182,155 @@ def test_the_board_reads_the_other_live_workers():
     assert board.fewest_elsewhere(0) == 7
     board.write(2, -1)
     assert board.fewest_elsewhere(0) is None
+
+
+# --- following a kept-alive connection ----------------------------------------------------------------
+
+
+class FakeConnection:
+    """What ``BalancedThreadWorker.follows`` reads of gunicorn's TConn: the socket and the parser's buffer."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.parser = SimpleNamespace(unreader=SimpleNamespace(buf=io.BytesIO()))
+
+
+def following_worker(
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    threads: int,
+    connections: int,
+    follow: float,
+    answer: Any = True,
+    read_ahead: bytes = b"",
+) -> tuple[BalancedThreadWorker, list[bytes]]:
+    """A worker whose inherited ``handle`` (gthread's) serves a two-byte request, recorded in the list.
+
+    gthread's ``handle`` is replaced by one that takes the parser's buffered bytes as the request if
+    there are any, else reads two bytes from the socket (and then leaves ``read_ahead`` in the
+    parser's buffer, once, as a body drain reading into the next request does); it answers
+    ``answer`` (True: keep alive), and False when the client has closed.
+    """
+    worker = BalancedThreadWorker.__new__(BalancedThreadWorker)
+    worker.alive = True
+    worker.nr_conns = connections
+    worker.cfg = SimpleNamespace(threads=threads)
+    monkeypatch.setattr(BalancedThreadWorker, "FOLLOW_SECONDS", follow)
+    served: list[bytes] = []
+
+    def handle(self: ThreadWorker, conn: FakeConnection) -> Any:
+        buffered = conn.parser.unreader.buf.getvalue()
+        if buffered:
+            conn.parser.unreader.buf = io.BytesIO()
+            served.append(buffered)
+            return answer
+        request = conn.sock.recv(2)
+        if not request:
+            return False
+        served.append(request)
+        if read_ahead and len(served) == 1:
+            conn.parser.unreader.buf.write(read_ahead)
+        return answer
+
+    monkeypatch.setattr(ThreadWorker, "handle", handle)
+    return worker, served
+
+
+def test_a_thread_serves_its_connection_s_next_requests_while_they_come(monkeypatch):
+    worker, served = following_worker(monkeypatch, threads=2, connections=2, follow=5.0)
+    server, client = socket.socketpair()
+    with server, client:
+        client.sendall(b"1\n")
+
+        def client_side() -> None:
+            for request in (b"2\n", b"3\n"):
+                deadline = time.monotonic() + 5
+                while len(served) < int(request[:1]) - 1:
+                    assert time.monotonic() < deadline
+                    time.sleep(0.001)
+                client.sendall(request)
+            while len(served) < 3:
+                time.sleep(0.001)
+            client.shutdown(socket.SHUT_WR)  # the client closes: the thread's last read ends
+
+        sender = threading.Thread(target=client_side)
+        sender.start()
+        result = worker.handle(FakeConnection(server))
+        sender.join(10)
+    assert served == [b"1\n", b"2\n", b"3\n"]
+    assert result is False
+
+
+def test_a_connection_idle_past_the_wait_goes_back_to_the_poller(monkeypatch):
+    worker, served = following_worker(monkeypatch, threads=2, connections=1, follow=0.05)
+    server, client = socket.socketpair()
+    with server, client:
+        client.sendall(b"1\n")
+        started = time.monotonic()
+        assert worker.handle(FakeConnection(server)) is True  # kept alive, for the main loop's poller
+        waited = time.monotonic() - started
+        client.sendall(b"2\n")  # after the wait: the poller's
+    assert served == [b"1\n"]
+    assert 0.04 <= waited < 2
+
+
+@pytest.mark.parametrize(
+    ("threads", "connections", "alive"),
+    [(2, 3, True), (1, 2, True), (4, 1, False)],
+    ids=["more connections than threads", "one thread, two connections", "stopping"],
+)
+def test_no_following_when_it_could_keep_others_waiting_or_the_worker_stops(monkeypatch, threads, connections, alive):
+    worker, served = following_worker(monkeypatch, threads=threads, connections=connections, follow=5.0)
+    worker.alive = alive
+    server, client = socket.socketpair()
+    with server, client:
+        client.sendall(b"1\n2\n")  # the next request is there already
+        started = time.monotonic()
+        assert worker.handle(FakeConnection(server)) is True
+        assert time.monotonic() - started < 1
+    assert served == [b"1\n"]
+
+
+@pytest.mark.parametrize("answer", [False, "defer"], ids=["closing", "deferred"])
+def test_a_connection_not_kept_alive_is_not_followed(monkeypatch, answer):
+    worker, served = following_worker(monkeypatch, threads=2, connections=1, follow=5.0, answer=answer)
+    server, client = socket.socketpair()
+    with server, client:
+        client.sendall(b"1\n2\n")
+        assert worker.handle(FakeConnection(server)) == answer
+    assert served == [b"1\n"]
+
+
+def test_a_request_read_ahead_is_served_without_waiting(monkeypatch):
+    worker, served = following_worker(monkeypatch, threads=2, connections=1, follow=0.0, read_ahead=b"2\n")
+    server, client = socket.socketpair()
+    with server, client:
+        client.sendall(b"1\n")  # the second request is in the parser's buffer only: the socket is idle
+        assert worker.handle(FakeConnection(server)) is True
+    assert served == [b"1\n", b"2\n"]
+
+
+def request_on(sock: socket.socket) -> float:
+    """Send ``GET /health`` on a kept-alive connection; the seconds until its whole answer is read."""
+    started = time.monotonic()
+    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    answer = b""
+    while not (answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"}")):
+        chunk = sock.recv(65536)
+        assert chunk, "the gateway closed the connection"
+        answer += chunk
+    return time.monotonic() - started
+
+
+@pytest.mark.parametrize("threads", [1, 2], ids=["fewer threads than connections", "a thread per connection"])
+def test_kept_alive_connections_taking_turns_are_all_answered_promptly(tmp_path, threads):
+    """Two kept-alive connections send requests in turn, each waiting for the other's answer: with one
+    thread neither is followed (the thread would keep the other waiting), with two each is."""
+    from tests.live import running_gateway
+
+    with running_gateway(tmp_path, workers=1, threads=threads) as gateway:
+        port = int(gateway.url.rsplit(":", 1)[1])
+        first, second = open_kept_alive(port), open_kept_alive(port)
+        with first, second:
+            times = [request_on(sock) for _ in range(30) for sock in (first, second)]
+    assert max(times) < 1, max(times)
