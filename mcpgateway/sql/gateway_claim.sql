@@ -42,6 +42,8 @@
 -- 'quote_unavailable', 'permit_refused'), so the statement, and with it everything
 -- written before the refusal, is rolled back; the caller maps the code to its
 -- exception and records the denial in a transaction of its own.
+-- Database functions are called as assignments (``x := f(...)``), not with PERFORM or SELECT INTO:
+-- see billing/sql/billing_charge.sql.
 CREATE OR REPLACE FUNCTION gateway_claim(
     p_action jsonb,
     q_quote_id text, q_credits numeric, q_signature text,

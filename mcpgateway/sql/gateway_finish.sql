@@ -15,6 +15,8 @@
 -- Lock order (docs/decisions.md, "Lock order"): the action row, then the chain head.
 -- Refunds, reconciliation items and alerts (failed and uncertain calls) keep the path of
 -- several statements in mcpgateway.services.finish._phase3.
+-- Database functions are called as assignments (``x := f(...)``), not with PERFORM or SELECT INTO:
+-- see billing/sql/billing_charge.sql.
 CREATE OR REPLACE FUNCTION gateway_finish(
     p_action_id text, p_receipt jsonb,
     p_state text, p_outcome text, p_reason_code text, p_receipt_id text, p_response jsonb, p_completed_at timestamptz,
