@@ -51,16 +51,21 @@ def held_by_worker(pids: list[int], port: int, established_only: bool = True) ->
     return held
 
 
-def open_kept_alive(port: int) -> socket.socket:
-    """A connection that has been answered once and stays open (HTTP/1.1 keep-alive)."""
-    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+def ask_health(sock: socket.socket) -> None:
+    """``GET /health`` on ``sock``, its whole answer read (the JSON body ends the response) and checked."""
     sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
     answer = b""
-    while b'"status"' not in answer:
+    while not (b"\r\n\r\n" in answer and answer.endswith(b"}")):
         chunk = sock.recv(65536)
         assert chunk, "the gateway closed the connection"
         answer += chunk
-    assert answer.startswith(b"HTTP/1.1 200")
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:200]
+
+
+def open_kept_alive(port: int) -> socket.socket:
+    """A connection that has been answered once and stays open (HTTP/1.1 keep-alive)."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=10)
+    ask_health(sock)
     return sock
 
 
@@ -311,14 +316,9 @@ def test_a_request_read_ahead_is_served_without_waiting(monkeypatch):
 
 
 def request_on(sock: socket.socket) -> float:
-    """Send ``GET /health`` on a kept-alive connection; the seconds until its whole answer is read."""
+    """``ask_health`` on a kept-alive connection; the seconds until its whole answer is read."""
     started = time.monotonic()
-    sock.sendall(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
-    answer = b""
-    while not (answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"}")):
-        chunk = sock.recv(65536)
-        assert chunk, "the gateway closed the connection"
-        answer += chunk
+    ask_health(sock)
     return time.monotonic() - started
 
 
