@@ -35,8 +35,17 @@ def run_retrying(fn: Callable[[], T], *, attempts: int = ATTEMPTS) -> T:
         except OperationalError as exc:
             if not is_retryable(exc):
                 raise
-            logger.warning("transaction conflict (attempt %d/%d): %s", attempt, attempts, exc)
-            if attempt == attempts:
-                raise conflict_response() from exc
-            time.sleep(random.uniform(0.005, 0.03) * attempt)
+            pause_after_conflict(exc, attempt, attempts=attempts)
     raise AssertionError("unreachable")
+
+
+def pause_after_conflict(exc: BaseException, attempt: int, *, attempts: int = ATTEMPTS) -> None:
+    """After ``attempt`` (counted from 1) ended in ``exc``, a serialization failure or deadlock: wait a
+    little before the next attempt, or raise ``TransactionConflict`` when it was the last.
+
+    For loops that cannot be one ``run_retrying`` call (``billing.services.charge``).
+    """
+    logger.warning("transaction conflict (attempt %d/%d): %s", attempt, attempts, exc)
+    if attempt >= attempts:
+        raise conflict_response() from exc
+    time.sleep(random.uniform(0.005, 0.03) * attempt)

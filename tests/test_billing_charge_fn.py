@@ -18,7 +18,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 import pytest
-from django.db import DatabaseError, connection, transaction
+from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -772,3 +772,141 @@ def test_the_charge_is_one_statement_after_the_key(tenant, operator_client):
         assert post_charge(operator_client, tenant.agent.wallet_id, units="1").status_code == 200
     assert sum("billing_charge(" in q["sql"] for q in queries.captured_queries) == 1
     assert len(queries.captured_queries) <= 3
+
+
+def wait_for_a_lock_wait(timeout: float = 10.0) -> None:
+    """Return once a backend of this database waits for a lock (a charge queued behind a held wallet)."""
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while True:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+            assert time.monotonic() < deadline, "no backend came to wait for a lock"
+            time.sleep(0.01)
+
+
+def charge_held_open(wallet: Wallet, units: str, release: threading.Event) -> threading.Thread:
+    """A charge of ``wallet`` in a transaction held open (its wallet lock with it) until ``release``."""
+    charged = threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                assert billing_charge(prepared(wallet, units=units)[1])["code"] == "ok"
+                charged.set()
+                assert release.wait(30)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    assert charged.wait(30)
+    return thread
+
+
+def refill_race_wallet(tenant: Any) -> Wallet:
+    """A direct agent (its refill parent is the sponsor, no agent ancestor) at 10 credits: a charge of 6
+    leaves 4, above its threshold of 1, and a second one of 6 needs the refill of 20."""
+    factories.top_up(tenant.sponsor, 1000)
+    return factories.make_wallet(tenant.sponsor, "bot", 10, refill_threshold=D("1"), refill_amount=D("20"))
+
+
+@races
+def test_a_refill_the_locks_did_not_foresee_rolls_the_debit_back_as_a_serialization_failure(tenant):
+    """The debit chooses its locks from a read taken before the wallet's lock. A concurrent charge that
+    brings the wallet near its threshold while this one waits leaves the parent unlocked when the refill
+    becomes due: billing_debit then raises 40001, writing nothing, rather than charge without the refill
+    (a false 402) or lock the parent out of order."""
+    bot = refill_race_wallet(tenant)
+    release = threading.Event()
+    holder = charge_held_open(bot, "6", release)
+    outcome: dict[str, Any] = {}
+
+    def second() -> None:
+        try:
+            outcome["row"] = billing_charge(prepared(bot, units="6", key="late")[1])
+        except DatabaseError as exc:
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    wait_for_a_lock_wait()
+    counts = written()
+    release.set()
+    holder.join(30)
+    waiter.join(30)
+    assert "row" not in outcome, outcome
+    assert getattr(outcome["error"].__cause__, "sqlstate", None) == "40001"
+    bot.refresh_from_db()
+    assert bot.balance == D("4")  # the held charge only
+    assert LedgerEntry.objects.filter(wallet=bot, kind="refill").count() == 0
+    assert not ChargeIdempotency.objects.filter(wallet=bot, key="late").exists()
+    assert written()[0] == counts[0] + 2  # the held charge's two entries, committed after the count
+
+    # Run again, the debit foresees the refill: it locks the parent first and posts it.
+    row = billing_charge(prepared(Wallet.objects.get(pk=bot.pk), units="6", key="late")[1])
+    assert (row["code"], row["refilled"], row["new_balance"]) == ("ok", D("20"), D("18"))
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@races
+def test_the_charge_endpoint_runs_a_charge_whose_refill_was_unforeseen_again(tenant):
+    """Through the API the same race answers 200 with the refill posted, not 402."""
+    bot = refill_race_wallet(tenant)
+    bot_key = factories.make_key(bot)
+    release = threading.Event()
+    holder = charge_held_open(bot, "6", release)
+    outcome: dict[str, Any] = {}
+
+    def second() -> None:
+        try:
+            outcome["answer"] = charge_thread(bot_key.secret, bot.wallet_id, "late", "6")
+        finally:
+            connections.close_all()
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    wait_for_a_lock_wait()
+    release.set()
+    holder.join(30)
+    waiter.join(30)
+    status, how, body = outcome["answer"]
+    assert (status, how) == (200, "first"), body
+    assert body["refill"]["amount"] == "20.00000000"
+    assert body["balance"] == "18.00000000"
+    bot.refresh_from_db()
+    assert bot.balance == D("18")
+    assert LedgerEntry.objects.filter(wallet=bot, kind="refill").count() == 1
+    assert LedgerEntry.objects.filter(wallet=bot, kind="charge").count() == 2
+    assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@races
+def test_a_conflict_that_persists_is_409_with_nothing_written(tenant, monkeypatch):
+    """Serialization failures of the charge's statement are retried a few times, then answered 409."""
+    factories.top_up(tenant.agent, 10)
+    single = charging._charge_row
+    attempts: list[int] = []
+
+    def conflicted(params: list[Any]) -> dict[str, Any]:
+        attempts.append(1)
+        with connection.cursor() as cursor:  # a real 40001, as billing_debit raises it
+            cursor.execute("DO $$ BEGIN RAISE EXCEPTION 'conflict' USING ERRCODE = 'serialization_failure'; END $$")
+        return single(params)
+
+    monkeypatch.setattr(charging, "_charge_row", conflicted)
+    counts = written()
+    r = post_charge(tenant.agent_client, tenant.agent.wallet_id, key="k", units="1")
+    assert r.status_code == 409, r.content
+    assert r.json()["detail"]["error"] == "transaction_conflict"
+    assert r["Retry-After"] == "1"
+    assert len(attempts) == charging.dbretry.ATTEMPTS
+    assert written() == counts
+    monkeypatch.setattr(charging, "_charge_row", single)  # the key was not burnt
+    assert post_charge(tenant.agent_client, tenant.agent.wallet_id, key="k", units="1").status_code == 200
+

@@ -11,6 +11,7 @@ from django.db import connection
 from billing.models import LedgerEntry, Wallet
 from mcpgateway.models import Action
 from permits.models import Permit
+from tests import factories
 from tests.conftest import make_tenant
 from tests.gateway_helpers import register_upstream, setup_caller
 from tests.upstream_server import FaultUpstream
@@ -87,3 +88,41 @@ def test_twenty_distinct_calls_against_an_allowance_for_ten(settings):
         permit = Permit.objects.get(pk=caller.permit_id)
         assert permit.spent_credits == Decimal(10)
         assert LedgerEntry.objects.filter(wallet_id=tenant.agent.wallet_id, kind="charge").count() == 10
+
+
+def test_a_governed_call_whose_refill_was_unforeseen_is_claimed_again_with_the_refill(settings):
+    """The governed call shares the debit: a concurrent charge that brings the wallet near its refill
+    threshold while the claim waits makes billing_debit refuse with 40001 (its locks did not take the
+    parent); phase 1 runs again, locks the parent, posts the refill and dispatches once."""
+    from tests.test_billing_charge_fn import charge_held_open, wait_for_a_lock_wait
+
+    with FaultUpstream() as upstream:
+        settings.UPSTREAM_MCP_URL = upstream.url
+        register_upstream(upstream.url, price="6")
+        tenant = make_tenant("unforeseen-refill")
+        caller = setup_caller(tenant, balance=10)
+        factories.top_up(tenant.sponsor, 100)  # the refill's payer
+        Wallet.objects.filter(pk=tenant.agent.pk).update(refill_threshold=Decimal("1"), refill_amount=Decimal("20"))
+        release = threading.Event()
+        holder = charge_held_open(Wallet.objects.get(pk=tenant.agent.pk), "6", release)  # 10 -> 4, held
+        answer: dict = {}
+
+        def call() -> None:
+            try:
+                answer["body"] = caller.rpc("echo", {"n": 1}, key="late").json()
+            finally:
+                connection.close()
+
+        waiter = threading.Thread(target=call)
+        waiter.start()
+        wait_for_a_lock_wait()
+        release.set()
+        holder.join(30)
+        waiter.join(60)
+        assert "result" in answer["body"], answer
+        assert answer["body"]["result"]["_meta"]["io.tollgate/outcome"] == "success", answer
+        assert upstream.received[f"{tenant.agent.wallet_id}:late"] == 1
+        agent = Wallet.objects.get(pk=tenant.agent.pk)
+        assert agent.balance == Decimal("18")  # 10 - 6 (held) + 20 (refill) - 6 (the call)
+        assert LedgerEntry.objects.filter(wallet=agent, kind="refill").count() == 1
+        assert Action.objects.filter(wallet=agent).count() == 1

@@ -49,13 +49,14 @@ from billing.services.ledger import (
     to_money,
 )
 from billing.services.wallets import wallet_freeze_for_velocity
-from config import fastsql
+from config import dbretry, fastsql
 from config.errors import (
     IdempotencyKeyInProgress,
     IdempotencyKeyReused,
     NotFound,
     RequestValidationError,
     WalletAccessDenied,
+    is_retryable,
 )
 from config.idempotency import request_hash
 from config.ids import new_id
@@ -470,9 +471,13 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
 
     The ledger.refill event is prepared only when the database asks for it (SQLSTATE TGRF1: the
     statement rolled back whole) or inside a caller's transaction, where a failed statement
-    would abort the transaction.
+    would abort the transaction. A serialization failure or deadlock (billing_debit raises 40001
+    for a refill its locks did not foresee) rolled the statement back whole too: it runs again a
+    few times (``config.dbretry``), then ``TransactionConflict`` (409). Inside a caller's
+    transaction both are the caller's to handle.
     """
     refill_event = connection.in_atomic_block
+    conflicts = 0
     while True:
         params = list(call.arguments(refill_event=refill_event).values())
         try:
@@ -481,6 +486,10 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
             else:
                 row = _charge_row_grouped(call.wallet_id, _batch_group(call), params)
         except DatabaseError as exc:
+            if is_retryable(exc) and not connection.in_atomic_block:
+                conflicts += 1
+                dbretry.pause_after_conflict(exc, conflicts)
+                continue
             if refill_event or getattr(exc.__cause__, "sqlstate", None) != _REFILL_EVENT_NEEDED:
                 raise
             refill_event = True

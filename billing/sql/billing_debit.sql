@@ -9,8 +9,16 @@
 --
 -- 1. Locks, top-down (the lock order of docs/decisions.md, "Lock order"): every
 --    agent ancestor of the wallet (their spend windows count the charge), the
---    parent when an auto-refill is likely (a hint read before the locks; the
---    decision is re-checked under them), then the wallet.
+--    parent when an auto-refill is likely (a hint read before the locks), then the
+--    wallet. Under the wallet's lock the refill is decided again on the wallet as it
+--    is; when it is due but the hint did not take the parent's lock (a concurrent
+--    charge moved the balance while this one waited, or the refill was just set
+--    up), the call raises serialization_failure (SQLSTATE 40001) rather than lock
+--    the parent out of order or charge without the refill. Nothing it wrote
+--    remains once the caller's transaction rolls back, and a new attempt reads a
+--    hint that foresees the refill: the charge endpoint and the governed call run
+--    their statement again (config/dbretry.py), else answer 409
+--    ``transaction_conflict``.
 -- 2. With ``p_idempotency_key``, answers ``replay`` when the charge endpoint's
 --    record for (wallet, key) committed while this call waited for the lock.
 -- 3. Refuses, in this order, naming the wallet that refuses: the wallet's own
@@ -121,8 +129,12 @@ BEGIN
     END IF;
 
     -- Funds, counting an auto-refill the parent can pay.
-    IF w.parent_id IS NOT NULL AND w.parent_id = ANY(lock_ids) AND w.refill_threshold IS NOT NULL
-       AND w.refill_amount IS NOT NULL AND w.balance - p_amount < w.refill_threshold THEN
+    IF w.parent_id IS NOT NULL AND w.refill_threshold IS NOT NULL AND w.refill_amount IS NOT NULL
+       AND w.balance - p_amount < w.refill_threshold THEN
+        IF NOT w.parent_id = ANY(lock_ids) THEN  -- the hint missed it: the refill needs the parent's lock first
+            RAISE EXCEPTION 'billing_debit: wallet % needs an auto-refill its locks did not foresee', p_wallet_id
+                  USING ERRCODE = 'serialization_failure';
+        END IF;
         SELECT * INTO parent FROM billing_wallet WHERE wallet_id = w.parent_id;
         refill_due := parent.status = 'active' AND (parent.expires_at IS NULL OR parent.expires_at > p_now)
                       AND parent.balance >= w.refill_amount;
