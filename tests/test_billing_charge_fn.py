@@ -910,3 +910,26 @@ def test_a_conflict_that_persists_is_409_with_nothing_written(tenant, monkeypatc
     monkeypatch.setattr(charging, "_charge_row", single)  # the key was not burnt
     assert post_charge(tenant.agent_client, tenant.agent.wallet_id, key="k", units="1").status_code == 200
 
+
+@races
+def test_an_error_of_one_charge_after_a_failed_batch_is_that_charge_s_alone(tenant, monkeypatch):
+    """When a batch falls back to one statement per charge, an error of one of them (of any kind) goes to
+    that charge only; the charges that committed keep their answers."""
+    factories.top_up(tenant.agent, 10)
+    single = charging._charge_row
+    calls = [prepared(tenant.agent, units="1", key=f"b{n}")[1] for n in range(3)]
+    params = [list(arguments.values()) for arguments in calls]
+
+    def failing_batch(batch: list[list[Any]]) -> list[dict[str, Any]]:
+        raise DatabaseError("the batch failed")
+
+    def second_breaks(these: list[Any]) -> dict[str, Any]:
+        if these is params[1]:
+            raise RuntimeError("this charge's own failure")
+        return single(these)
+
+    monkeypatch.setattr(charging, "_charge_rows_together", failing_batch)
+    monkeypatch.setattr(charging, "_charge_row", second_breaks)
+    answers = charging._charge_rows(tenant.agent.wallet_id, params)
+    assert [a["code"] if isinstance(a, dict) else type(a).__name__ for a in answers] == ["ok", "RuntimeError", "ok"]
+    assert set(ChargeIdempotency.objects.filter(wallet=tenant.agent).values_list("key", flat=True)) == {"b0", "b2"}

@@ -619,7 +619,7 @@ def _charge_batch(wallet_id: str, group: str, batch: list[_QueuedCharge]) -> Non
             following[0].ready.set()
 
 
-def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, Any] | DatabaseError]:
+def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, Any] | Exception]:
     """The answers to ``calls`` (charges of ``wallet_id``), in order: together in one statement, else
     (it failed) one by one.
 
@@ -633,11 +633,11 @@ def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, A
         except DatabaseError as exc:
             if getattr(exc.__cause__, "sqlstate", None) == _BATCH_REFUSED:
                 _unbatched[wallet_id] = time.monotonic() + UNBATCHED_SECONDS
-    answers: list[dict[str, Any] | DatabaseError] = []
+    answers: list[dict[str, Any] | Exception] = []
     for params in calls:
         try:
             answers.append(_charge_row(params))
-        except DatabaseError as exc:
+        except Exception as exc:  # this charge's own: the others keep their answers (committed ones too)
             answers.append(exc)
     return answers
 
