@@ -59,7 +59,11 @@ def api_key_authenticate_charging(*, secret: str, window_index: int) -> tuple[AP
     row = fastsql.fetch_row(_key_charge_sql(), [key_id, hash_secret(secret), window_index, key_id])
     key = _verified(row[:-1] if row is not None else None, secret)
     assert row is not None
-    assert row[-1] is not None
+    if row[-1] is None:
+        # The row read active, but the function, reading afresh, refused: the key was revoked (or its
+        # secret replaced) while the statement ran. Answered as the key now reads; nothing was charged.
+        api_key_authenticate(secret=secret)
+        raise InvalidAPIKey("The API key is not valid.", key_id=key.key_id)
     return key, int(row[-1])
 
 

@@ -283,3 +283,36 @@ def test_every_key_operation_is_audited(tenant):
     assert rotated.key_id == tenant.sponsor_key_id
     assert rotated.tenant_id == tenant.sponsor.tenant_id
     assert rotated.request_id
+
+
+def test_a_key_revoked_while_its_statement_runs_is_401_not_500(tenant, monkeypatch, settings) -> None:
+    """The key's row is read with the statement's snapshot, the window's charge (a function) reads the key
+    afresh: a revocation that commits between the two reads the key active but charges nothing. The
+    request is then answered as the key now reads (401, the rejection audited), never a 500."""
+    settings.RATE_LIMIT_BACKEND = "database"  # production's default: the key and its window in one statement
+    from billing import selectors, services
+    from billing.ratelimit import bucket_charge
+    from config import fastsql
+
+    real = fastsql.fetch_row
+    key_id = tenant.agent_key_id
+
+    def revoked_meanwhile(sql: str, params: list[object]) -> tuple[object, ...] | None:
+        if sql != selectors._key_charge_sql() or params[0] != key_id:
+            return real(sql, params)
+        before = real(selectors._key_with_wallet_sql(), [key_id])  # the row as the snapshot read it: active
+        assert before is not None
+        services.api_key_revoke(wallet=tenant.agent, key_id=key_id)  # ... then the revocation commits
+        after = real(sql, params)
+        assert after is not None
+        assert after[-1] is None  # the function refused: nothing charged
+        return (*before, after[-1])
+
+    monkeypatch.setattr(fastsql, "fetch_row", revoked_meanwhile)
+    r = client_for(tenant.agent_secret).get("/v1/me/permits")
+    assert r.status_code == 401, r.content
+    assert r.json()["detail"]["error"] == "invalid_api_key"
+    assert "revoked" in r.json()["detail"]["message"]
+    event = AuditEvent.objects.filter(event="auth.credential_rejected").latest("created_at")
+    assert event.key_id == key_id
+    assert bucket_charge(f"key:{key_id}", 0, 60)[0] == 0
