@@ -99,6 +99,7 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         "updated_at",
         "created_by_key_id",
         "created_by_wallet_id",
+        "authority_wallet_id",
     ]
     fields = [
         "policy_id",

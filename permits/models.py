@@ -242,8 +242,12 @@ class PolicyBundle(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
     created_by_key_id = models.CharField(max_length=40, blank=True, default="")
     # The wallet of the key that created the policy; empty when the operator (an operator
-    # key or the console) set it. Decides who may change it (``policy_for_change``).
+    # key or the console) set it.
     created_by_wallet_id = models.CharField(max_length=40, blank=True, default="")
+    # The level the policy's rules were last set at: the creator's wallet, then the wallet of any
+    # key that changed it (the creator's or one above it), empty once the operator changed it.
+    # Decides who may change it (``policy_for_change``): a rule changed from above stays there.
+    authority_wallet_id = models.CharField(max_length=40, blank=True, default="")
 
     class Meta:
         db_table = "permits_policy_bundle"

@@ -125,22 +125,23 @@ def policy_for_change(principal: Principal, policy_id: str) -> PolicyBundle:
     """The policy ``policy_id`` if the caller may change it; the one rule for policy writes.
 
     Authority flows down only (DESIGN.md section 4). The operator changes any policy.
-    A wallet key changes a policy only when both its owner wallet and the wallet that
-    set it are the key's own wallet or below it: a policy set from above (by the
-    sponsor, an ancestor agent or the operator) binds the key's wallet and is
-    read-only to it (403 ``policy_read_only``), so an agent cannot lift a rule put on
-    itself. A policy outside the caller's reach is 404, as for reads.
+    A wallet key changes a policy only when both its owner wallet and the level its rules
+    were last set at (``authority_wallet_id``: the creator's wallet, or that of the last
+    key that changed it) are the key's own wallet or below it: a policy set or changed
+    from above (by the sponsor, an ancestor agent or the operator) binds the key's wallet
+    and is read-only to it (403 ``policy_read_only``), so an agent cannot lift a rule put
+    on itself. A policy outside the caller's reach is 404, as for reads.
     """
     policy = policy_for_caller(principal, policy_id)
     if principal.is_operator:
         return policy
     own = principal.key.wallet
     assert own is not None
-    creator = policy.created_by_wallet_id
-    if not creator:
+    authority = policy.authority_wallet_id
+    if not authority:
         raise PolicyReadOnly(policy_id=policy_id)
-    creator_path = Wallet.objects.filter(wallet_id=creator).values_list("path", flat=True).first()
-    if creator_path is None or own.wallet_id not in creator_path.split("/"):
+    authority_path = Wallet.objects.filter(wallet_id=authority).values_list("path", flat=True).first()
+    if authority_path is None or own.wallet_id not in authority_path.split("/"):
         raise PolicyReadOnly(policy_id=policy_id)
     return policy
 

@@ -391,7 +391,9 @@ class PolicyDetailView(APIView):
         caller = principal(request)
         policy = selectors.policy_for_change(caller, policy_id)
         data = parse_body(request, PolicyBundlePatch)
-        policy = services.policy_update(policy_id=policy.policy_id, actor_key_id=caller.key_id, **data)
+        policy = services.policy_update(
+            policy_id=policy.policy_id, actor_key_id=caller.key_id, actor_wallet_id=caller.wallet_id or "", **data
+        )
         return Response(PolicyBundleResponse(policy).data)
 
 

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from audit.models import AuditEvent
 from billing.models import LedgerEntry
 from config.ids import new_id
 from permits.models import PolicyBundle
@@ -130,6 +131,42 @@ def test_agent_manages_policies_it_set_itself_and_below(tenant: Tenant) -> None:
         assert r.status_code == 200, r.content
 
 
+def test_a_rule_changed_from_above_cannot_be_undone_below(tenant: Tenant, operator_client: Any) -> None:
+    """A policy an agent set on itself is its own to change until its sponsor changes it: the sponsor's
+    rule then binds the agent (403), and the operator's binds both."""
+    created = tenant.agent_client.post(
+        "/v1/policies", {"wallet_id": tenant.agent.wallet_id, "denied_tools": ["math.add"]}, format="json"
+    )
+    policy_id = created.json()["policy_id"]
+    assert tenant.agent_client.patch(f"/v1/policies/{policy_id}", {"name": "mine"}, format="json").status_code == 200
+    tightened = tenant.sponsor_client.patch(
+        f"/v1/policies/{policy_id}", {"human_approval_required": True}, format="json"
+    )
+    assert tightened.status_code == 200, tightened.content
+    assert tightened.json()["created_by_wallet_id"] == tenant.agent.wallet_id  # the creator stays on record
+
+    for change in ({"human_approval_required": False}, {"enabled": False}, {"name": "mine again"}):
+        r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", change, format="json")
+        assert r.status_code == 403, r.content
+        assert r.json()["detail"]["error"] == "policy_read_only"
+    policy = PolicyBundle.objects.get(policy_id=policy_id)
+    assert (policy.human_approval_required, policy.enabled, policy.authority_wallet_id) == (
+        True,
+        True,
+        tenant.sponsor.wallet_id,
+    )
+    assert _self_permit(tenant, ["*"]).json()["detail"]["error"] == "human_approval_required"
+    event = AuditEvent.objects.filter(event="policy.updated").latest("seq")
+    assert (event.detail["authority_before"], event.detail["authority_after"]) == (
+        tenant.agent.wallet_id,
+        tenant.sponsor.wallet_id,
+    )
+
+    assert operator_client.patch(f"/v1/policies/{policy_id}", {"name": "ops"}, format="json").status_code == 200
+    r = tenant.sponsor_client.patch(f"/v1/policies/{policy_id}", {"human_approval_required": False}, format="json")
+    assert r.status_code == 403, r.content
+
+
 def test_child_key_cannot_change_its_parents_policy_on_the_child(tenant: Tenant) -> None:
     from tests import factories
 
@@ -156,15 +193,15 @@ def test_sibling_cannot_see_or_change_a_policy(tenant: Tenant) -> None:
     assert sibling_client.patch(f"/v1/policies/{policy_id}", {"enabled": False}, format="json").status_code == 404
 
 
-def test_policy_creator_column_backfilled_rule_reads_the_creator(tenant: Tenant) -> None:
-    """Someone who blanks the creator column makes the policy read-only, never writable."""
+def test_policy_authority_column_rule_reads_the_level_it_names(tenant: Tenant) -> None:
+    """A policy whose level reads the sponsor's is read-only to the agent, whoever created it."""
     created = tenant.agent_client.post(
         "/v1/policies", {"wallet_id": tenant.agent.wallet_id, "denied_tools": ["math.add"]}, format="json"
     )
     policy_id = created.json()["policy_id"]
     with connection.cursor() as cur:
         cur.execute(
-            "UPDATE permits_policy_bundle SET created_by_wallet_id = %s WHERE policy_id = %s",
+            "UPDATE permits_policy_bundle SET authority_wallet_id = %s WHERE policy_id = %s",
             [tenant.sponsor.wallet_id, policy_id],
         )
     r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", {"enabled": False}, format="json")

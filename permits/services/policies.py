@@ -54,6 +54,7 @@ def policy_create(
         wallet=wallet,
         created_by_key_id=actor_key_id,
         created_by_wallet_id=actor_wallet_id,
+        authority_wallet_id=actor_wallet_id,
         **{k: v for k, v in rules.items() if k in POLICY_FIELDS},
     )
     policy.save(force_insert=True)
@@ -74,15 +75,25 @@ def policy_create(
 
 
 @transaction.atomic(durable=True)
-def policy_update(*, policy_id: str, actor_key_id: str = "", actor: str = "", **changes: Any) -> PolicyBundle:
-    """Change some rules of a policy bundle; bumps its version. Locks the row first."""
+def policy_update(
+    *, policy_id: str, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **changes: Any
+) -> PolicyBundle:
+    """Change some rules of a policy bundle; bumps its version. Locks the row first.
+
+    ``actor_wallet_id`` is the wallet of the changing key (empty for the operator and the console),
+    which the caller has checked may change it (``permits.selectors.policy_for_change``: the
+    policy's level or above). The policy's level becomes the changer's: a sponsor that tightens a
+    policy its agent set on itself takes it over, and the agent can no longer undo the change.
+    """
     policy = PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
     before = _policy_snapshot(policy)
+    authority_before = policy.authority_wallet_id
     fields = [k for k in changes if k in POLICY_FIELDS]
     for name in fields:
         setattr(policy, name, changes[name])
+    policy.authority_wallet_id = actor_wallet_id
     policy.version += 1
-    policy.save(update_fields=[*fields, "version", "updated_at"])
+    policy.save(update_fields=[*fields, "authority_wallet_id", "version", "updated_at"])
     audit_record(
         event="policy.updated",
         ok=True,
@@ -94,6 +105,11 @@ def policy_update(*, policy_id: str, actor_key_id: str = "", actor: str = "", **
             "policy_id": policy.policy_id,
             "before": before,
             "after": _policy_snapshot(policy),
+            **(
+                {"authority_before": authority_before, "authority_after": policy.authority_wallet_id}
+                if policy.authority_wallet_id != authority_before
+                else {}
+            ),
             **({"actor": actor} if actor else {}),
         },
     )
