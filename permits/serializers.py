@@ -257,7 +257,15 @@ class PolicyRules(serializers.Serializer):
         max_digits=20, decimal_places=8, min_value=Decimal("0"), required=False, allow_null=True
     )
     max_daily_credits = serializers.DecimalField(
-        max_digits=20, decimal_places=8, min_value=Decimal("0"), required=False, allow_null=True
+        max_digits=20,
+        decimal_places=8,
+        min_value=Decimal("0"),
+        required=False,
+        allow_null=True,
+        help_text=(
+            "Credits per UTC day for the subtree the policy binds: on an agent, the agent with every wallet "
+            "below it; on a sponsor, each of its agents with every wallet below that agent. null: no cap."
+        ),
     )
     allowed_categories = serializers.ListField(
         child=serializers.CharField(max_length=64), required=False, allow_null=True, help_text="null: any category"

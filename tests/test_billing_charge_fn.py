@@ -774,15 +774,15 @@ def test_the_charge_is_one_statement_after_the_key(tenant, operator_client):
     assert len(queries.captured_queries) <= 3
 
 
-def wait_for_a_lock_wait(timeout: float = 10.0) -> None:
-    """Return once a backend of this database waits for a lock (a charge queued behind a held wallet)."""
+def wait_for_a_lock_wait(timeout: float = 10.0, *, count: int = 1) -> None:
+    """Return once ``count`` backends of this database wait for a lock (charges queued behind a held wallet)."""
     deadline = time.monotonic() + timeout
     with connection.cursor() as cursor:
         while True:
             cursor.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'"
             )
-            if cursor.fetchone()[0]:
+            if cursor.fetchone()[0] >= count:
                 return
             assert time.monotonic() < deadline, "no backend came to wait for a lock"
             time.sleep(0.01)

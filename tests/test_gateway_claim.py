@@ -86,6 +86,7 @@ def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple
         *event.params(),
         *[None] * 4,  # nothing from the process's cache to compare
         *[None] * 4,  # no deferred rate-limit charge
+        *[None] * 3,  # no policy's daily cap
     ]
     return action, params
 

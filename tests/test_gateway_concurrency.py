@@ -126,3 +126,68 @@ def test_a_governed_call_whose_refill_was_unforeseen_is_claimed_again_with_the_r
         assert agent.balance == Decimal("18")  # 10 - 6 (held) + 20 (refill) - 6 (the call)
         assert LedgerEntry.objects.filter(wallet=agent, kind="refill").count() == 1
         assert Action.objects.filter(wallet=agent).count() == 1
+
+
+def test_concurrent_calls_cannot_pass_a_policys_daily_cap_together(settings):
+    """Authorization reads the spend a policy caps before any lock; the claim checks the cap again after
+    the debit, under the wallet's lock. Four calls authorized while the wallet is held, with room for two
+    under the cap: two are claimed, two are denied by the policy, and the cap holds."""
+    from django.db import transaction
+
+    from billing.services import ledger_debit
+    from permits.services import policy_create
+    from tests.test_billing_charge_fn import wait_for_a_lock_wait
+
+    with FaultUpstream() as upstream:
+        settings.UPSTREAM_MCP_URL = upstream.url
+        register_upstream(upstream.url, price="1")
+        tenant = make_tenant("daily-cap-race")
+        caller = setup_caller(tenant, balance=50)
+        policy = policy_create(wallet=tenant.agent, max_daily_credits=Decimal("10"))
+        with transaction.atomic():
+            ledger_debit(wallet=tenant.agent.wallet_id, amount=Decimal("8"), service_category="compute")
+        held, release = threading.Event(), threading.Event()
+
+        def hold() -> None:
+            try:
+                with transaction.atomic():
+                    Wallet.objects.select_for_update(no_key=True).get(pk=tenant.agent.pk)
+                    held.set()
+                    assert release.wait(30)
+            finally:
+                connection.close()
+
+        holder = threading.Thread(target=hold)
+        holder.start()
+        assert held.wait(30)
+        bodies: list = [None] * 4
+
+        def call(i: int) -> None:
+            try:
+                bodies[i] = caller.rpc("echo", {"n": i}, key=f"cap-{i}").json()
+            finally:
+                connection.close()
+
+        callers = [threading.Thread(target=call, args=(i,)) for i in range(4)]
+        for thread in callers:
+            thread.start()
+        wait_for_a_lock_wait(count=4)  # all four authorized on a spend of 8, each waiting for the wallet
+        release.set()
+        holder.join(30)
+        for thread in callers:
+            thread.join(60)
+
+        succeeded = [body for body in bodies if "result" in body]
+        denied = [body for body in bodies if "error" in body]
+        assert len(succeeded) == 2, bodies
+        assert len(denied) == 2, bodies
+        for body in denied:
+            data = body["error"]["data"]
+            assert (data["error"], data["rule"], data["policy_id"]) == (
+                "policy_denied",
+                "max_daily_credits",
+                policy.policy_id,
+            )
+        charges = LedgerEntry.objects.filter(wallet_id=tenant.agent.wallet_id, kind="charge")
+        assert sum(-entry.amount for entry in charges) == Decimal("10")
+        assert sum(upstream.received.values()) == 2

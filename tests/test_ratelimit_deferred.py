@@ -242,7 +242,7 @@ def test_the_claim_checks_the_key_and_charges_its_window(fault, tenant, settings
 
     def claim(key_id: str, digest: str, limit: int, idem: str) -> tuple[str, Any]:
         action, params = claim_params(tenant, permit, amount="1", key=idem)
-        params[-4:] = [key_id, digest, window_index, limit]
+        params[-7:-3] = [key_id, digest, window_index, limit]
         try:
             with fastsql.own_transaction(), connection.cursor() as cursor:
                 cursor.execute(claiming._CLAIM_SQL, params)

@@ -8,6 +8,7 @@ recorded in a transaction of its own.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
@@ -28,13 +29,20 @@ from mcpgateway.services.finish import _finish
 from mcpgateway.services.lookup import _Found, _Stale
 from permits import exceptions as permit_exc
 from permits.models import Permit, Quote
-from permits.services import authorize, permit_reserve_refusal, permit_verified_columns, quote_check
+from permits.services import (
+    DailyCap,
+    authorize,
+    permit_reserve_refusal,
+    permit_verified_columns,
+    policy_daily_cap_refusal,
+    quote_check,
+)
 from receipts.models import Outcome
 
 # gateway_claim (mcpgateway/sql/gateway_claim.sql): the action row, the quote's 3, whether to debit and the
 # debit's 11, the reservation's 11, audit_append's 15, what a cached call compares 4, the deferred rate-limit
-# charge's 4; it answers billing_debit's columns and the rate-limit window's count.
-_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)}, rate_count FROM gateway_claim({', '.join(['%s'] * 50)})"  # noqa: S608
+# charge's 4, the policies' daily caps 3; it answers billing_debit's columns and the rate-limit window's count.
+_CLAIM_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)}, rate_count FROM gateway_claim({', '.join(['%s'] * 53)})"  # noqa: S608
 CLAIM_REFUSED = "P0T01"  # the SQLSTATE gateway_claim raises a refusal with
 
 
@@ -47,11 +55,13 @@ def _claim(
     event: PreparedEvent,
     found: _Found,
     deferred: DeferredCharge | None = None,
+    daily_caps: Sequence[DailyCap] = (),
 ) -> DebitResult | None:
     """``gateway_claim``: insert the claimed action, consume the quote, debit, reserve and append the audit
     event, in one statement (its own transaction). Returns the debit's entries (None for a free call).
+    ``daily_caps``: the policies' daily caps authorization applied, checked again after the debit.
 
-    Raises the refusal (the debit's, ``QuoteUnavailable``, or the permit's) with nothing written,
+    Raises the refusal (the debit's, ``QuoteUnavailable``, a policy's daily cap, or the permit's) with nothing written,
     ``_Stale`` when ``found`` came from the cache and no longer holds, and ``IntegrityError`` when a
     concurrent request holds the same idempotency key. With ``deferred``, the claim also checks the
     cached key and charges its rate-limit window (``_Stale`` when the key changed or the window is
@@ -75,6 +85,7 @@ def _claim(
         *event.params(),
         *(cached if found.cached else [None] * 4),
         *(deferred.claim_params() if deferred is not None else [None] * 4),
+        *(_caps_params(daily_caps) if debit and daily_caps else [None] * 3),
     ]
     try:
         with fastsql.own_transaction():
@@ -90,6 +101,13 @@ def _claim(
             raise _Stale() from None
         if refused["code"] == "quote_unavailable":
             raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
+        if refused["code"] == "policy_daily_cap":
+            raise policy_daily_cap_refusal(
+                policy_id=refused["subject_id"],
+                limit=refused["figure_limit"],
+                spent=refused["figure"],
+                price=price or Decimal(0),
+            ) from None
         if refused["code"] == "permit_refused":
             raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price or Decimal(0), now=now) from None
         assert debit is not None
@@ -107,6 +125,11 @@ def _debit_params(debit: DebitCall) -> list[Any]:
     params = debit.params()[:11]
     params[8] = "{" + ",".join(debit.ids) + "}"
     return params
+
+
+def _caps_params(caps: Sequence[DailyCap]) -> list[Any]:
+    """``gateway_claim``'s y_ arguments: the policies, the wallets whose spend they cap, the caps."""
+    return [[cap.policy_id for cap in caps], [cap.wallet_id for cap in caps], [cap.limit for cap in caps]]
 
 
 def _claim_refusal(err: DatabaseError) -> dict[str, Any] | None:
@@ -213,7 +236,17 @@ def _phase1(
             },
         )
         fault_point("before_claim")
-        posted = _claim(action, quote, debit, permit, now, event, found, req.deferred if _uncharged(req) else None)
+        posted = _claim(
+            action,
+            quote,
+            debit,
+            permit,
+            now,
+            event,
+            found,
+            req.deferred if _uncharged(req) else None,
+            decision.daily_caps,
+        )
         action.ledger_entry = posted.entry if posted is not None else None
         return action, None
     except _REFUSALS as refusal:

@@ -15,6 +15,12 @@
 --    verified price);
 -- 3. the debit, when the call has a price (billing_debit: the agent ancestors, the
 --    refill parent, the wallet; every spend rule);
+-- 3a. the daily caps of the policies that allowed the call (y_: each policy, the wallet whose spend
+--    today it caps, the cap; permits.services.authorization.daily_cap_wallet), checked again after
+--    the debit: that wallet is the charged wallet or one of its agent ancestors, all locked by
+--    billing_debit and all counting the debit in their spend bucket, so concurrent calls cannot
+--    pass a cap together ('policy_daily_cap', the policy as subject_id, the spend before this call
+--    as figure). Empty or NULL arrays: no cap;
 -- 4. the reservation on the permit (permits_reserve, requiring the row to still
 --    carry the signed columns and the signature the caller verified);
 -- 5. the audit event 'tool_call.dispatch_claimed' (audit_append: the tenant's
@@ -39,7 +45,7 @@
 -- Answers billing_debit's columns (code 'ok'; the debit's figures when there was
 -- one). A refusal raises SQLSTATE P0T01 with the code as the message's last word
 -- and the answer's columns as JSON in DETAIL (codes: 'stale', the debit's refusals,
--- 'quote_unavailable', 'permit_refused'), so the statement, and with it everything
+-- 'quote_unavailable', 'policy_daily_cap', 'permit_refused'), so the statement, and with it everything
 -- written before the refusal, is rolled back; the caller maps the code to its
 -- exception and records the denial in a transaction of its own.
 -- Database functions are called as assignments (``x := f(...)``), not with PERFORM or SELECT INTO:
@@ -58,6 +64,7 @@ CREATE OR REPLACE FUNCTION gateway_claim(
     a_detail jsonb, a_created_at timestamptz, a_prefix bytea, a_suffix bytea,
     c_tool_version text, c_price numeric, c_ancestry text[], c_policies_version text,
     k_key_id text, k_secret_hash text, k_window_index bigint, k_limit integer,
+    y_policy_ids text[], y_wallet_ids text[], y_limits numeric[],
     OUT code text, OUT subject_id text, OUT wallet_tenant text, OUT new_balance numeric,
     OUT daily_spent numeric, OUT refilled numeric, OUT refill_parent text, OUT figure numeric,
     OUT figure_limit numeric, OUT spend_window text, OUT refusal_reason text, OUT rate_count integer
@@ -66,6 +73,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     d record;
     appended record;  -- audit_append's answer, unused
+    spent numeric;
 BEGIN
     IF k_key_id IS NOT NULL THEN
         rate_count := billing_rate_limit_key_charge(k_key_id, k_secret_hash, k_window_index, p_action->>'wallet_id');
@@ -109,6 +117,17 @@ BEGIN
         code := d.code; subject_id := d.subject_id; wallet_tenant := d.wallet_tenant;
         new_balance := d.new_balance; daily_spent := d.daily_spent; refilled := d.refilled;
         refill_parent := d.refill_parent;
+        -- The policies' daily caps, with this debit counted and under the locks it took (3a above).
+        FOR i IN 1 .. COALESCE(array_length(y_policy_ids, 1), 0) LOOP
+            SELECT COALESCE(sum(b.amount), 0) INTO spent FROM billing_spend_bucket b
+             WHERE b.wallet_id = y_wallet_ids[i] AND b.hour >= date_trunc('day', d_now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
+            IF spent > y_limits[i] THEN
+                code := 'policy_daily_cap'; subject_id := y_policy_ids[i];
+                RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
+                    DETAIL = jsonb_build_object('code', code, 'subject_id', subject_id, 'figure', spent - d_amount,
+                                                'figure_limit', y_limits[i])::text;
+            END IF;
+        END LOOP;
     END IF;
 
     IF NOT permits_reserve(r_permit_id, r_price, r_now, r_signature, r_tenant_id, r_wallet_id, r_subject_key_id,

@@ -14,9 +14,11 @@ its own phase-1 transaction (``permit_reserve``, ``permit_release``,
 from permits.services.authorization import (
     POLICIES_JSON_SQL,
     WILDCARD,
+    DailyCap,
     Decision,
     authorize,
     policies_from_json,
+    policy_daily_cap_refusal,
     tool_allowed,
 )
 from permits.services.permit_requests import (
@@ -51,6 +53,7 @@ __all__ = [
     "POLICY_FIELDS",
     "QUOTE_LIFETIME",
     "WILDCARD",
+    "DailyCap",
     "Decision",
     "PermitIssue",
     "RequestCreate",
@@ -69,6 +72,7 @@ __all__ = [
     "permit_verified_columns",
     "policies_from_json",
     "policy_create",
+    "policy_daily_cap_refusal",
     "policy_update",
     "quote_check",
     "quote_consume",

@@ -15,7 +15,7 @@ from django.utils import timezone
 
 from billing.exceptions import money
 from billing.models import Wallet
-from billing.selectors import wallet_spend
+from billing.selectors import spend_windows
 from config import fastsql
 from config.ids import new_id
 from permits import exceptions as exc
@@ -30,7 +30,8 @@ WILDCARD = "*"
 # other rows (the governed call's acceptance); ``policies_from_json`` reads it back.
 POLICIES_JSON_SQL = (
     "SELECT coalesce(jsonb_agg(jsonb_build_object("
-    "'policy_id', b.policy_id, 'allowed_tools', b.allowed_tools, 'denied_tools', b.denied_tools, "
+    "'policy_id', b.policy_id, 'wallet_id', b.wallet_id, 'allowed_tools', b.allowed_tools, "
+    "'denied_tools', b.denied_tools, "
     "'max_credits_per_call', b.max_credits_per_call::text, 'max_daily_credits', b.max_daily_credits::text, "
     "'allowed_categories', b.allowed_categories) ORDER BY b.created_at), '[]'::jsonb) "
     "FROM permits_policy_bundle b WHERE b.wallet_id = ANY(%s) AND b.enabled"
@@ -43,6 +44,7 @@ def policies_from_json(text: str | list[Any]) -> list[PolicyBundle]:
     return [
         PolicyBundle(
             policy_id=row["policy_id"],
+            wallet_id=row["wallet_id"],
             allowed_tools=row["allowed_tools"],
             denied_tools=row["denied_tools"],
             max_credits_per_call=Decimal(row["max_credits_per_call"]) if row["max_credits_per_call"] else None,
@@ -53,14 +55,43 @@ def policies_from_json(text: str | list[Any]) -> list[PolicyBundle]:
     ]
 
 
+@dataclass(frozen=True)
+class DailyCap:
+    """A policy's ``max_daily_credits`` as the claim checks it again under its locks: the policy, the wallet
+    whose spend today it caps (``daily_cap_wallet``) and the cap."""
+
+    policy_id: str
+    wallet_id: str
+    limit: Decimal
+
+
 @dataclass
 class Decision:
-    """The result of ``authorize``: allowed, or the refusal to raise; always a decision id."""
+    """The result of ``authorize``: allowed, or the refusal to raise; always a decision id. ``daily_caps``:
+    the daily caps of the policies applied, for the claim to check under the wallets' locks."""
 
     policy_decision_id: str
     allowed: bool
     refusal: exc.PermitDenied | None = None
     policies: list[str] = field(default_factory=list)
+    daily_caps: list[DailyCap] = field(default_factory=list)
+
+
+def daily_cap_wallet(policy_wallet_id: str, wallet: Wallet) -> str:
+    """The wallet whose spend today a policy's ``max_daily_credits`` caps for a call of ``wallet``.
+
+    A policy binds its wallet's whole subtree, so its cap counts the subtree's spend, not the calling
+    wallet's alone (else an agent under a capped policy would multiply the cap by creating children).
+    A policy on an agent: that agent's spend, which counts everything below it. A policy on the
+    sponsor: the spend of the agent line the call comes from (the sponsor's agent on the caller's
+    path), so the sponsor's cap holds for each agent it funds with everything that agent creates;
+    an agent cannot add lines, since wallets it creates sit below it. Either wallet is one the debit
+    locks (``billing_debit``: the agent ancestors and the wallet), so the claim's check is exact.
+    """
+    ancestry = wallet.ancestry
+    if policy_wallet_id == ancestry[0] and len(ancestry) > 1:
+        return ancestry[1]
+    return policy_wallet_id
 
 
 def tool_allowed(patterns: list[str], tool: str) -> bool:
@@ -122,7 +153,12 @@ def authorize(
         row = fastsql.fetch_row(POLICIES_JSON_SQL, [wallet.ancestry])
         policies = policies_from_json(row[0] if row is not None else "[]")
     applied = [p.policy_id for p in policies]
-    daily_spent: Decimal | None = None
+    caps = [
+        DailyCap(p.policy_id, daily_cap_wallet(p.wallet_id, wallet), p.max_daily_credits)
+        for p in policies
+        if p.max_daily_credits is not None
+    ]
+    spent_today = spend_windows(sorted({cap.wallet_id for cap in caps}), now=now) if caps else {}
     for policy in policies:
         if tool in (policy.denied_tools or []) or tool_allowed(
             [t for t in (policy.denied_tools or []) if t.endswith("*")], tool
@@ -146,17 +182,19 @@ def authorize(
                 applied,
             )
         if policy.max_daily_credits is not None:
-            if daily_spent is None:
-                daily_spent = wallet_spend(wallet, now=now).today
+            daily_spent = spent_today[daily_cap_wallet(policy.wallet_id, wallet)].today
             if daily_spent + price > policy.max_daily_credits:
                 return deny(
-                    exc.PolicyDenied(
-                        policy_id=policy.policy_id,
-                        rule="max_daily_credits",
-                        limit=money(policy.max_daily_credits),
-                        spent=money(daily_spent),
-                        required=money(price),
+                    policy_daily_cap_refusal(
+                        policy_id=policy.policy_id, limit=policy.max_daily_credits, spent=daily_spent, price=price
                     ),
                     applied,
                 )
-    return Decision(decision_id, True, None, applied)
+    return Decision(decision_id, True, None, applied, caps)
+
+
+def policy_daily_cap_refusal(*, policy_id: str, limit: Decimal, spent: Decimal, price: Decimal) -> exc.PolicyDenied:
+    """The refusal of a call that would take the spend a policy caps past its ``max_daily_credits``."""
+    return exc.PolicyDenied(
+        policy_id=policy_id, rule="max_daily_credits", limit=money(limit), spent=money(spent), required=money(price)
+    )
