@@ -586,6 +586,11 @@ class APIKeyAdmin(ServiceSavedAdmin):
     ]
     actions = ["revoke_selected"]
 
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        """A wallet key acts with its wallet's money (it funds the wallets below it and charges them), so
+        issuing one moves money: it needs ``billing.fund_wallet`` besides ``billing.add_apikey``."""
+        return super().has_add_permission(request) and has_perm(request, "billing.fund_wallet")
+
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
         if obj is None:
             if has_perm(request, "billing.create_operator_key") and request.user.is_superuser:

@@ -183,15 +183,30 @@ def test_staff_without_permissions_sees_no_tenant_data(tenant: Tenant) -> None:
     assert Receipt.objects.get(pk=world.receipt_id).outcome == "delivery_uncertain"
 
 
+def test_a_wallet_key_moves_money_so_issuing_one_needs_fund_wallet(tenant: Tenant) -> None:
+    """A sponsor key funds agents from the sponsor and charges any wallet of the tenant: a staff user
+    with add_apikey alone gets no key (403), whichever wallet it names."""
+    client, _ = staff("billing.view_apikey", "billing.add_apikey", "billing.view_wallet")
+    for wallet in (tenant.sponsor, tenant.agent):
+        assert client.get("/admin/billing/apikey/add/").status_code == 403
+        r = client.post("/admin/billing/apikey/add/", {"wallet": wallet.wallet_id, "name": "mine"})
+        assert r.status_code == 403
+    assert not APIKey.objects.filter(name="mine").exists()
+    allowed, _ = staff("billing.view_apikey", "billing.add_apikey", "billing.fund_wallet")
+    r = allowed.post("/admin/billing/apikey/add/", {"wallet": tenant.sponsor.wallet_id, "name": "mine"})
+    assert r.status_code == 302, r.content
+    assert APIKey.objects.filter(wallet=tenant.sponsor, name="mine").exists()
+
+
 def test_operator_keys_need_their_own_permission(tenant: Tenant) -> None:
-    client, _ = staff("billing.view_apikey", "billing.add_apikey")
+    client, _ = staff("billing.view_apikey", "billing.add_apikey", "billing.fund_wallet")
     before = APIKey.objects.filter(wallet__isnull=True).count()
     r = client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root", "operator_key": "on",
                                                    "confirm_operator_key": "on"})  # fmt: skip
     assert r.status_code == 200
     assert b"needs a superuser" in r.content
     assert APIKey.objects.filter(wallet__isnull=True).count() == before
-    # A wallet key is fine with add_apikey.
+    # A wallet key is fine with add_apikey and fund_wallet.
     r = client.post("/admin/billing/apikey/add/", {"wallet": tenant.agent.wallet_id, "name": "bot"})
     assert r.status_code in (200, 302)
     assert APIKey.objects.filter(wallet=tenant.agent, name="bot").exists()
