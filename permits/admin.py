@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from django import forms
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
@@ -136,15 +137,42 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         obj._state.adding = False
 
 
+class TenantApproverForm(forms.ModelForm):
+    """Adding an approver. A console user never names themselves (superusers excepted): whoever holds
+    ``add_tenantapprover`` would otherwise make themselves an approver of any tenant and approve its
+    permit requests alone; approving stays a second person's decision."""
+
+    adding_user_pk: Any = None
+    may_add_self = False
+
+    class Meta:
+        model = TenantApprover
+        fields = ["user", "tenant"]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        user = data.get("user")
+        if user is not None and user.pk == self.adding_user_pk and not self.may_add_self:
+            self.add_error("user", "You cannot make yourself an approver: another approver admin or a superuser can.")
+        return data
+
+
 @admin.register(TenantApprover)
 class TenantApproverAdmin(ServiceSavedAdmin):
     """Who approves a tenant's permit requests; adding and removing go through audited services."""
 
     list_display = ["user", "tenant", "created_at"]
     search_fields = ["user__username", "tenant__wallet_id"]
+    form = TenantApproverForm
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False if obj is not None else super().has_change_permission(request, obj)
+
+    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
+        form = super().get_form(request, obj, change, **kwargs)
+        form.adding_user_pk = request.user.pk  # type: ignore[attr-defined]
+        form.may_add_self = bool(request.user.is_superuser)  # type: ignore[attr-defined]
+        return form
 
     def save_model(self, request: HttpRequest, obj: TenantApprover, form: Any, change: bool) -> None:
         approver = services.tenant_approver_add(

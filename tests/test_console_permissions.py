@@ -235,6 +235,23 @@ def test_approver_changes_are_audited_with_the_console_user(tenant: Tenant) -> N
     assert event.detail == {"user": "alice", "actor": f"admin:{user.get_username()}"}
 
 
+def test_an_approver_admin_cannot_make_themselves_an_approver(tenant: Tenant) -> None:
+    """Approving stays a second person's decision: adding oneself is refused, nothing written; a
+    superuser may."""
+    client, user = staff("permits.view_tenantapprover", "permits.add_tenantapprover")
+    r = client.post("/admin/permits/tenantapprover/add/", {"user": user.pk, "tenant": tenant.sponsor.wallet_id})
+    assert r.status_code == 200
+    assert b"You cannot make yourself an approver" in r.content
+    assert not TenantApprover.objects.filter(user=user).exists()
+    assert not AuditEvent.objects.filter(event="approver.added").exists()
+    root = get_user_model().objects.create_superuser("root", "", "pw-for-tests-only")
+    admin_client = Client()
+    admin_client.force_login(root)
+    r = admin_client.post("/admin/permits/tenantapprover/add/", {"user": root.pk, "tenant": tenant.sponsor.wallet_id})
+    assert r.status_code == 302, r.content[:500]
+    assert TenantApprover.objects.filter(user=root, tenant=tenant.sponsor).exists()
+
+
 def test_roles_ship_as_groups() -> None:
     groups = {
         g.name: {f"{p.content_type.app_label}.{p.codename}" for p in g.permissions.all()} for g in Group.objects.all()
