@@ -10,6 +10,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -680,6 +681,65 @@ def test_dogfood_tool_runs_locally_metered_and_receipted(fault, tenant, settings
     # It never reached the upstream.
     assert fault.count("tools/call") == 0
     assert not fault.received
+
+
+def _local_tool(tenant: Tenant, settings: Any) -> Caller:
+    settings.ENABLE_DOGFOOD_TOOL = True
+    services.dogfood_tool_register()
+    tool_price_set(tool=services.DOGFOOD_TOOL, credits=Decimal("0.5"))
+    return setup_caller(tenant)
+
+
+def test_a_local_call_whose_worker_stopped_after_the_claim_is_swept_as_refunded(fault, tenant, settings, monkeypatch):
+    """The local tool runs in the transaction that records its outcome: a claim left open did not run.
+    The sweeper refunds it (failed_refunded), with no uncertainty and no alert to reconcile."""
+    from audit.models import Alert
+    from mcpgateway.services import governed
+
+    caller = _local_tool(tenant, settings)
+    start = balance(tenant)
+
+    def worker_stops(name: str) -> None:
+        if name == "after_claim":
+            raise RuntimeError("the worker stopped")
+
+    monkeypatch.setattr(governed, "fault_point", worker_stops)
+    with pytest.raises(RuntimeError):
+        caller.rpc(services.DOGFOOD_TOOL, {"text": "lost"}, key="note-lost")
+    action = Action.objects.get(idempotency_key="note-lost")
+    assert action.state == "dispatch_claimed"
+    assert balance(tenant) == start - Decimal("0.5")
+
+    assert services.action_sweep(older_than=timedelta(0)) == [action.action_id]
+    receipt = Receipt.objects.get(action_id=action.action_id)
+    assert (receipt.outcome, receipt.reason_code, receipt.credits_charged) == ("failed_refunded", "dispatch_lost", 0)
+    assert balance(tenant) == start
+    assert not PartnerNote.objects.exists()
+    assert not Alert.objects.filter(kind="delivery_uncertain").exists()
+    assert Permit.objects.get(pk=caller.permit_id).spent_credits == 0
+    monkeypatch.undo()
+    replay = caller.rpc(services.DOGFOOD_TOOL, {"text": "lost"}, key="note-lost").json()
+    assert replay["error"]["data"]["outcome"] == "failed_refunded", replay
+
+
+def test_a_local_call_settled_by_the_sweeper_first_does_not_run(fault, tenant, settings, monkeypatch):
+    """A worker slower than the sweep threshold finds its claim settled: the tool does not run, no second
+    receipt is written (no 500), and the agent gets the sweeper's answer."""
+    from mcpgateway.services import governed
+
+    caller = _local_tool(tenant, settings)
+    start = balance(tenant)
+
+    def sweep_meanwhile(name: str) -> None:
+        if name == "after_claim":
+            assert len(services.action_sweep(older_than=timedelta(0))) == 1
+
+    monkeypatch.setattr(governed, "fault_point", sweep_meanwhile)
+    body = caller.rpc(services.DOGFOOD_TOOL, {"text": "late"}, key="note-late").json()
+    assert body["error"]["data"]["outcome"] == "failed_refunded", body
+    assert not PartnerNote.objects.exists()
+    assert Receipt.objects.filter(action__idempotency_key="note-late").count() == 1
+    assert balance(tenant) == start
 
 
 def test_dogfood_tool_is_absent_without_its_flag(fault, tenant, settings):

@@ -301,15 +301,23 @@ _FINISH_SQL = "SELECT gateway_finish(" + ", ".join(["%s"] * 23) + ")"
 
 
 def _phase3_local(action: Action, req: CallRequest) -> Action:
-    """Run ``partner.notes.write`` inside the final transaction: no dispatch uncertainty."""
+    """Run ``partner.notes.write`` inside the final transaction: no dispatch uncertainty.
+
+    Only while the action is still claimed: when the sweeper settled it first (this worker was
+    slower than the sweep threshold), the tool does not run and the sweeper's answer stands.
+    """
     from mcpgateway.models import PartnerNote
 
     with transaction.atomic(durable=True):
         locked = (
             Action.objects.select_for_update(no_key=True, of=("self",))
             .select_related("permit", "ledger_entry", "wallet")
-            .get(pk=action.pk)
+            .filter(pk=action.pk, state=ActionState.DISPATCH_CLAIMED)
+            .first()
         )
+        if locked is None:
+            logger.warning("local action %s was settled by the sweeper before it ran", action.action_id)
+            return Action.objects.get(pk=action.pk)
         note = PartnerNote.objects.create(
             note_id=new_id("note"),
             tenant_id=locked.tenant_id,

@@ -1,4 +1,7 @@
-"""The sweeper: claims a worker never finished become ``delivery_uncertain`` with their receipt; nothing is re-sent."""
+"""The sweeper: claims a worker never finished become ``delivery_uncertain`` with their receipt; nothing is re-sent.
+
+A claim of a local tool is the exception: the tool runs inside the transaction that finishes its
+action (``finish._phase3_local``), so a claim still open did not run, and it is refunded."""
 
 from __future__ import annotations
 
@@ -9,8 +12,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from mcpgateway.models import Action, ActionState
-from mcpgateway.services.finish import _alert_uncertain, _finish
+from mcpgateway.models import Action, ActionState, Tool, ToolSource
+from mcpgateway.services.finish import _alert_uncertain, _finish, _refund_and_finish
 from receipts.models import Outcome
 
 
@@ -44,6 +47,21 @@ def action_sweep(*, older_than: timedelta | None = None, limit: int = 500) -> li
             if locked is None:
                 continue
             price = locked.price or Decimal(0)
+            if Tool.objects.filter(service_id=locked.tool, source=ToolSource.LOCAL).exists():
+                _refund_and_finish(
+                    locked,
+                    price=price,
+                    reason_code="dispatch_lost",
+                    message=(
+                        "The worker stopped after claiming this call and before the local tool ran (it runs in "
+                        "the transaction that records its outcome): it did not run, and the charge is refunded."
+                    ),
+                    extra={},
+                    response_hash="",
+                    audit_detail={"swept": True, "local_tool": True},
+                )
+                swept.append(action_id)
+                continue
             _finish(
                 locked,
                 state=ActionState.DELIVERY_UNCERTAIN,
