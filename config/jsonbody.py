@@ -11,13 +11,19 @@ MCP transports alike, so a hostile body is a 4xx everywhere, never a 500:
   integers outside the range every JSON implementation reads exactly
   (``±(2**53 - 1)``) are 422 (``number_out_of_range``): they could not be signed,
   stored and read back unchanged.
+
+Strings are held to their rule where a value is stored or signed (``check_storable``):
+no NUL (PostgreSQL text and jsonb cannot hold it) and no lone surrogate (not UTF-8, so
+neither stored nor canonicalized by RFC 8785). A body that is only read, such as a
+document to verify, may still carry them.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+import re
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -28,6 +34,7 @@ from config.errors import PayloadTooLarge, RequestValidationError, json_error
 
 MAX_JSON_DEPTH = 64
 MAX_SAFE_INTEGER = 2**53 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 class JSONBodyError(ValueError):
@@ -71,6 +78,43 @@ def _check_depth(value: Any) -> None:
         if depth > MAX_JSON_DEPTH:
             raise JSONBodyError(f"The JSON is nested more than {MAX_JSON_DEPTH} levels deep.", "json_too_deep")
         stack.extend((child, depth + 1) for child in children)
+
+
+def _text_error(text: str) -> tuple[str, str] | None:
+    """(message, type) when ``text`` holds NUL or a lone surrogate; DRF's CharField types, for one vocabulary."""
+    if "\x00" in text:
+        return "Null characters are not allowed.", "null_characters_not_allowed"
+    if not text.isascii():
+        found = _SURROGATE.search(text)
+        if found is not None:
+            return (
+                f"Surrogate characters are not allowed: U+{ord(found.group()):X}.",
+                "surrogate_characters_not_allowed",
+            )
+    return None
+
+
+def check_storable(value: Any, loc: Sequence[str | int]) -> None:
+    """422 at a string of ``value`` (an object key or a value, at any depth) holding NUL or a lone surrogate.
+
+    ``loc`` is where ``value`` sits in the request; the error's ``loc`` goes on down to the string.
+    """
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, tuple(loc))]
+    while stack:
+        item, at = stack.pop()
+        if isinstance(item, str):
+            error = _text_error(item)
+            if error is not None:
+                raise RequestValidationError.single(at, *error)
+        elif isinstance(item, dict):
+            for key, child in item.items():
+                error = _text_error(key) if isinstance(key, str) else None
+                if error is not None:  # the key, escaped where it cannot be written back in the answer
+                    shown = key.encode("utf-8", "backslashreplace").decode("utf-8")
+                    raise RequestValidationError.single((*at, shown), *error)
+                stack.append((child, (*at, key)))
+        elif isinstance(item, list):
+            stack.extend((child, (*at, index)) for index, child in enumerate(item))
 
 
 def loads_bounded(raw: bytes | str) -> Any:

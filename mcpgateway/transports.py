@@ -46,9 +46,10 @@ from config.errors import (
     json_error,
 )
 from config.idempotency import validate_idempotency_key
-from config.jsonbody import JSONBodyError, loads_bounded
+from config.jsonbody import JSONBodyError, check_storable, loads_bounded
 from mcpgateway import services
-from mcpgateway.models import McpSession, Tool
+from mcpgateway.models import Action, McpSession, Tool
+from permits.models import Permit
 
 logger = logging.getLogger("tollgate.mcp")
 
@@ -73,6 +74,9 @@ INTERNAL_ERROR = -32603
 HEADER_MISMATCH = -32020
 FORBIDDEN = -32001
 IN_PROGRESS = -32009  # the same idempotency key is still being answered (HTTP 409)
+
+PERMIT_ID_MAX_LENGTH = Permit._meta.get_field("permit_id").max_length or 0
+QUOTE_ID_MAX_LENGTH = Action._meta.get_field("quote_id").max_length or 0
 
 
 def server_info() -> dict[str, str]:
@@ -229,7 +233,20 @@ def _call_meta(ex: Exchange, params: dict[str, Any]) -> tuple[str, str, str]:
         raise RpcError(INVALID_PARAMS, err.errors[0]["msg"], {"error": "invalid_idempotency_key"}) from err
     if not isinstance(quote_id, str):
         raise RpcError(INVALID_PARAMS, "quote_id must be a string.", {"error": "invalid_quote_id"})
+    # The limits the REST invoke's serializer applies (ToolCallRequest): what the columns can hold.
+    _check_id("permit_id", permit_id, PERMIT_ID_MAX_LENGTH)
+    _check_id("quote_id", quote_id, QUOTE_ID_MAX_LENGTH)
     return permit_id, key, quote_id
+
+
+def _check_id(name: str, value: str, max_length: int) -> None:
+    """``invalid_<name>`` unless ``value`` fits its column: at most ``max_length`` characters, no NUL or surrogate."""
+    if len(value) > max_length:
+        raise RpcError(INVALID_PARAMS, f"{name} has at most {max_length} characters.", {"error": f"invalid_{name}"})
+    try:
+        check_storable(value, ["params", "_meta", name])
+    except RequestValidationError as err:
+        raise RpcError(INVALID_PARAMS, f"{name}: {err.errors[0]['msg']}", {"error": f"invalid_{name}"}) from err
 
 
 def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:

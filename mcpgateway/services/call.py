@@ -13,6 +13,7 @@ from typing import Any
 from audit.canonical import canonical_bytes_fast, sha256_hex
 from billing.ratelimit import DeferredCharge
 from billing.selectors import Principal
+from config.jsonbody import check_storable
 from receipts.models import Outcome
 
 # Outcome -> (HTTP status on the REST invoke, JSON-RPC error code on MCP; None: a result is returned).
@@ -30,7 +31,10 @@ OUTCOME_STATUS: dict[str, tuple[int, int | None]] = {
 
 @dataclass(frozen=True)
 class CallRequest:
-    """A validated tools/call from any transport."""
+    """A validated tools/call from any transport.
+
+    Raises ``RequestValidationError`` when the tool or the arguments hold a string that cannot be stored.
+    """
 
     principal: Principal
     tool: str
@@ -43,6 +47,12 @@ class CallRequest:
     # The key's rate-limit charge, deferred to the claim (billing.ratelimit): the principal's key then
     # comes from the process's cache, and the request must be charged before it writes anything else.
     deferred: DeferredCharge | None = None
+
+    def __post_init__(self) -> None:
+        # The tool and the arguments are stored (text, jsonb) and hashed (RFC 8785), so a string holding NUL or a
+        # lone surrogate is refused here, on every transport, before anything is read or written (422).
+        check_storable(self.tool, ["body", "name"])
+        check_storable(self.arguments, ["body", "arguments"])
 
 
 @dataclass(frozen=True)
