@@ -494,7 +494,7 @@ class UpstreamClient:
         ``x-mcp-header``: they are mirrored in ``Mcp-Param-*`` headers, which a
         stateless-era server requires for such a tool. Raises ``ValueError``
         (before anything is sent) for an empty idempotency key or an invalid
-        ``output_schema``.
+        ``output_schema`` (``output_schema_problem`` tells which beforehand).
         """
         if not idempotency_key:
             raise ValueError("idempotency_key is required")
@@ -1167,33 +1167,55 @@ def _param_header_lines(schema: Mapping[str, Any], arguments: Mapping[str, Any])
     return lines
 
 
-_validator_cache: dict[str, jsonschema.protocols.Validator] = {}
+_validator_cache: dict[str, jsonschema.protocols.Validator | str] = {}
+"""Compiled validators, and the reason (a string) for schemas that cannot be one, by canonical JSON."""
 _validator_lock = threading.Lock()
 
 
 def _output_validator(schema: Mapping[str, Any] | None) -> jsonschema.protocols.Validator | None:
     """A validator for ``schema`` (draft from ``$schema``, else 2020-12); ``ValueError`` if the schema is invalid.
 
-    Checking and compiling a schema costs milliseconds; validators are cached by the schema's
-    canonical JSON (a tool's outputSchema changes only when the registry is synced).
+    Checking and compiling a schema costs milliseconds; validators (and the reasons why a schema
+    is none) are cached by the schema's canonical JSON (a tool's outputSchema changes only when the
+    registry is synced).
     """
     if schema is None:
         return None
     fingerprint = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
     cached = _validator_cache.get(fingerprint)
+    if isinstance(cached, str):
+        raise ValueError(cached)
     if cached is not None:
         return cached
-    cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+    entry: jsonschema.protocols.Validator | str
     try:
+        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
         cls.check_schema(schema)
+        entry = cls(schema)
     except jsonschema.exceptions.SchemaError as exc:
-        raise ValueError(f"invalid output_schema: {exc.message}") from exc
-    validator = cls(schema)
+        entry = f"invalid output_schema: {exc.message}"[:300]
+    except Exception as exc:  # not a schema at all (a number, a ``$schema`` that is not a string)
+        entry = f"invalid output_schema: {_describe(exc)}"
     with _validator_lock:
         if len(_validator_cache) > 1024:
             _validator_cache.clear()
-        _validator_cache[fingerprint] = validator
-    return validator
+        _validator_cache[fingerprint] = entry
+    if isinstance(entry, str):
+        raise ValueError(entry)
+    return entry
+
+
+def output_schema_problem(schema: Any) -> str | None:
+    """Why ``call_tool`` would refuse ``schema`` as its ``output_schema``; None if it would not.
+
+    ``call_tool`` raises ``ValueError(f"invalid output_schema: {why}")``; this returns ``why``. None
+    for no schema. Cheap after the first time for a given schema (cached as the validators are).
+    """
+    try:
+        _output_validator(schema)
+    except ValueError as exc:
+        return str(exc).removeprefix("invalid output_schema: ")
+    return None
 
 
 def _ignore(chunk: bytes) -> None:

@@ -6,7 +6,8 @@ governed call has read (``_registered_tool``), by name and version, with their a
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -17,16 +18,25 @@ from django.utils import timezone
 from audit.services import audit_record
 from config import fastsql
 from mcpgateway.models import Tool, ToolSource
+from mcpgateway.upstream import output_schema_problem
+
+logger = logging.getLogger("tollgate.gateway")
 
 DOGFOOD_TOOL = "partner.notes.write"
 
 
 def tool_is_callable(tool: Tool) -> bool:
+    """Enabled, and (a local tool) its flag on or (an upstream tool) an outputSchema the gateway can check.
+
+    Every answer is judged against the tool's outputSchema; with one that does not compile, a call
+    could be charged but never sent, so such a tool (``tools_sync`` stores it disabled, but a row can
+    be re-enabled or older than that check) is refused before anything is accepted or charged.
+    """
     if not tool.enabled:
         return False
     if tool.source == ToolSource.LOCAL:
         return bool(settings.ENABLE_DOGFOOD_TOOL) and tool.service_id == DOGFOOD_TOOL
-    return True
+    return output_schema_problem(tool.output_schema or None) is None
 
 
 def tools_catalog(*, category: str | None = None) -> list[Tool]:
@@ -75,7 +85,9 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
     tool = fastsql.instance(Tool, row[:-1])
     schema = tool.input_schema or {"type": "object"}
     try:
-        validator = jsonschema.validators.validator_for(schema)(schema)
+        cls = jsonschema.validators.validator_for(schema)
+        cls.check_schema(schema)  # else an invalid one (``"minimum": "0"``) raises in the middle of validating
+        validator = cls(schema)
     except Exception:  # an unusable schema from the upstream: let the upstream judge
         validator = None
     registered = _RegisteredTool(version=row[-1], tool=tool, arguments_validator=validator)
@@ -85,27 +97,46 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
 
 @dataclass(frozen=True)
 class SyncReport:
+    """What ``tools_sync`` did: tool names created, updated, disabled (vanished upstream).
+
+    ``invalid``: tools registered (among created or updated) but disabled because their outputSchema
+    is not a valid JSON Schema, with the reason.
+    """
+
     created: list[str]
     updated: list[str]
     disabled: list[str]
+    invalid: dict[str, str] = field(default_factory=dict)
 
 
 @transaction.atomic(durable=True)
 def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools") -> SyncReport:
     """Register the upstream's tools (name, description, schemas, annotations); disable vanished ones.
 
-    Prices are untouched: a new tool has no price until an operator sets one.
+    Prices are untouched: a new tool has no price until an operator sets one. Schemas are stored as
+    the upstream lists them. A tool whose outputSchema is not a valid JSON Schema is stored
+    disabled, and named in the report, the audit event and the log: the gateway could not judge its
+    answers, so it is not callable (``tool_is_callable``) until the upstream fixes it and a sync
+    registers it again. An invalid inputSchema is kept callable: the gateway then leaves the
+    arguments to the upstream (``_registered_tool``).
     """
     now = timezone.now()
     seen: set[str] = set()
     created: list[str] = []
     updated: list[str] = []
+    invalid: dict[str, str] = {}
     for spec in remote_tools:
         name = spec.get("name")
         if not isinstance(name, str) or not name or name == DOGFOOD_TOOL:
             continue
         seen.add(name)
         annotations = spec.get("annotations") or {}
+        problem = output_schema_problem(spec.get("outputSchema") or None)
+        if problem is not None:
+            invalid[name] = problem
+            logger.warning(
+                "tool %s registered disabled: its outputSchema is not a valid JSON Schema (%s)", name, problem
+            )
         values = {
             "title": str(spec.get("title") or annotations.get("title") or "")[:200],
             "description": str(spec.get("description") or ""),
@@ -113,7 +144,7 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
             "output_schema": spec.get("outputSchema"),
             "annotations": annotations,
             "source": ToolSource.UPSTREAM,
-            "enabled": True,
+            "enabled": problem is None,
             "synced_at": now,
         }
         category = (spec.get("_meta") or {}).get("io.tollgate/category")
@@ -130,9 +161,9 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
     audit_record(
         event="tools.synced",
         ok=True,
-        detail={"created": created, "updated": updated, "disabled": disabled, "actor": actor},
+        detail={"created": created, "updated": updated, "disabled": disabled, "invalid": invalid, "actor": actor},
     )
-    return SyncReport(created, updated, disabled)
+    return SyncReport(created, updated, disabled, invalid)
 
 
 def dogfood_tool_register() -> Tool:

@@ -39,4 +39,9 @@ class Command(BaseCommand):
             )
         )
         for name in report.created:
-            self.stdout.write(f"  new: {name} (no price yet: manage.py set_tool_price {name} CREDITS)")
+            if name not in report.invalid:
+                self.stdout.write(f"  new: {name} (no price yet: manage.py set_tool_price {name} CREDITS)")
+        for name, problem in report.invalid.items():
+            self.stderr.write(
+                self.style.WARNING(f"  not callable: {name}: its outputSchema is not a valid JSON Schema ({problem})")
+            )
