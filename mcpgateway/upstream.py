@@ -481,8 +481,13 @@ class UpstreamClient:
         extra_meta: Mapping[str, Any] | None = None,
         output_schema: Mapping[str, Any] | None = None,
         input_schema: Mapping[str, Any] | None = None,
+        send_by: float | None = None,
     ) -> CallResult:
         """Send one ``tools/call`` and classify the outcome; never resends, never raises for upstream failures.
+
+        ``send_by`` (a ``time.monotonic()`` instant): when the session's negotiation, or waiting for
+        another thread's, ends after it, the call is not sent (``not_sent``), so that a caller whose
+        claim is swept after a fixed time never sends a call the sweep has already given up on.
 
         The idempotency key travels as header ``Idempotency-Key`` and as
         ``params._meta["io.tollgate/idempotency-key"]`` (it overrides the same key
@@ -525,6 +530,12 @@ class UpstreamClient:
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
 
         started = time.monotonic()
+        if send_by is not None and started > send_by:
+            return CallResult(
+                kind="not_sent",
+                reason=f"not sent: the session was ready {started - send_by:.1f} s after the call's send deadline",
+                request_id=rid,
+            )
         try:
             response = self._pool.request(head, body, self._deadline(started), close=self._request_close)
         except RequestNotSent as exc:

@@ -641,6 +641,34 @@ def test_mcp_in_progress_answer_carries_retry_after(fault, tenant):
     assert r["Retry-After"] == "2"
 
 
+def test_a_call_whose_session_negotiation_outlasts_its_send_deadline_is_not_sent_and_refunded(
+    fault, tenant, settings, monkeypatch
+):
+    """The sweeper gives a claim up after a fixed time that covers one call sent at once. A call whose
+    upstream session took longer to negotiate is not sent at all (refunded), never sent after the
+    sweep may have declared it lost."""
+    from mcpgateway.upstream import UpstreamClient
+
+    settings.UPSTREAM_CONNECT_TIMEOUT = 0.05
+    settings.SWEEP_MARGIN_SECONDS = 0.1  # a send deadline 0.1 s after the claim
+    caller = setup_caller(tenant)
+    start = balance(tenant)
+    negotiated = UpstreamClient._negotiated
+
+    def slow(self: UpstreamClient) -> Any:
+        time.sleep(0.4)
+        return negotiated(self)
+
+    monkeypatch.setattr(UpstreamClient, "_negotiated", slow)
+    body = caller.rpc("echo", {"n": 1}, key="slow-session").json()
+    assert body["error"]["data"]["outcome"] == "failed_refunded", body
+    assert body["error"]["data"]["error"] == "upstream_not_sent", body
+    assert fault.count("tools/call") == 0
+    assert balance(tenant) == start
+    monkeypatch.setattr(UpstreamClient, "_negotiated", negotiated)
+    assert caller.rpc("echo", {"n": 1}, key="quick-session").json()["result"]["isError"] is False
+
+
 # --- F. The local dogfood tool -------------------------------------------------------------------------
 
 

@@ -352,6 +352,18 @@ def test_invalid_output_schema_raises_before_sending(client: UpstreamClient, fau
     assert fault.messages == []
 
 
+def test_a_call_whose_session_was_ready_after_its_send_deadline_is_not_sent(
+    client: UpstreamClient, fault: FaultUpstream
+) -> None:
+    """The negotiation ran (the session is ready), but past ``send_by``: the tools/call is never written."""
+    result = client.call_tool("echo", {"n": 1}, idempotency_key="late-1", send_by=time.monotonic() - 0.001)
+    assert result.kind == "not_sent"
+    assert "send deadline" in result.reason
+    assert fault.count("tools/call") == 0
+    assert fault.count("initialize") == 1
+    assert client.call_tool("echo", {"n": 1}, idempotency_key="late-2", send_by=time.monotonic() + 30).kind == "success"
+
+
 def test_total_timeout_bounds_a_trickling_stream(fault: FaultUpstream) -> None:
     with UpstreamClient(fault.url, connect_timeout=1.0, read_timeout=5.0, total_timeout=0.3) as client:
         result = client.call_tool("sse_trickle", {}, idempotency_key="k")

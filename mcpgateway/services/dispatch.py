@@ -6,8 +6,10 @@ The upstream client is one per process, shared by its threads.
 from __future__ import annotations
 
 import threading
+import time
 
 from django.conf import settings
+from django.utils import timezone
 
 from config import metrics
 from mcpgateway.models import Action, Tool
@@ -41,6 +43,23 @@ def upstream_client() -> UpstreamClient:
         return _client
 
 
+def send_deadline(action: Action) -> float | None:
+    """The ``time.monotonic()`` instant after which ``action``'s call must not be sent.
+
+    The sweeper gives a claim up after ``sweep_threshold()`` (connect + twice the read timeout +
+    the margin), which covers one call sent at once: its response completes within twice the read
+    timeout of being sent. Negotiating the upstream's session first (several requests, or waiting
+    for another thread's) can take longer; a call sent after connect + half the margin could still
+    be running when the sweep declares it lost, and its outcome would then not count (a refund owed
+    skipped, or an operator's "not executed" for a call that ran). Past that it is ``not_sent``.
+    """
+    if action.claimed_at is None:
+        return None
+    budget = settings.UPSTREAM_CONNECT_TIMEOUT + settings.SWEEP_MARGIN_SECONDS / 2
+    elapsed = (timezone.now() - action.claimed_at).total_seconds()
+    return time.monotonic() + budget - elapsed
+
+
 def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
     """Phase 2: one upstream tools/call outside any transaction. Never raises, never resends.
 
@@ -66,6 +85,7 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
         extra_meta={"io.tollgate/action-id": action.action_id},
         output_schema=output_schema,
         input_schema=tool.input_schema or None,  # arguments marked x-mcp-header travel as headers too
+        send_by=send_deadline(action),
     )
     metrics.observe_upstream(result.elapsed, kind=result.kind)
     return result

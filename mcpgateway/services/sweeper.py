@@ -18,7 +18,11 @@ from receipts.models import Outcome
 
 
 def sweep_threshold() -> timedelta:
-    """Claims older than this are lost: the dispatch timeout (connect + twice the read timeout) plus a margin."""
+    """Claims older than this are lost: the dispatch timeout (connect + twice the read timeout) plus a margin.
+
+    Phase 2 sends no call later than connect + half the margin after its claim
+    (``dispatch.send_deadline``), so a call sent is answered, or timed out, before the sweep.
+    """
     seconds = settings.UPSTREAM_CONNECT_TIMEOUT + 2 * settings.UPSTREAM_READ_TIMEOUT + settings.SWEEP_MARGIN_SECONDS
     return timedelta(seconds=seconds)
 
