@@ -50,6 +50,7 @@ def detail(request: HttpRequest, request_id: str) -> HttpResponse:
     context = {
         **selectors.permit_request_card_context(preq, approval_url=request.build_absolute_uri()),
         "show_decide_link": False,  # the decision form is on this page
+        "terms": services.permit_request_terms(preq),  # sent back with the decision: the terms shown
     }
     return render(request, "permits/approvals_detail.html", context)
 
@@ -68,6 +69,7 @@ def decide(request: HttpRequest, request_id: str) -> HttpResponse:
             user=request.user,
             approve=action == "approve",
             note=request.POST.get("note", ""),
+            shown_terms=request.POST.get("terms", ""),
         )
     except ApplicationError as err:
         messages.error(request, err.detail_message)

@@ -82,6 +82,11 @@ class RequestAlreadyDecided(Conflict):
     message = "This permit request has already been decided."
 
 
+class RequestTermsChanged(Conflict):
+    code = "permit_request_changed"
+    message = "This permit request's terms changed after the page was shown: review it again before approving."
+
+
 class RequestExpired(Conflict):
     code = "permit_request_expired"
     message = "This permit request has expired and can no longer be approved."

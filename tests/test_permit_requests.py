@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from datetime import timedelta
+from decimal import Decimal
 
 import pytest
 from django.contrib.auth import get_user_model
@@ -13,6 +15,7 @@ from django.test import Client
 from django.utils import timezone
 
 from audit.models import AuditEvent
+from permits import services
 from permits.models import Permit, PermitRequest, TenantApprover
 from tests.conftest import make_tenant
 
@@ -98,6 +101,38 @@ def test_notification_email_goes_to_the_tenants_approvers(tenant, other_tenant, 
     assert "<form" not in html
 
 
+def approval(request_id: str) -> dict[str, str]:
+    """The approval form's fields as the page sends them: the decision and the digest of the terms shown."""
+    terms = services.permit_request_terms(PermitRequest.objects.get(pk=request_id))
+    return {"decision": "approve", "terms": terms}
+
+
+def test_an_approval_of_terms_changed_after_the_page_was_shown_mints_nothing(tenant):
+    """The page sends back a digest of the terms it showed; someone who changes the request row between the
+    page and the click (the allowance, the tools) gets no permit signed for terms the approver never saw."""
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
+    _, browser = approver_for(tenant)
+    page = browser.get(f"/approvals/{preq['request_id']}").content.decode()
+    shown = re.search(r'name="terms" value="([0-9a-f]{64})"', page)
+    assert shown is not None
+    PermitRequest.objects.filter(pk=preq["request_id"]).update(max_credits=Decimal("5000"), allowed_tools=["*"])
+    for terms in (shown[1], "", "0" * 64):
+        r = browser.post(
+            f"/approvals/{preq['request_id']}/decide", {"decision": "approve", "terms": terms}, follow=True
+        )
+        assert "terms changed after the page was shown" in r.content.decode()
+    assert not Permit.objects.exists()
+    assert PermitRequest.objects.get(pk=preq["request_id"]).status == "pending"
+    # Reviewed again, the new terms are approved as shown.
+    page = browser.get(f"/approvals/{preq['request_id']}").content.decode()
+    assert "5,000" in page
+    fresh = re.search(r'name="terms" value="([0-9a-f]{64})"', page)
+    assert fresh is not None
+    assert fresh[1] != shown[1]
+    browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve", "terms": fresh[1]})
+    assert Permit.objects.get().max_credits == Decimal("5000")
+
+
 def test_card_is_read_only_html(tenant):
     preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
     r = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}/card")
@@ -119,7 +154,9 @@ def test_human_approves_and_the_poll_returns_the_permit(tenant):
     assert preq["request_id"] in queue.content.decode()
     page = browser.get(f"/approvals/{preq['request_id']}")
     assert 'name="csrfmiddlewaretoken"' in page.content.decode()
-    r = browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"})
+    terms = re.search(r'name="terms" value="([0-9a-f]{64})"', page.content.decode())
+    assert terms is not None
+    r = browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve", "terms": terms[1]})
     assert r.status_code == 302
     polled = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}").json()
     assert polled["status"] == "approved"
@@ -130,7 +167,7 @@ def test_human_approves_and_the_poll_returns_the_permit(tenant):
     assert permit["max_credits"] == "5.00000000"
     assert permit["issued_via_request_id"] == preq["request_id"]
     # Approving again (second click, second tab) mints nothing more.
-    browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"})
+    browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve", "terms": terms[1]})
     browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "reject"})
     assert Permit.objects.count() == 1
     assert PermitRequest.objects.get().status == "approved"
@@ -151,7 +188,7 @@ def test_expired_request_cannot_be_approved(tenant):
     preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
     PermitRequest.objects.filter(pk=preq["request_id"]).update(expires_at=timezone.now() - timedelta(seconds=1))
     _, browser = approver_for(tenant)
-    r = browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"}, follow=True)
+    r = browser.post(f"/approvals/{preq['request_id']}/decide", approval(preq["request_id"]), follow=True)
     assert "expired" in r.content.decode()
     assert not Permit.objects.exists()
     assert tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}").json()["status"] == "expired"
@@ -203,7 +240,7 @@ def test_two_concurrent_approvals_mint_one_permit(transactional_db):
         c.force_login(user)
         barrier.wait()
         try:
-            statuses.append(c.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve"}).status_code)
+            statuses.append(c.post(f"/approvals/{preq['request_id']}/decide", approval(preq["request_id"])).status_code)
         finally:
             connection.close()
 

@@ -7,6 +7,7 @@ the last statement.
 
 from __future__ import annotations
 
+import hmac
 import logging
 from dataclasses import dataclass
 from datetime import timedelta
@@ -19,6 +20,7 @@ from django.db import IntegrityError, transaction
 from django.template.loader import render_to_string
 from django.utils import timezone
 
+from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import Wallet
@@ -149,13 +151,37 @@ def user_is_approver(user: Any, tenant_id: str) -> bool:
     return bool(user.is_authenticated and TenantApprover.objects.filter(user_id=user.pk, tenant_id=tenant_id).exists())
 
 
+def permit_request_terms(preq: PermitRequest) -> str:
+    """A digest of the terms a permit would be minted from: what the approval page shows the approver.
+
+    The page sends it back with the decision; an approval whose digest no longer matches the row
+    (someone changed the request after the approver saw it) mints nothing (``RequestTermsChanged``).
+    """
+    terms = {
+        "request_id": preq.request_id,
+        "tenant_id": preq.tenant_id,
+        "wallet_id": preq.wallet_id,
+        "allowed_tools": list(preq.allowed_tools),
+        "max_credits": money(preq.max_credits),
+        "max_calls": preq.max_calls,
+        "permit_ttl_seconds": preq.permit_ttl_seconds,
+        "subject_key_id": preq.subject_key_id or None,
+    }
+    return sha256_hex(canonical_bytes(terms))
+
+
 @transaction.atomic(durable=True)
-def permit_request_decide(*, request_id: str, user: Any, approve: bool, note: str = "") -> PermitRequest:
+def permit_request_decide(
+    *, request_id: str, user: Any, approve: bool, note: str = "", shown_terms: str | None = None
+) -> PermitRequest:
     """Approve (minting exactly one permit) or reject a pending request.
 
     Locks the request row, then re-checks: a decided request cannot be decided
     again (409), an expired one cannot be approved, and only approvers of the
     request's tenant may decide. Two concurrent approvals mint one permit.
+    ``shown_terms``: the ``permit_request_terms`` digest of the page the approver decided on
+    (the approval page always sends it); an approval is refused (409) unless the row still
+    has those terms.
     """
     preq = PermitRequest.objects.select_for_update(no_key=True).select_related("wallet").get(request_id=request_id)
     if not user_is_approver(user, preq.tenant_id):
@@ -165,6 +191,8 @@ def permit_request_decide(*, request_id: str, user: Any, approve: bool, note: st
         raise exc.RequestAlreadyDecided(request_id=request_id, status=preq.status)
     if preq.expires_at <= now:
         raise exc.RequestExpired(request_id=request_id)
+    if approve and shown_terms is not None and not hmac.compare_digest(shown_terms, permit_request_terms(preq)):
+        raise exc.RequestTermsChanged(request_id=request_id)
     preq.decided_at = now
     preq.decided_by = user
     preq.decision_note = note[:500]
