@@ -178,7 +178,11 @@ class ActionAdmin(admin.ModelAdmin):
         done = 0
         for action in self._uncertain(queryset):
             assert action.receipt_id is not None
-            reconciliation_record_executed(receipt_id=action.receipt_id, actor=console_actor(request))
+            try:
+                reconciliation_record_executed(receipt_id=action.receipt_id, actor=console_actor(request))
+            except ApplicationError as err:
+                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
+                continue
             done += 1
         self.message_user(request, f"{done} delivery_uncertain action(s) recorded as executed.", messages.SUCCESS)
         return None
@@ -195,9 +199,10 @@ class ActionAdmin(admin.ModelAdmin):
             assert action.receipt_id is not None
             try:
                 refund_reconciliation_mark_not_executed(receipt_id=action.receipt_id, actor=console_actor(request))
-                done += 1
             except ApplicationError as err:
                 self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
+                continue
+            done += 1
         self.message_user(
             request,
             f"{done} action(s) marked not executed: retry their refunds under Refund reconciliations.",

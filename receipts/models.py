@@ -128,3 +128,31 @@ class RefundReconciliation(models.Model):
 
     def __str__(self) -> str:
         return f"refund {self.amount} for {self.receipt_id} ({self.status})"
+
+
+class ReconciliationVerdict(models.TextChoices):
+    EXECUTED = "executed", "executed (the charge stands)"
+    NOT_EXECUTED = "not_executed", "not executed (a refund is owed)"
+
+
+class ReconciliationResult(models.Model):
+    """The operator's external reconciliation result for a ``delivery_uncertain`` receipt: one per receipt.
+
+    Recorded by ``reconciliation_record_executed`` and ``refund_reconciliation_mark_not_executed``
+    under the receipt's row lock. The same result again changes nothing; the other one is refused
+    (409), so a charge kept as executed cannot later be refunded by a second click, nor a refund owed
+    be silently contradicted.
+    """
+
+    receipt = models.OneToOneField(Receipt, on_delete=models.PROTECT, related_name="reconciliation_result")
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    verdict = models.CharField(max_length=16, choices=ReconciliationVerdict.choices)
+    actor = models.CharField(max_length=100, blank=True, default="")
+    note = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        db_table = "receipts_reconciliation_result"
+
+    def __str__(self) -> str:
+        return f"{self.receipt_id}: {self.verdict}"

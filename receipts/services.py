@@ -20,7 +20,14 @@ from config.errors import ApplicationError, Conflict, NotFound
 from config.ids import new_id
 from permits.models import Permit
 from permits.services import permit_release
-from receipts.models import Outcome, Receipt, ReconciliationStatus, RefundReconciliation
+from receipts.models import (
+    Outcome,
+    Receipt,
+    ReconciliationResult,
+    ReconciliationStatus,
+    ReconciliationVerdict,
+    RefundReconciliation,
+)
 
 logger = logging.getLogger("tollgate.receipts")
 
@@ -185,11 +192,37 @@ class RefundNotOwed(Conflict):
     message = "No refund is owed for this receipt."
 
 
+class ReconciliationDecided(Conflict):
+    code = "reconciliation_decided"
+    message = "This call was already reconciled the other way; nothing was changed."
+
+
+def _record_result(receipt: Receipt, verdict: str, *, actor: str, note: str) -> bool:
+    """Record ``verdict`` for ``receipt`` (locked by the caller): True when it is new, False when the same
+    result was recorded before. Refuses (409) the opposite of a recorded result."""
+    existing = ReconciliationResult.objects.filter(receipt=receipt).first()
+    if existing is not None:
+        if existing.verdict != verdict:
+            raise ReconciliationDecided(
+                receipt_id=receipt.receipt_id,
+                recorded=existing.verdict,
+                recorded_by=existing.actor,
+                recorded_at=existing.created_at.isoformat(),
+            )
+        return False
+    ReconciliationResult.objects.create(
+        receipt=receipt, tenant_id=receipt.tenant_id, verdict=verdict, actor=actor[:100], note=note[:500]
+    )
+    return True
+
+
 @transaction.atomic(durable=True)
 def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note: str = "") -> RefundReconciliation:
     """Operator's external reconciliation result for a ``delivery_uncertain`` call: it did not run.
 
-    Opens a pending refund item for the kept charge (post it with a retry).
+    Opens a pending refund item for the kept charge (post it with a retry). One result per receipt
+    (``ReconciliationResult``): marking it again returns the same item; after "executed" it is
+    refused (409 ``reconciliation_decided``).
     """
     receipt = Receipt.objects.select_for_update(no_key=True).get(receipt_id=receipt_id)
     _require_signed_columns(receipt)
@@ -197,6 +230,8 @@ def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note
         raise RefundNotOwed("Only a delivery_uncertain receipt can be marked not executed.", receipt_id=receipt_id)
     if receipt.credits_charged <= 0:
         raise RefundNotOwed(receipt_id=receipt_id)
+    if not _record_result(receipt, ReconciliationVerdict.NOT_EXECUTED, actor=actor, note=note):
+        return RefundReconciliation.objects.get(receipt=receipt)
     item = refund_reconciliation_open(
         receipt=receipt,
         amount=receipt.credits_charged,
@@ -317,11 +352,17 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
 
 @transaction.atomic(durable=True)
 def reconciliation_record_executed(*, receipt_id: str, actor: str, note: str = "") -> Receipt:
-    """Operator's external reconciliation result for a ``delivery_uncertain`` call: it ran; the charge stands."""
+    """Operator's external reconciliation result for a ``delivery_uncertain`` call: it ran; the charge stands.
+
+    One result per receipt (``ReconciliationResult``): recording it again changes nothing; after
+    "not executed" it is refused (409 ``reconciliation_decided``), and the refund item stays.
+    """
     receipt = Receipt.objects.select_for_update(no_key=True).get(receipt_id=receipt_id)
     _require_signed_columns(receipt)
     if receipt.outcome != Outcome.DELIVERY_UNCERTAIN:
         raise RefundNotOwed("Only a delivery_uncertain receipt can be reconciled.", receipt_id=receipt_id)
+    if not _record_result(receipt, ReconciliationVerdict.EXECUTED, actor=actor, note=note):
+        return receipt
     audit_record(
         event="reconciliation.marked_executed",
         ok=True,

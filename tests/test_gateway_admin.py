@@ -69,3 +69,55 @@ def test_reconciliation_actions_on_uncertain_actions(staff, settings, tenant):
     )
     assert AuditEvent.objects.filter(event="reconciliation.marked_executed").count() == 1
     assert not RefundReconciliation.objects.filter(receipt_id=second.receipt_id).exists()
+
+
+def test_a_reconciliation_result_is_recorded_once_and_never_contradicted(staff, settings, tenant):
+    """One result per receipt: the same result again changes nothing, the other one is refused and the
+    first stands (no refund after "executed", no "executed" over a refund owed), in the console and the
+    services alike."""
+    from receipts.models import ReconciliationResult
+    from receipts.services import (
+        ReconciliationDecided,
+        reconciliation_record_executed,
+        refund_reconciliation_mark_not_executed,
+    )
+
+    settings.UPSTREAM_READ_TIMEOUT = 0.3
+    with FaultUpstream(hang_seconds=2) as upstream:
+        settings.UPSTREAM_MCP_URL = upstream.url
+        register_upstream(upstream.url, price="2")
+        caller = setup_caller(tenant)
+        caller.rpc("hang", {}, key="r1")
+        caller.rpc("hang", {}, key="r2")
+    ran, did_not = Action.objects.filter(state="delivery_uncertain").order_by("created_at")
+
+    def act(name: str, action: Action) -> str:
+        r = staff.post(
+            "/admin/mcpgateway/action/", {"action": name, "_selected_action": [action.pk], "post": "yes"}, follow=True
+        )
+        assert r.status_code == 200
+        return r.content.decode()
+
+    act("reconciled_executed", ran)
+    act("reconciled_executed", ran)  # a second click records nothing more
+    refused = act("reconciled_not_executed", ran)
+    assert "already reconciled the other way" in refused
+    assert not RefundReconciliation.objects.filter(receipt_id=ran.receipt_id).exists()
+    staff.post(
+        "/admin/receipts/receipt/",
+        {"action": "mark_not_executed", "_selected_action": [ran.receipt_id], "post": "yes"},
+    )
+    assert not RefundReconciliation.objects.filter(receipt_id=ran.receipt_id).exists()
+    assert AuditEvent.objects.filter(event="reconciliation.marked_executed").count() == 1
+
+    act("reconciled_not_executed", did_not)
+    item = RefundReconciliation.objects.get(receipt_id=did_not.receipt_id)
+    assert refund_reconciliation_mark_not_executed(receipt_id=did_not.receipt_id, actor="again") == item
+    with pytest.raises(ReconciliationDecided) as decided:
+        reconciliation_record_executed(receipt_id=did_not.receipt_id, actor="second thoughts")
+    assert decided.value.extra["recorded"] == "not_executed"
+    assert AuditEvent.objects.filter(event="reconciliation.marked_not_executed").count() == 1
+    assert dict(ReconciliationResult.objects.values_list("receipt_id", "verdict")) == {
+        ran.receipt_id: "executed",
+        did_not.receipt_id: "not_executed",
+    }
