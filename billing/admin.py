@@ -95,6 +95,11 @@ class WalletCreateForm(forms.Form):
                 self.add_error("amount", "Funding a wallet needs the 'fund wallet' permission.")
             if (data.get("refill_threshold") is None) != (data.get("refill_amount") is None):
                 self.add_error("refill_amount", "Set both refill threshold and refill amount, or neither.")
+            elif data.get("refill_amount") is not None and not has_perm(self.request, "billing.fund_wallet"):
+                # An auto-refill moves the parent's credits into the wallet on every charge that needs it.
+                self.add_error(
+                    "refill_amount", "An auto-refill funds the wallet: it needs the 'fund wallet' permission."
+                )
         return data
 
 

@@ -229,4 +229,22 @@ def test_wallet_creation_needs_its_permissions(client):
     assert not Wallet.objects.filter(name="rich").exists()
     r = client.post("/admin/billing/wallet/add/", {"kind": "sponsor", "name": "empty", "amount": "0"})
     assert r.status_code == 302
-    assert Wallet.objects.get(name="empty").balance == 0
+    empty = Wallet.objects.get(name="empty")
+    assert empty.balance == 0
+    # An auto-refill funds the wallet from its parent on later charges: the permission that moves money.
+    refilled = {
+        "kind": "agent",
+        "parent": empty.pk,
+        "name": "bot",
+        "amount": "0",
+        "refill_threshold": "1",
+        "refill_amount": "50",
+    }
+    r = client.post("/admin/billing/wallet/add/", refilled)
+    assert r.status_code == 200
+    assert b"fund wallet" in r.content
+    assert not Wallet.objects.filter(name="bot").exists()
+    user.user_permissions.add(Permission.objects.get(codename="fund_wallet"))
+    client.force_login(get_user_model().objects.get(pk=user.pk))
+    assert client.post("/admin/billing/wallet/add/", refilled).status_code == 302
+    assert Wallet.objects.get(name="bot").refill_amount == 50
