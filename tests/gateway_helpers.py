@@ -15,6 +15,7 @@ from mcpgateway import services
 from mcpgateway.upstream import UpstreamClient
 from tests import factories
 from tests.conftest import Tenant
+from tests.upstream_server import FaultUpstream
 
 _ids = itertools.count(1)
 
@@ -27,6 +28,31 @@ def register_upstream(url: str, *, price: str = "1") -> list[str]:
     for spec in tools:
         tool_price_set(tool=spec["name"], credits=Decimal(price))
     return [t["name"] for t in tools]
+
+
+def register_tools(tools: list[dict[str, Any]], *, price: str) -> None:
+    """What ``sync_tools`` plus pricing would do, without asking the upstream (its tools/list is static)."""
+    services.tools_sync(remote_tools=tools)
+    for spec in tools:
+        tool_price_set(tool=spec["name"], credits=Decimal(price))
+
+
+def fresh_upstream(test_settings: Any, upstream: FaultUpstream, *, timeout: float, price: str = "2") -> FaultUpstream:
+    """Point the gateway at a module's scripted upstream with fresh counters, its tools registered at ``price``.
+
+    ``test_settings``: pytest-django's ``settings`` fixture (restored after the test); ``timeout``: the
+    upstream connect and read timeouts.
+    """
+    test_settings.UPSTREAM_READ_TIMEOUT = timeout
+    test_settings.UPSTREAM_CONNECT_TIMEOUT = timeout
+    test_settings.UPSTREAM_MCP_URL = upstream.url
+    with upstream.lock:
+        upstream.messages.clear()
+        upstream.received.clear()
+        upstream.executed.clear()
+        upstream.meta_keys.clear()
+    register_tools(upstream.tools(), price=price)
+    return upstream
 
 
 def issue_permit(tenant: Tenant, *, tools: list[str] | None = None, max_credits: str = "100", **extra: Any) -> str:

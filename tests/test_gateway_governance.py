@@ -28,7 +28,7 @@ from permits.services import permit_revoke, policy_create, quote_create
 from receipts.models import Receipt
 from tests import factories
 from tests.conftest import Tenant, client_for
-from tests.gateway_helpers import Caller, issue_permit, register_upstream, setup_caller
+from tests.gateway_helpers import Caller, fresh_upstream, issue_permit, register_upstream, setup_caller
 from tests.upstream_server import FaultUpstream, running_demo_upstream
 
 pytestmark = pytest.mark.django_db
@@ -47,23 +47,7 @@ def fault_server() -> Iterator[FaultUpstream]:
 @pytest.fixture
 def fault(settings: Any, fault_server: FaultUpstream) -> FaultUpstream:
     """The module's upstream with fresh counters, its tools registered at 2 credits each."""
-    settings.UPSTREAM_READ_TIMEOUT = 0.5
-    settings.UPSTREAM_CONNECT_TIMEOUT = 0.5
-    settings.UPSTREAM_MCP_URL = fault_server.url
-    with fault_server.lock:
-        fault_server.messages.clear()
-        fault_server.received.clear()
-        fault_server.executed.clear()
-        fault_server.meta_keys.clear()
-    register_tools(fault_server.tools(), price="2")
-    return fault_server
-
-
-def register_tools(tools: list[dict[str, Any]], *, price: str) -> None:
-    """What ``sync_tools`` plus pricing would do, without asking the upstream (its tools/list is static)."""
-    services.tools_sync(remote_tools=tools)
-    for spec in tools:
-        tool_price_set(tool=spec["name"], credits=Decimal(price))
+    return fresh_upstream(settings, fault_server, timeout=0.5)
 
 
 def balance(tenant: Tenant) -> Decimal:

@@ -12,20 +12,17 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Iterator
-from decimal import Decimal
 from typing import Any
 
 import pytest
 
 from audit.models import AuditEvent
 from billing.models import LedgerEntry, Wallet
-from billing.services import tool_price_set
 from config.ids import new_id
-from mcpgateway import services
 from mcpgateway.models import Action
 from receipts.models import Receipt
 from tests.conftest import Tenant
-from tests.gateway_helpers import Caller, setup_caller
+from tests.gateway_helpers import Caller, fresh_upstream, setup_caller
 from tests.upstream_server import FaultUpstream
 
 pytestmark = pytest.mark.django_db
@@ -43,19 +40,7 @@ def fault_server() -> Iterator[FaultUpstream]:
 @pytest.fixture
 def fault(settings: Any, fault_server: FaultUpstream) -> FaultUpstream:
     """The module's upstream with fresh counters, its tools registered at 2 credits each."""
-    settings.UPSTREAM_READ_TIMEOUT = 2
-    settings.UPSTREAM_CONNECT_TIMEOUT = 2
-    settings.UPSTREAM_MCP_URL = fault_server.url
-    with fault_server.lock:
-        fault_server.messages.clear()
-        fault_server.received.clear()
-        fault_server.executed.clear()
-        fault_server.meta_keys.clear()
-    tools = fault_server.tools()
-    services.tools_sync(remote_tools=tools)
-    for spec in tools:
-        tool_price_set(tool=spec["name"], credits=Decimal("2"))
-    return fault_server
+    return fresh_upstream(settings, fault_server, timeout=2)
 
 
 @pytest.fixture

@@ -32,7 +32,7 @@ from permits.models import Permit
 from tests import factories
 from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
-from tests.gateway_helpers import setup_caller, tools_call_body
+from tests.gateway_helpers import register_tools, setup_caller, tools_call_body
 from tests.test_billing_api import charge
 from tests.test_gateway_claim import claim_params
 from tests.test_gateway_governance import assert_refused, balance, charges
@@ -225,7 +225,7 @@ def test_a_free_call_on_a_cached_key_reads_the_wallet_afresh(fault, tenant):
     caller = setup_caller(tenant, balance=10)
     client = tenant.agent_client
     assert "result" in call(client, caller.permit_id).json()
-    governance.register_tools(fault.tools(), price="0")
+    register_tools(fault.tools(), price="0")
     assert "result" in call(client, caller.permit_id).json()  # free, and the tool and price were read afresh
     Wallet.objects.filter(pk=tenant.agent.pk).update(status="frozen", frozen_reason="operator")
     assert_refused(call(client, caller.permit_id).json(), outcome="denied", reason="wallet_frozen")
