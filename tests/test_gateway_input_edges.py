@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,8 +20,9 @@ from billing.models import LedgerEntry, Wallet
 from config.ids import new_id
 from mcpgateway.models import Action
 from receipts.models import Receipt
+from tests import test_gateway_governance as governance
 from tests.conftest import Tenant
-from tests.gateway_helpers import Caller, fresh_upstream, setup_caller
+from tests.gateway_helpers import Caller, setup_caller
 from tests.upstream_server import FaultUpstream
 
 pytestmark = pytest.mark.django_db
@@ -31,16 +31,9 @@ STATELESS = "2026-07-28"
 _ids = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def fault_server() -> Iterator[FaultUpstream]:
-    with FaultUpstream(hang_seconds=2) as upstream:
-        yield upstream
-
-
-@pytest.fixture
-def fault(settings: Any, fault_server: FaultUpstream) -> FaultUpstream:
-    """The module's upstream with fresh counters, its tools registered at 2 credits each."""
-    return fresh_upstream(settings, fault_server, timeout=2)
+# The governance tests' scripted upstream (one per module) and their fixture resetting it for each test.
+fault_server = governance.fault_server
+fault = governance.fault
 
 
 @pytest.fixture
