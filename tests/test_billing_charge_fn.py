@@ -13,6 +13,7 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -788,23 +789,32 @@ def wait_for_a_lock_wait(timeout: float = 10.0, *, count: int = 1) -> None:
             time.sleep(0.01)
 
 
-def charge_held_open(wallet: Wallet, units: str, release: threading.Event) -> threading.Thread:
-    """A charge of ``wallet`` in a transaction held open (its wallet lock with it) until ``release``."""
-    charged = threading.Event()
+def held_open(work: Callable[[], object], release: threading.Event) -> threading.Thread:
+    """``work`` in a transaction of another connection, held open (with the locks it took) until ``release``."""
+    done = threading.Event()
 
     def hold() -> None:
         try:
             with transaction.atomic():
-                assert billing_charge(prepared(wallet, units=units)[1])["code"] == "ok"
-                charged.set()
+                work()
+                done.set()
                 assert release.wait(30)
         finally:
             connections.close_all()
 
     thread = threading.Thread(target=hold)
     thread.start()
-    assert charged.wait(30)
+    assert done.wait(30)
     return thread
+
+
+def charge_held_open(wallet: Wallet, units: str, release: threading.Event) -> threading.Thread:
+    """A charge of ``wallet`` in a transaction held open (its wallet lock with it) until ``release``."""
+
+    def charge() -> None:
+        assert billing_charge(prepared(wallet, units=units)[1])["code"] == "ok"
+
+    return held_open(charge, release)
 
 
 def refill_race_wallet(tenant: Any) -> Wallet:

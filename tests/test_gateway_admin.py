@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.contrib.auth import get_user_model
 from django.test import Client
@@ -37,7 +39,8 @@ def test_tool_admin_edits_through_the_service(staff):
     assert AuditEvent.objects.filter(event="tool.updated", tool="echo").exists()
 
 
-def test_reconciliation_actions_on_uncertain_actions(staff, settings, tenant):
+def two_uncertain_actions(settings: Any, tenant: Any) -> list[Action]:
+    """Two governed calls whose upstream never answers in time: delivery_uncertain, the charges kept."""
     settings.UPSTREAM_READ_TIMEOUT = 0.3
     with FaultUpstream(hang_seconds=2) as upstream:
         settings.UPSTREAM_MCP_URL = upstream.url
@@ -45,7 +48,11 @@ def test_reconciliation_actions_on_uncertain_actions(staff, settings, tenant):
         caller = setup_caller(tenant)
         caller.rpc("hang", {}, key="u1")
         caller.rpc("hang", {}, key="u2")
-    first, second = Action.objects.filter(state="delivery_uncertain").order_by("created_at")
+    return list(Action.objects.filter(state="delivery_uncertain").order_by("created_at"))
+
+
+def test_reconciliation_actions_on_uncertain_actions(staff, settings, tenant):
+    first, second = two_uncertain_actions(settings, tenant)
     page = staff.get("/admin/mcpgateway/action/")
     assert page.status_code == 200
     # First an intermediate confirmation page listing the calls and their effect; nothing recorded yet.
@@ -82,14 +89,7 @@ def test_a_reconciliation_result_is_recorded_once_and_never_contradicted(staff, 
         refund_reconciliation_mark_not_executed,
     )
 
-    settings.UPSTREAM_READ_TIMEOUT = 0.3
-    with FaultUpstream(hang_seconds=2) as upstream:
-        settings.UPSTREAM_MCP_URL = upstream.url
-        register_upstream(upstream.url, price="2")
-        caller = setup_caller(tenant)
-        caller.rpc("hang", {}, key="r1")
-        caller.rpc("hang", {}, key="r2")
-    ran, did_not = Action.objects.filter(state="delivery_uncertain").order_by("created_at")
+    ran, did_not = two_uncertain_actions(settings, tenant)
 
     def act(name: str, action: Action) -> str:
         r = staff.post(
@@ -111,6 +111,7 @@ def test_a_reconciliation_result_is_recorded_once_and_never_contradicted(staff, 
     assert AuditEvent.objects.filter(event="reconciliation.marked_executed").count() == 1
 
     act("reconciled_not_executed", did_not)
+    assert did_not.receipt_id is not None
     item = RefundReconciliation.objects.get(receipt_id=did_not.receipt_id)
     assert refund_reconciliation_mark_not_executed(receipt_id=did_not.receipt_id, actor="again") == item
     with pytest.raises(ReconciliationDecided) as decided:

@@ -136,7 +136,7 @@ def test_concurrent_calls_cannot_pass_a_policys_daily_cap_together(settings):
 
     from billing.services import ledger_debit
     from permits.services import policy_create
-    from tests.test_billing_charge_fn import wait_for_a_lock_wait
+    from tests.test_billing_charge_fn import held_open, wait_for_a_lock_wait
 
     with FaultUpstream() as upstream:
         settings.UPSTREAM_MCP_URL = upstream.url
@@ -146,20 +146,8 @@ def test_concurrent_calls_cannot_pass_a_policys_daily_cap_together(settings):
         policy = policy_create(wallet=tenant.agent, max_daily_credits=Decimal("10"))
         with transaction.atomic():
             ledger_debit(wallet=tenant.agent.wallet_id, amount=Decimal("8"), service_category="compute")
-        held, release = threading.Event(), threading.Event()
-
-        def hold() -> None:
-            try:
-                with transaction.atomic():
-                    Wallet.objects.select_for_update(no_key=True).get(pk=tenant.agent.pk)
-                    held.set()
-                    assert release.wait(30)
-            finally:
-                connection.close()
-
-        holder = threading.Thread(target=hold)
-        holder.start()
-        assert held.wait(30)
+        release = threading.Event()
+        holder = held_open(lambda: Wallet.objects.select_for_update(no_key=True).get(pk=tenant.agent.pk), release)
         bodies: list = [None] * 4
 
         def call(i: int) -> None:
