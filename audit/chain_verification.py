@@ -271,11 +271,25 @@ def _walk(chain: str, from_seq: int, to_seq: int | None, checkpoint: Mapping[str
             )
     valid, reason = check.valid, check.reason
     broken_seq, broken_event_id = check.first_broken_seq, check.first_broken_event_id
-    if valid and check.last_seq < end:
-        valid, reason, broken_seq = False, "missing_events", check.last_seq + 1
-    elif valid and end == head_seq and check.last_hash and check.last_hash != head_hash:
+    tip_seq, tip_hash = check.last_seq, check.last_hash
+    if valid and tip_seq < end:
+        valid, reason, broken_seq = False, "missing_events", tip_seq + 1
+    elif valid and tip_seq < head_seq:
+        # The range ends below the head. Its last hash is vouched for only by the links above it: whoever
+        # rewrites an event and recomputes its hash leaves the break at the next one. So the walk goes on
+        # to the head (those events are checked, not counted) and a break there makes the range invalid.
+        with _chain_rows(chain, tip_seq + 1, head_seq, tip_hash) as rows:
+            above = _verify_rendered(rows, start_seq=tip_seq + 1, start_prev_hash=tip_hash, checkpoint_seq=None)
+        if not above.valid:
+            valid, reason = False, above.reason
+            broken_seq, broken_event_id = above.first_broken_seq, above.first_broken_event_id
+        elif above.last_seq < head_seq:
+            valid, reason, broken_seq = False, "missing_events", above.last_seq + 1
+        tip_hash = above.last_hash
+    # A valid walk has reached the head here: its last hash must be the head's, with nothing beyond it.
+    if valid and tip_hash and tip_hash != head_hash:
         valid, reason, broken_seq = False, "head_mismatch", head_seq
-    elif valid and end == head_seq:
+    elif valid:
         beyond = AuditEvent.objects.filter(chain=chain, seq__gt=head_seq).order_by("seq").values_list("event_id")
         extra = beyond.first()
         if extra is not None:
@@ -316,8 +330,12 @@ def audit_chain_verify(
     Reads one consistent snapshot (REPEATABLE READ, read only) when called
     outside a transaction, streaming rows in chunks. A range that does not
     start at 1 trusts the ``prev_hash`` of its first event, so it issues no
-    checkpoint. A kept ``checkpoint`` ({type, chain, first_seq, last_seq, size,
-    head_hash, kid, issued_at, signature})
+    checkpoint. A range that ends below the head is anchored: the walk goes on
+    to the head (checking, not counting, the events above ``to_seq``) and ends
+    at the head row, so a valid answer for an event (the evidence bundle's
+    check) means no event up to the head was rewritten, not only that the
+    events up to it agree with each other. A kept ``checkpoint`` ({type,
+    chain, first_seq, last_seq, size, head_hash, kid, issued_at, signature})
     must verify and is compared with the recomputed hash at its size: a chain
     now shorter than the checkpoint was truncated; a different hash means the
     events below it were rewritten. A valid walk from seq 1 ends with a new
@@ -336,6 +354,8 @@ def audit_chain_verify(
     signed: dict[str, Any] | None = None
     # A checkpoint never claims events that were not checked: only a walk from the first event
     # issues one, naming the range it covers (a partial walk trusted the prev_hash it started from).
+    # A valid walk was anchored at the head, so a checkpoint below the head covers an end that every
+    # later link vouches for.
     if walk.valid and walk.last_hash and from_seq == 1:
         statement = {
             "type": CHECKPOINT_TYPE,

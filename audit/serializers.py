@@ -159,7 +159,14 @@ class AuditChainVerifyRequest(serializers.Serializer):
         help_text="Default: the caller's tenant chain (operator keys: system). Operators may name any chain.",
     )
     from_seq = serializers.IntegerField(min_value=1, default=1)
-    to_seq = serializers.IntegerField(required=False, min_value=1, help_text="Default: the chain's head.")
+    to_seq = serializers.IntegerField(
+        required=False,
+        min_value=1,
+        help_text=(
+            "Default: the chain's head. A range ending below the head is anchored: the events above it are "
+            "checked up to the head (not counted in checked_events) and a break there makes the range invalid."
+        ),
+    )
     checkpoint = AuditCheckpoint(required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,7 @@ from audit.evidence_core import (
 from audit.exceptions import SigningKeyUnavailable
 from audit.models import SigningKey
 from audit.services import active_kid, signing_key_ensure
+from config.jsonbody import storable_text
 
 __all__ = [
     "SignedStatement",
@@ -89,7 +90,7 @@ _cache_lock = threading.Lock()
 
 
 def _keys_for(kid: Any) -> dict[str, str]:
-    if not isinstance(kid, str):
+    if storable_text(kid) is None:  # not a string, or one no key id can be (and a query would raise)
         return {}
     public = _public_keys.get(kid)
     if public is None:

@@ -94,6 +94,15 @@ def _text_error(text: str) -> tuple[str, str] | None:
     return None
 
 
+def storable_text(value: Any) -> str | None:
+    """``value`` when it is a string that may be stored, queried and echoed (no NUL, no lone surrogate), else None.
+
+    For strings read from a document that is only verified: a value outside that rule names
+    nothing that can exist here, so it is looked up as nothing and echoed as null.
+    """
+    return value if isinstance(value, str) and _text_error(value) is None else None
+
+
 def check_storable(value: Any, loc: Sequence[str | int]) -> None:
     """422 at a string of ``value`` (an object key or a value, at any depth) holding NUL or a lone surrogate.
 

@@ -23,6 +23,7 @@ from billing.selectors import wallet_for_caller, wallet_spend
 from config.authentication import principal, wallet_principal
 from config.errors import NotFound
 from config.idempotency import HEADER_SCHEMA, idempotency_scope, request_hash, validate_idempotency_key
+from config.jsonbody import storable_text
 from config.pagination import page, parse_body, parse_query
 from config.schema import error_responses
 from permits import selectors, services
@@ -173,7 +174,8 @@ class PermitVerifyView(APIView):
         reasons: list[str] = []
         if data.get("permit") is not None:
             statement, signature = data["permit"], data["signature"]
-            permit_id = statement.get("permit_id") if isinstance(statement.get("permit_id"), str) else None
+            # Only read, so it may hold text no permit id can be (NUL, a lone surrogate): then no id at all.
+            permit_id = storable_text(statement.get("permit_id"))
         else:
             permit_id = data["permit_id"]
             found = selectors.permits_visible(caller).filter(permit_id=permit_id).first()
@@ -212,7 +214,7 @@ class PermitVerifyView(APIView):
             "permit_id": permit_id,
             "status": current_status,
             "signature_valid": result.valid,
-            "key_id": statement.get("kid") if isinstance(statement, dict) else None,
+            "key_id": storable_text(statement.get("kid")) if isinstance(statement, dict) else None,
             "reasons": reasons,
         }
         return Response(body)

@@ -6,7 +6,14 @@ from typing import Any
 
 from django.db.models import QuerySet
 
-from audit.canonical import b64url_encode, canonical_bytes, canonical_bytes_fast, sha256_hex
+from audit.canonical import (
+    MAX_SAFE_INTEGER,
+    CanonicalizationError,
+    b64url_encode,
+    canonical_bytes,
+    canonical_bytes_fast,
+    sha256_hex,
+)
 from audit.chain_verification import audit_chain_verify
 from audit.models import AuditEvent, SigningKey
 from audit.signing import verify_statement
@@ -44,9 +51,39 @@ def reconciliation_visible(principal: Principal) -> QuerySet[RefundReconciliatio
     )
 
 
+def _as_sent(value: Any) -> Any:
+    """``value`` with every integer beyond ±(2**53 - 1) turned back into the float it was sent as.
+
+    The stored request document is ``jsonb``, which keeps numbers as decimals and gives an integral
+    one back as an integer: a float argument of 2**53 or more (``1e20``) reads back as the integer
+    ``10**20``, outside RFC 8785's domain. The edge refuses such integers (``config.jsonbody``), so
+    one read back was a float; ``jsonb`` kept its shortest round-trip digits, which convert back to
+    exactly that float, whose canonical text is what was hashed at call time. Copies only the
+    containers on the way to such an integer.
+    """
+    kind = type(value)
+    if kind is int:
+        return float(value) if abs(value) > MAX_SAFE_INTEGER else value
+    if kind is dict:
+        converted = {key: _as_sent(item) for key, item in value.items()}
+        return value if all(converted[key] is item for key, item in value.items()) else converted
+    if kind is list:
+        items = [_as_sent(item) for item in value]
+        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    return value
+
+
 def request_document_hash(document: Any) -> str:
-    """The request hash: SHA-256 of the canonical JSON of ``{"tool", "arguments"}``."""
-    return sha256_hex(canonical_bytes_fast(document))
+    """The request hash: SHA-256 of the canonical JSON of ``{"tool", "arguments"}``.
+
+    Also reads a stored document back: a large float that came back as an integer is hashed as the
+    float it was (see ``_as_sent``). Raises ``ValueError`` (or ``OverflowError``) for a document RFC 8785
+    cannot encode.
+    """
+    try:
+        return sha256_hex(canonical_bytes_fast(document))
+    except CanonicalizationError:
+        return sha256_hex(canonical_bytes_fast(_as_sent(document)))
 
 
 def _signature_check(statement: Any, signature: str, expected_type: str) -> str:
@@ -70,6 +107,8 @@ def verification_map(receipt: Receipt, audit_event: AuditEvent | None) -> dict[s
     if audit_event is None:
         checks["audit_chain"] = "missing_event"
     else:
+        # Anchored: the walk goes on from the event to the chain's head (see audit_chain_verify), so
+        # an event rewritten with its own hash recomputed is caught at the link above it.
         result = audit_chain_verify(chain=audit_event.chain, to_seq=audit_event.seq)
         if not result.valid:
             checks["audit_chain"] = f"broken_at_seq_{result.first_broken_seq}:{result.reason}"
@@ -77,10 +116,14 @@ def verification_map(receipt: Receipt, audit_event: AuditEvent | None) -> dict[s
             checks["audit_chain"] = "event_not_linked"
         else:
             checks["audit_chain"] = "ok"
-    recomputed = request_document_hash(receipt.request_document)
-    checks["request_hash"] = (
-        "ok" if recomputed == receipt.request_hash == receipt.signed_statement.get("request_hash") else "mismatch"
-    )
+    try:
+        recomputed = request_document_hash(receipt.request_document)
+    except (OverflowError, RecursionError, TypeError, ValueError):  # a stored document no honest call could have left
+        checks["request_hash"] = "not_canonicalizable"
+    else:
+        checks["request_hash"] = (
+            "ok" if recomputed == receipt.request_hash == receipt.signed_statement.get("request_hash") else "mismatch"
+        )
     return checks
 
 

@@ -10,6 +10,7 @@ from rest_framework.views import APIView
 from audit.signing import verify_statement
 from config.authentication import principal, wallet_principal
 from config.errors import OperatorKeyRequired
+from config.jsonbody import storable_text
 from config.pagination import page, parse_body, parse_query
 from config.schema import error_responses
 from permits.selectors import permit_for_caller
@@ -149,13 +150,13 @@ class ReceiptVerifyView(APIView):
                 )
             statement, signature = found.signed_statement, found.signature
         result = verify_statement(statement, signature, expected_type="receipt")
-        receipt_id = statement.get("receipt_id")
+        # A document is only read here, so it may carry text that cannot be encoded: echoed as null.
         return Response(
             {
                 "valid": result.valid,
                 "reason": result.reason,
-                "receipt_id": receipt_id if isinstance(receipt_id, str) else None,
-                "kid": statement.get("kid") if isinstance(statement.get("kid"), str) else None,
+                "receipt_id": storable_text(statement.get("receipt_id")),
+                "kid": storable_text(statement.get("kid")),
             }
         )
 

@@ -7,10 +7,12 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from audit.models import AuditEvent
+from audit.canonical import event_bytes
+from audit.evidence_core import chain_hash
+from audit.models import AuditEvent, ChainHead
 from audit.services import alert_raise, audit_record
 from tests.conftest import client_for
-from tests.test_audit_chain import tampering
+from tests.test_audit_chain import fields, tampering
 
 pytestmark = pytest.mark.django_db
 
@@ -227,6 +229,40 @@ def test_verify_chain_reports_tampering_over_http(tenant):
         "hash_mismatch",
     )
     assert body["checkpoint"] is None
+
+
+def test_a_partial_verify_chain_over_a_rewritten_event_is_invalid_and_signs_nothing(tenant):
+    """An event rewritten with its own hash recomputed: the events up to it agree, the link above it does not."""
+    events = [_record(tenant, detail={"i": i}) for i in range(6)]
+    chain = tenant.sponsor.tenant_id
+    honest = tenant.sponsor_client.post("/v1/audit/verify-chain", {"to_seq": events[2].seq}, format="json").json()
+    assert honest["valid"] is True
+    assert honest["checked_events"] == events[2].seq
+    assert (honest["checkpoint"]["last_seq"], honest["checkpoint"]["head_hash"]) == (events[2].seq, events[2].hash)
+    target = AuditEvent.objects.get(event_id=events[2].event_id)
+    target.detail = {"i": 99}
+    forged_hash = chain_hash(target.prev_hash, event_bytes(*fields(target)))
+    with tampering() as cursor:
+        cursor.execute(
+            "UPDATE audit_event SET detail = '{\"i\": 99}'::jsonb, hash = %s WHERE event_id = %s",
+            [forged_hash, target.event_id],
+        )
+    r = tenant.sponsor_client.post("/v1/audit/verify-chain", {"to_seq": target.seq}, format="json")
+    assert r.status_code == 200, r.content
+    body = r.json()
+    assert (body["valid"], body["to_seq"], body["checked_events"]) == (False, target.seq, target.seq)
+    assert (body["first_broken_seq"], body["first_broken_event_id"], body["reason"]) == (
+        events[3].seq,
+        events[3].event_id,
+        "prev_hash_mismatch",
+    )
+    assert body["checkpoint"] is None
+    assert body["head_seq"] == ChainHead.objects.get(chain=chain).seq
+    # A range starting above the rewrite is still anchored by the links above it: intact, but signs nothing.
+    later = tenant.sponsor_client.post(
+        "/v1/audit/verify-chain", {"from_seq": events[4].seq, "to_seq": events[4].seq}, format="json"
+    ).json()
+    assert (later["valid"], later["checkpoint"]) == (True, None)
 
 
 def test_verify_chain_scope(tenant, other_tenant, operator_client):

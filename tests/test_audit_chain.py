@@ -353,6 +353,51 @@ def test_range_verification(chain):
     assert verify(to_seq=N + 50).to_seq == N
 
 
+def test_a_range_ending_below_the_head_is_anchored_by_the_links_above_it(chain):
+    """Rewriting events 300..k and recomputing their hashes leaves the break at k + 1, above any to_seq <= k."""
+    assert verify(to_seq=300).valid
+    with tampering() as cursor:
+        cursor.execute("UPDATE audit_event SET ok = NOT ok WHERE chain = %s AND seq = 300", [CHAIN])
+    rehash_from(CHAIN, 300)  # a complete re-hash, head included, is self-consistent (a kept checkpoint catches it)
+    assert verify(to_seq=300).valid
+    with tampering() as cursor:
+        cursor.execute("UPDATE audit_event SET ok = NOT ok WHERE chain = %s AND seq = 300", [CHAIN])
+        event = AuditEvent.objects.get(chain=CHAIN, seq=300)
+        cursor.execute(
+            "UPDATE audit_event SET hash = %s WHERE event_id = %s",
+            [chain_hash(event.prev_hash, event_bytes(*fields(event))), event.event_id],
+        )
+    for kwargs in (
+        {"to_seq": 300},
+        {"to_seq": 299},
+        {"from_seq": 200, "to_seq": 300},
+        {"from_seq": 300, "to_seq": 300},
+    ):
+        result = verify(**kwargs)
+        assert (result.valid, result.first_broken_seq, result.reason) == (False, 301, "prev_hash_mismatch"), kwargs
+        assert result.checkpoint is None
+        assert result.to_seq == kwargs["to_seq"]
+    assert verify(from_seq=301, to_seq=400).valid  # a range above the rewrite trusts its start and is anchored
+    assert verify(to_seq=400).first_broken_seq == 301
+    # The rewrite carried on through the last event, but the head row left alone: the head disagrees.
+    rows = list(AuditEvent.objects.filter(chain=CHAIN, seq__gte=300).order_by("seq"))
+    prev = rows[0].prev_hash
+    with tampering() as cursor:
+        for e in rows:
+            new_hash = chain_hash(prev, event_bytes(*fields(e)))
+            cursor.execute(
+                "UPDATE audit_event SET prev_hash = %s, hash = %s WHERE event_id = %s", [prev, new_hash, e.event_id]
+            )
+            prev = new_hash
+    result = verify(to_seq=300)
+    assert (result.valid, result.first_broken_seq, result.reason, result.checkpoint) == (
+        False,
+        N,
+        "head_mismatch",
+        None,
+    )
+
+
 def test_timestamps_render_as_hashed(db, signing):
     """The database renders created_at for verification exactly as iso_utc() did for hashing."""
     from datetime import UTC, datetime

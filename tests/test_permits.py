@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from datetime import timedelta
 from decimal import Decimal
@@ -199,6 +200,24 @@ def test_tampered_permit_fails_verify(tenant):
     v = tenant.sponsor_client.post("/v1/permits/verify", {"permit_id": "pmt_nope"}, format="json")
     assert v.json()["reasons"] == ["unknown_permit"]
     assert tenant.sponsor_client.post("/v1/permits/verify", {}, format="json").status_code == 422
+
+
+@pytest.mark.parametrize("text", ["\ud800", "pmt_\x00", "sig_\udfff"])
+def test_verifying_a_permit_document_with_text_that_cannot_be_stored_is_invalid_not_500(tenant, text):
+    """NUL or a lone surrogate names no permit and no key: never queried, never echoed."""
+    p = issue(tenant.sponsor_client, tenant.agent.wallet_id).json()
+    for document in (
+        {"type": "permit", "permit_id": text, "kid": text},
+        {**p["signed_statement"], "permit_id": text},
+        {**p["signed_statement"], "kid": text},
+    ):
+        body = json.dumps({"permit": document, "signature": p["signature"]})  # \u escapes the client cannot write
+        v = tenant.sponsor_client.post("/v1/permits/verify", data=body, content_type="application/json")
+        assert v.status_code == 200, v.content
+        assert v.json()["valid"] is False
+        assert v.json()["signature_valid"] is False
+        assert v.json()["permit_id"] in (None, p["permit_id"])
+        assert v.json()["key_id"] in (None, p["signed_statement"]["kid"])
 
 
 def test_expired_and_exhausted_permits(tenant):

@@ -11,13 +11,19 @@ from decimal import Decimal
 from pathlib import Path
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.contrib.auth.models import Permission
 from django.db import connection, transaction
+from django.test import Client
 
-from audit.models import AuditEvent
+from audit.canonical import event_bytes, iso_utc
+from audit.evidence_core import chain_hash
+from audit.models import AuditEvent, ChainHead
 from audit.services import signing_key_rotate
 from billing.models import LedgerEntry, Wallet
-from billing.services import ledger_debit
+from billing.services import ledger_debit, tool_price_set
 from config.ids import new_id
+from mcpgateway.services import tools_sync
 from permits import services as permit_services
 from permits.models import Permit
 from receipts.models import Receipt, RefundReconciliation
@@ -26,6 +32,8 @@ from receipts.services import receipt_issue, refund_reconciliation_mark_not_exec
 from receipts.verify import verify_portable
 from tests import factories
 from tests.conftest import make_tenant
+from tests.gateway_helpers import setup_caller
+from tests.upstream_server import FaultUpstream
 
 pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
@@ -159,6 +167,125 @@ def test_evidence_detects_tampered_request_document_and_audit_chain(tenant):
     assert body["verification"]["request_hash"] == "mismatch"
     assert body["verification"]["audit_chain"].startswith("broken_at_seq_")
     assert body["verified"] is False
+
+
+def forge_event(event_id: str, **changes: object) -> AuditEvent:
+    """What a careful attacker with write access to ``audit_event`` does: edit a row and recompute its own hash."""
+    event = AuditEvent.objects.get(event_id=event_id)
+    for name, value in changes.items():
+        setattr(event, name, value)
+    fields = (event.chain, event.seq, event.event_id, event.event, event.tenant_id, event.wallet_id, event.key_id,
+              event.tool, event.endpoint, event.policy_decision_id, event.request_id, event.ok, event.detail,
+              iso_utc(event.created_at))  # fmt: skip
+    with connection.cursor() as cur:
+        cur.execute("ALTER TABLE audit_event DISABLE TRIGGER audit_event_immutable")
+        cur.execute(
+            "UPDATE audit_event SET ok = %s, detail = %s, hash = %s WHERE event_id = %s",
+            [event.ok, json.dumps(event.detail), chain_hash(event.prev_hash, event_bytes(*fields)), event_id],
+        )
+        cur.execute("ALTER TABLE audit_event ENABLE TRIGGER audit_event_immutable")
+    return event
+
+
+def test_evidence_anchors_the_receipt_event_in_the_chain_above_it(tenant):
+    """An event rewritten with its own hash recomputed still links below; the link above it breaks."""
+    r = make_receipt(tenant)
+    make_receipt(tenant)  # later events: the receipt's event is not the chain's last
+    event = AuditEvent.objects.get(event_id=r.audit_event_id)
+    assert event.seq < ChainHead.objects.get(chain=event.chain).seq
+    assert tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()["verified"] is True
+    forge_event(r.audit_event_id, ok=False, detail={**event.detail, "note": "rewritten"})
+    for path in (f"/v1/evidence/{r.receipt_id}", f"/v1/receipts/{r.receipt_id}/evidence"):
+        body = tenant.agent_client.get(path).json()
+        assert body["verification"] == {
+            "receipt_signature": "ok",
+            "permit_signature": "ok",
+            "audit_chain": f"broken_at_seq_{event.seq + 1}:prev_hash_mismatch",
+            "request_hash": "ok",
+        }
+        assert body["verified"] is False
+
+
+def test_evidence_catches_the_last_event_rewritten_with_its_hash_recomputed(tenant):
+    r = make_receipt(tenant)
+    event = AuditEvent.objects.get(event_id=r.audit_event_id)
+    assert event.seq == ChainHead.objects.get(chain=event.chain).seq
+    forge_event(r.audit_event_id, ok=False)
+    body = tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()
+    assert body["verification"]["audit_chain"] == f"broken_at_seq_{event.seq}:head_mismatch"
+    assert body["verified"] is False
+
+
+def test_evidence_of_an_honest_receipt_below_the_head_verifies(tenant):
+    first, second = make_receipt(tenant), make_receipt(tenant)
+    for r in (first, second):
+        body = tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()
+        assert body["verification"]["audit_chain"] == "ok"
+        assert body["verified"] is True
+    chain = AuditEvent.objects.get(event_id=first.audit_event_id).chain
+    assert AuditEvent.objects.get(event_id=first.audit_event_id).seq < ChainHead.objects.get(chain=chain).seq
+
+
+def _post_json(client, path: str, body: object):
+    """A body the test client would not encode itself (lone surrogates): sent as \\u escapes."""
+    return client.post(path, data=json.dumps(body), content_type="application/json")
+
+
+@pytest.mark.parametrize("text", ["\ud800", "rcpt_\x00", "sig_\udfff"])
+def test_verifying_a_document_with_text_that_cannot_be_stored_is_invalid_not_500(tenant, text):
+    r = make_receipt(tenant)
+    for document in (
+        {"type": "receipt", "receipt_id": text},
+        {"type": "receipt", "receipt_id": text, "kid": text},
+        {**r.signed_statement, "receipt_id": text},
+        {**r.signed_statement, "kid": text},
+    ):
+        v = _post_json(tenant.agent_client, "/v1/receipts/verify", {"receipt": document, "signature": "AA"})
+        assert v.status_code == 200, v.content
+        body = v.json()
+        assert body["valid"] is False
+        assert body["receipt_id"] in (None, r.receipt_id)
+        assert body["kid"] in (None, r.key_id)
+
+
+# --- A float argument of 2**53 or more reads back from jsonb as an integer --------------------
+
+
+@pytest.fixture
+def echo_upstream(settings):
+    with FaultUpstream() as upstream:
+        settings.UPSTREAM_MCP_URL = upstream.url
+        tools_sync(remote_tools=upstream.tools())  # "echo" takes any object: numbers pass its inputSchema
+        tool_price_set(tool="echo", credits=Decimal("1"))
+        yield upstream
+
+
+def test_evidence_of_a_call_with_large_float_arguments_verifies(tenant, echo_upstream):
+    arguments = {"a": 1e20, "b": [1.5e300, -(2.0**60)], "c": {"d": 9007199254740993.0}, "e": 0.5}
+    caller = setup_caller(tenant)
+    call = caller.invoke("echo", arguments)
+    assert call.status_code == 200, call.content
+    receipt = Receipt.objects.get(receipt_id=call.json()["receipt_id"])
+    assert receipt.request_document["arguments"]["a"] == 10**20  # how jsonb gives it back
+    for path in (f"/v1/evidence/{receipt.receipt_id}", f"/v1/receipts/{receipt.receipt_id}/evidence"):
+        r = tenant.agent_client.get(path)
+        assert r.status_code == 200, r.content
+        assert r.json()["verification"]["request_hash"] == "ok"
+        assert r.json()["verified"] is True, r.json()["verification"]
+    # The dashboard's evidence page serves the same bundle to a staff session.
+    staff = get_user_model().objects.create_user(username="ops", password="pw-ops-12345", is_staff=True)
+    staff.user_permissions.add(Permission.objects.get(codename="view_receipt"))
+    client = Client()
+    client.force_login(staff)
+    page = client.get(f"/dashboard/evidence/{receipt.receipt_id}")
+    assert page.status_code == 200
+    assert page.json()["verified"] is True
+
+
+def test_the_stored_large_integers_map_back_to_the_floats_that_were_hashed():
+    for value in (1e20, 1.5e300, -1.5e300, 2.0**60, 9007199254740993.0, 2.0**53, 1.7976931348623157e308):
+        stored = json.loads(json.dumps({"tool": "t", "arguments": {"v": int(value)}}))
+        assert request_document_hash(stored) == request_document_hash({"tool": "t", "arguments": {"v": value}})
 
 
 def test_receipt_signed_before_rotation_still_verifies(tenant):
