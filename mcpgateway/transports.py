@@ -46,7 +46,7 @@ from config.errors import (
     json_error,
 )
 from config.idempotency import validate_idempotency_key
-from config.jsonbody import JSONBodyError, check_storable, loads_bounded
+from config.jsonbody import JSONBodyError, check_storable, loads_bounded, storable_text
 from mcpgateway import services
 from mcpgateway.models import Action, McpSession, Tool
 from permits.models import Permit
@@ -181,9 +181,14 @@ def _stateless_status(code: int) -> int:
 
 
 def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> HttpResponse:
-    response = HttpResponse(
-        json.dumps(body, separators=(",", ":"), ensure_ascii=False), status=status, content_type="application/json"
-    )
+    """A JSON-RPC answer as UTF-8 JSON. Text the request carried back (an id, a method name) may hold a lone
+    surrogate, which UTF-8 cannot encode: such an answer is written with ASCII escapes instead."""
+    text = json.dumps(body, separators=(",", ":"), ensure_ascii=False)
+    try:
+        content = text.encode()
+    except UnicodeEncodeError:
+        content = json.dumps(body, separators=(",", ":")).encode()
+    response = HttpResponse(content, status=status, content_type="application/json")
     for name, value in (headers or {}).items():
         response[name] = value
     return response
@@ -297,7 +302,8 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
     }
     if response["result"] is not None:
         result = dict(response["result"])
-        result["_meta"] = {**(result.get("_meta") or {}), **tollgate_meta}
+        upstream_meta = result.get("_meta")  # an object (the client refuses any other); older stored answers aside
+        result["_meta"] = {**(upstream_meta if isinstance(upstream_meta, dict) else {}), **tollgate_meta}
         return result
     error = response["error"]
     raise RpcError(error["code"], error["message"], {**error["data"], "replayed": answer.replayed})
@@ -324,6 +330,17 @@ STATELESS_METHODS: dict[str, Handler] = {
     "tools/list": _tools_list,
     "tools/call": _tools_call,
 }
+
+
+def _invalid_message(message: dict[str, Any]) -> RpcError | None:
+    """Why ``message`` (an object) is not a JSON-RPC 2.0 request this server answers, or None."""
+    if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
+        return RpcError(INVALID_REQUEST, "Not a JSON-RPC 2.0 request.")
+    if not valid_id(message.get("id")):
+        return RpcError(INVALID_REQUEST, "A JSON-RPC id must be a string, a number or null.")
+    if message.get("params") is not None and not isinstance(message.get("params"), dict):
+        return RpcError(INVALID_REQUEST, "params must be an object.")
+    return None
 
 
 def _answer(ex: Exchange, message: Any, methods: dict[str, Handler]) -> tuple[int, dict[str, Any] | None]:
@@ -385,6 +402,25 @@ def _read_message(request: HttpRequest) -> Any:
 # --- POST /mcp ----------------------------------------------------------------------------
 
 
+CLIENT_INFO_FIELDS = ("name", "title", "version")
+CLIENT_INFO_MAX_LENGTH = 200
+
+
+def _client_info(params: dict[str, Any]) -> dict[str, str]:
+    """What a session keeps of ``clientInfo``: its name, title and version as short text. A session lives
+    on in PostgreSQL, so it never holds an arbitrary object (up to the body's size, per initialize) or
+    text PostgreSQL cannot store (NUL, a lone surrogate: left out)."""
+    info = params.get("clientInfo")
+    if not isinstance(info, dict):
+        return {}
+    kept: dict[str, str] = {}
+    for name in CLIENT_INFO_FIELDS:
+        value = info.get(name)
+        if isinstance(value, str) and storable_text(value) is not None:
+            kept[name] = value[:CLIENT_INFO_MAX_LENGTH]
+    return kept
+
+
 def _new_session(principal: Principal, message: dict[str, Any]) -> tuple[McpSession, dict[str, Any]]:
     params = message.get("params") if isinstance(message.get("params"), dict) else {}
     assert isinstance(params, dict)
@@ -394,7 +430,7 @@ def _new_session(principal: Principal, message: dict[str, Any]) -> tuple[McpSess
         session_id=secrets.token_hex(16),
         api_key_id=principal.key_id,
         protocol_version=version,
-        client_info=params.get("clientInfo") if isinstance(params.get("clientInfo"), dict) else {},
+        client_info=_client_info(params),
     )
     result = {
         "protocolVersion": version,
@@ -456,6 +492,9 @@ def mcp_streamable(request: HttpRequest) -> HttpResponse:
     if isinstance(message, dict) and message.get("method") == "initialize":
         if "id" not in message:
             return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "initialize is a request.")), 400)
+        invalid = _invalid_message(message)
+        if invalid is not None:
+            return _json(_rpc_error(None, invalid), 400)
         session, result = _new_session(principal, message)
         return _json(_rpc_result(message["id"], result), 200, {"Mcp-Session-Id": session.session_id})
     headers: dict[str, str] = {}

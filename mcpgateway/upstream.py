@@ -977,6 +977,8 @@ def _invalid_call_result(result: dict[str, Any]) -> str | None:
         return "result.isError is not a boolean"
     if result.get("structuredContent") is not None and not isinstance(result["structuredContent"], dict):
         return "result.structuredContent is not an object"
+    if result.get("_meta") is not None and not isinstance(result["_meta"], dict):
+        return "result._meta is not an object"
     return None
 
 

@@ -26,7 +26,7 @@ from mcpgateway.serializers import (
     ToolPageQuery,
     ToolPageResponse,
 )
-from mcpgateway.transports import DEPRECATION, tool_definitions
+from mcpgateway.transports import DEPRECATION, OriginNotAllowed, origin_allowed, tool_definitions
 
 
 @require_GET
@@ -144,6 +144,8 @@ class ToolInvokeView(APIView):
         summary="Deprecated: invoke a tool over REST (same governed path as MCP tools/call)",
     )
     def post(self, request: Request, service_id: str) -> Response:
+        if not origin_allowed(request):  # an MCP endpoint, as every other (DESIGN.md section 9)
+            raise OriginNotAllowed()
         caller = principal(request)
         if services.tool_get(service_id) is None:
             raise NotFound("No such tool.", service_id=service_id)

@@ -642,8 +642,8 @@ def test_string_fields_refuse_numbers(tenant_keys):
 @pytest.mark.django_db
 def test_jsonrpc_invalid_id_is_an_invalid_request(tenant_keys):
     client = client_for(tenant_keys["sponsor"])
-    for path in ("/mcp/messages", "/mcp/public"):
-        body = {"jsonrpc": "2.0", "id": [1], "method": "tools/list"}
+    for path, method in (("/mcp/messages", "tools/list"), ("/mcp/public", "tools/list"), ("/mcp", "initialize")):
+        body = {"jsonrpc": "2.0", "id": [1], "method": method}
         r = client.post(path, json.dumps(body), content_type="application/json")
         answer = r.json()
         assert answer["id"] is None, (path, answer)

@@ -255,6 +255,57 @@ def test_origin_is_checked(upstream, tenant):
     assert post(client, "/mcp", body).status_code == 200  # non-browser clients send no Origin
 
 
+def test_the_rest_invoke_checks_origin_as_every_mcp_endpoint(upstream, tenant):
+    caller = setup_caller(tenant)
+    body = {"arguments": {"n": 1}, "permit_id": caller.permit_id, "idempotency_key": "origin-1"}
+    r = tenant.agent_client.post("/mcp/tools/echo/invoke", body, format="json", HTTP_ORIGIN="https://evil.example")
+    assert r.status_code == 403
+    assert r.json()["detail"]["error"] == "origin_not_allowed"
+    assert not Action.objects.exists()
+    r = tenant.agent_client.post("/mcp/tools/echo/invoke", body, format="json", HTTP_ORIGIN=ALLOWED_ORIGIN)
+    assert r.status_code == 200, r.content
+
+
+def test_text_an_answer_carries_back_that_utf8_cannot_encode_is_escaped(upstream, tenant):
+    """A lone surrogate in an id or a method name is sent back escaped (valid JSON), never a 500."""
+    lone_id = '{"jsonrpc":"2.0","id":"\\ud800","method":"ping"}'
+    lone_method = '{"jsonrpc":"2.0","id":1,"method":"\\udfff"}'
+    for client, path in (
+        (APIClient(), "/mcp/public"),
+        (tenant.agent_client, "/mcp/messages"),
+        (tenant.agent_client, "/mcp"),
+    ):
+        r = post(client, path, lone_id)
+        assert r.status_code == 200, (path, r.content)
+        assert r.json() == {"jsonrpc": "2.0", "id": "\ud800", "result": {}}
+        assert b"\\ud800" in r.content
+        r = post(client, path, lone_method)
+        assert r.json()["error"]["code"] == -32601, (path, r.content)
+
+
+def test_initialize_checks_the_message_and_a_session_keeps_only_short_client_info(upstream, tenant):
+    client = tenant.agent_client
+    r = post(client, "/mcp", {"method": "initialize", "id": {"x": 1}, "params": {"protocolVersion": "2025-11-25"}})
+    assert r.status_code == 400
+    assert r.json()["id"] is None
+    assert r.json()["error"]["code"] == -32600
+    r = post(client, "/mcp", {"jsonrpc": "2.0", "method": "initialize", "id": 1, "params": "x"})
+    assert r.status_code == 400
+    assert not McpSession.objects.exists()
+    info = {"name": "a\u0000b", "title": "t" * 5000, "version": "1", "blob": ["x"] * 10_000}
+    r = post(client, "/mcp", message("initialize", {"protocolVersion": "2025-11-25", "clientInfo": info}))
+    assert r.status_code == 200, r.content
+    assert McpSession.objects.get().client_info == {"title": "t" * 200, "version": "1"}
+
+
+def test_an_upstream_result_whose_meta_is_not_an_object_is_an_invalid_response():
+    from mcpgateway.upstream import _invalid_call_result
+
+    assert _invalid_call_result({"content": [], "_meta": "x"}) == "result._meta is not an object"
+    assert _invalid_call_result({"content": [], "_meta": [["a", 1]]}) == "result._meta is not an object"
+    assert _invalid_call_result({"content": [], "_meta": {"a": 1}}) is None
+
+
 def test_parse_errors_batches_unknown_methods_and_notifications(upstream, tenant):
     client = tenant.agent_client
     r = post(client, "/mcp", "{not json")
