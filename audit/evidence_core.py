@@ -62,6 +62,14 @@ def key_id_for_public_key(raw_public_key: bytes) -> str:
     return KID_PREFIX + "".join(chars)
 
 
+def kid_matches_key(kid: str, public_key_b64: str) -> bool:
+    """True when ``kid`` is the id derived from the base64url public key it names."""
+    try:
+        return key_id_for_public_key(b64url_decode_strict(public_key_b64)) == kid
+    except ValueError:
+        return False
+
+
 def raw_public_key(private_key: Ed25519PrivateKey) -> bytes:
     return private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 

@@ -13,6 +13,7 @@ encoding and one Ed25519 signature; the private key is cached in memory.
 from __future__ import annotations
 
 import json
+import logging
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -22,6 +23,7 @@ from audit import keystore
 from audit.canonical import CanonicalizationError, canonical_bytes_fast
 from audit.evidence_core import (
     VerificationResult,
+    kid_matches_key,
     sign_canonical,
     verify_bytes_with_keys,
     verify_statement_with_keys,
@@ -30,6 +32,8 @@ from audit.exceptions import SigningKeyUnavailable
 from audit.models import SigningKey
 from audit.services import active_kid, signing_key_ensure
 from config.jsonbody import storable_text
+
+logger = logging.getLogger("tollgate.audit")
 
 __all__ = [
     "SignedStatement",
@@ -96,6 +100,11 @@ def _keys_for(kid: Any) -> dict[str, str]:
     if public is None:
         public = SigningKey.objects.filter(key_id=kid).values_list("public_key", flat=True).first()
         if public is None:
+            return {}
+        if not kid_matches_key(kid, public):
+            # A kid is derived from its key: a row naming another key under it was written by hand. The
+            # offline verifiers refuse such a key (kid_key_mismatch); so does the service (unknown kid).
+            logger.error("signing key %s: the stored public key is not the one its kid names; not used", kid)
             return {}
         with _cache_lock:
             _public_keys[kid] = public

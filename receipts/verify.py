@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from audit.canonical import b64url_decode_strict
-from audit.evidence_core import key_id_for_public_key, verify_bytes_with_keys
+from audit.evidence_core import kid_matches_key, verify_bytes_with_keys
 
 FORMAT = "tollgate.portable-receipt/v1"
 JWKS_PATH = "/.well-known/jwks.json"
@@ -71,14 +71,6 @@ def keys_from_jwks(jwks: Any) -> dict[str, str]:
         ):
             out[jwk["kid"]] = jwk["x"]
     return out
-
-
-def kid_matches_key(kid: str, public_key_b64: str) -> bool:
-    """True when ``kid`` is the id derived from the base64url public key it names."""
-    try:
-        return key_id_for_public_key(b64url_decode_strict(public_key_b64)) == kid
-    except ValueError:
-        return False
 
 
 def fetch_issuer_jwks(issuer: str, *, timeout: float = 10.0) -> Any:

@@ -112,3 +112,28 @@ def test_issuer_pins_the_key_set_fetched_from_the_gateway(live_server: Any, tmp_
     done = _run("-m", "receipts.verify", str(portable), "--issuer", "http://127.0.0.1:9")
     assert done.returncode == 2
     assert "cannot fetch the issuer's key set" in done.stderr
+
+
+@pytest.mark.django_db
+def test_the_service_refuses_a_stored_key_its_kid_does_not_derive() -> None:
+    """Someone who can write the signing-key table replaces the public key stored under the active kid with
+    their own: statements they sign under that kid are refused by the service as by the offline verifiers."""
+    from django.db import connection
+
+    from audit import signing
+    from audit.evidence_core import sign_canonical
+    from audit.services import signing_key_ensure
+
+    kid = signing_key_ensure().key_id
+    honest = signing.sign_statement({"type": "receipt", "receipt_id": "rcpt_honest"})
+    attacker = Ed25519PrivateKey.generate()
+    public = b64url_encode(attacker.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE audit_signing_key SET public_key = %s WHERE key_id = %s", [public, kid])
+    signing._public_keys.clear()
+    signing._verified.clear()
+    forged = {"type": "receipt", "receipt_id": "rcpt_forged", "kid": kid}
+    result = signing.verify_statement(forged, sign_canonical(attacker, canonical_bytes(forged)))
+    assert (result.valid, result.reason) == (False, "unknown_kid")
+    # And nothing signed under the kid verifies until the row is put right: the row is not trusted.
+    assert not signing.verify_statement(honest.statement, honest.signature).valid
