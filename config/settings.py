@@ -42,6 +42,9 @@ UPSTREAM_CONNECT_TIMEOUT = env.float("UPSTREAM_CONNECT_TIMEOUT", default=2.0)
 UPSTREAM_READ_TIMEOUT = env.float("UPSTREAM_READ_TIMEOUT", default=15.0)
 # A claimed dispatch older than connect + 2 x read timeout + this margin is swept to delivery_uncertain.
 SWEEP_MARGIN_SECONDS = env.float("SWEEP_MARGIN_SECONDS", default=30.0)
+# An MCP handshake session lives this long after initialize (then 404: the client initializes again);
+# sweep_dispatches deletes ended and expired sessions.
+MCP_SESSION_TTL_SECONDS = env.float("MCP_SESSION_TTL_SECONDS", default=86400.0)
 
 # Rate limits (spec, Limits). Adjustable only so that benchmarks can measure
 # throughput; the defaults are the contract.

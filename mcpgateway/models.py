@@ -129,6 +129,7 @@ class McpSession(models.Model):
 
     class Meta:
         db_table = "mcpgateway_session"
+        indexes = [models.Index(fields=["created_at"], name="mcp_session_created")]  # the sweeper's purge
 
     def __str__(self) -> str:
         return self.session_id

@@ -49,6 +49,7 @@ from config.idempotency import validate_idempotency_key
 from config.jsonbody import JSONBodyError, check_storable, loads_bounded, storable_text
 from mcpgateway import services
 from mcpgateway.models import Action, McpSession, Tool
+from mcpgateway.services.sweeper import session_cutoff
 from permits.models import Permit
 
 logger = logging.getLogger("tollgate.mcp")
@@ -443,7 +444,9 @@ def _new_session(principal: Principal, message: dict[str, Any]) -> tuple[McpSess
 
 def _session_for(request: HttpRequest, principal: Principal) -> McpSession:
     session_id = request.headers.get("Mcp-Session-Id", "")
-    session = McpSession.objects.filter(session_id=session_id, ended_at__isnull=True).first()
+    session = McpSession.objects.filter(
+        session_id=session_id, ended_at__isnull=True, created_at__gt=session_cutoff()
+    ).first()
     if session is None or session.api_key_id != principal.key_id:
         raise RpcError(INVALID_REQUEST, "Session not found.", http_status=404)
     header_version = request.headers.get("MCP-Protocol-Version")

@@ -202,6 +202,26 @@ def test_unknown_ended_and_foreign_sessions_are_404(upstream, tenant, other_tena
     assert client.delete("/mcp").status_code == 404
 
 
+def test_a_session_expires_after_its_lifetime_and_the_sweep_deletes_it(upstream, tenant, settings):
+    """A session lives MCP_SESSION_TTL_SECONDS after initialize, then answers 404 (the client initializes
+    again); the sweep deletes ended and expired sessions, and keeps live ones."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    client = tenant.agent_client
+    old, _ = initialize(client)
+    ended, _ = initialize(client)
+    live, _ = initialize(client)
+    assert client.delete("/mcp", HTTP_MCP_SESSION_ID=ended).status_code == 204
+    McpSession.objects.filter(pk=old).update(created_at=timezone.now() - timedelta(seconds=120))
+    settings.MCP_SESSION_TTL_SECONDS = 60
+    assert session_post(client, old, message("tools/list")).status_code == 404
+    assert session_post(client, live, message("tools/list")).status_code == 200
+    assert services.mcp_sessions_purge() == 2  # what sweep_dispatches runs on every sweep
+    assert set(McpSession.objects.values_list("session_id", flat=True)) == {live}
+
+
 def test_another_key_cannot_end_a_session(upstream, tenant, other_tenant):
     sid, _ = initialize(tenant.agent_client)
     assert other_tenant.agent_client.delete("/mcp", HTTP_MCP_SESSION_ID=sid).status_code == 404

@@ -20,7 +20,7 @@ from mcpgateway.services.claim import CLAIM_REFUSED
 from mcpgateway.services.dispatch import upstream_client
 from mcpgateway.services.governed import RETRY_AFTER_SECONDS, governed_call
 from mcpgateway.services.lookup import CACHE_LIMIT
-from mcpgateway.services.sweeper import action_sweep, sweep_threshold
+from mcpgateway.services.sweeper import action_sweep, mcp_sessions_purge, sweep_threshold
 from mcpgateway.services.tools import (
     DOGFOOD_TOOL,
     SyncReport,
@@ -44,6 +44,7 @@ __all__ = [
     "action_sweep",
     "dogfood_tool_register",
     "governed_call",
+    "mcp_sessions_purge",
     "request_document",
     "request_hash_of",
     "sweep_threshold",

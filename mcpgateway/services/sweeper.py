@@ -5,14 +5,15 @@ action (``finish._phase3_local``), so a claim still open did not run, and it is 
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
-from mcpgateway.models import Action, ActionState, Tool, ToolSource
+from mcpgateway.models import Action, ActionState, McpSession, Tool, ToolSource
 from mcpgateway.services.finish import _alert_uncertain, _finish, _refund_and_finish
 from receipts.models import Outcome
 
@@ -83,3 +84,14 @@ def action_sweep(*, older_than: timedelta | None = None, limit: int = 500) -> li
             _alert_uncertain(locked, "dispatch lost: the worker stopped after claiming it")
             swept.append(action_id)
     return swept
+
+
+def session_cutoff() -> datetime:
+    """MCP handshake sessions created before this have expired (``MCP_SESSION_TTL_SECONDS``)."""
+    return timezone.now() - timedelta(seconds=settings.MCP_SESSION_TTL_SECONDS)
+
+
+def mcp_sessions_purge() -> int:
+    """Delete ended and expired MCP sessions (a session is one row per initialize); how many went."""
+    deleted, _ = McpSession.objects.filter(Q(ended_at__isnull=False) | Q(created_at__lte=session_cutoff())).delete()
+    return deleted

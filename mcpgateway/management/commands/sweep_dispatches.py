@@ -1,4 +1,7 @@
-"""Turn lost dispatch claims into delivery_uncertain (with receipt, audit event and alert). Never re-sends."""
+"""Turn lost dispatch claims into delivery_uncertain (with receipt, audit event and alert). Never re-sends.
+
+Each sweep also deletes ended and expired MCP sessions (``MCP_SESSION_TTL_SECONDS``).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from typing import Any
 from django.core.management.base import BaseCommand
 from django.db import close_old_connections
 
-from mcpgateway.services import action_sweep, sweep_threshold
+from mcpgateway.services import action_sweep, mcp_sessions_purge, sweep_threshold
 
 
 class Command(BaseCommand):
@@ -36,6 +39,9 @@ class Command(BaseCommand):
             swept = action_sweep(older_than=older)
             if swept:
                 self.stdout.write(f"delivery_uncertain: {', '.join(swept)}")
+            purged = mcp_sessions_purge()
+            if purged:
+                self.stdout.write(f"MCP sessions ended or expired, deleted: {purged}")
             if not options["loop"] or stop:
                 break
             deadline = time.monotonic() + options["interval"]
