@@ -151,15 +151,31 @@ def _revoke_lineage(*, roots: list[APIKey], reason: str, actor_key_id: str, excl
     wallet_roots = [key.key_id for key in roots if key.wallet_id is not None]
     if not wallet_roots:
         return []
+    revoked: list[str] = []
+    while True:
+        # Each pass reads the lineage afresh: a key minted or rotated by one of it that committed while the
+        # previous pass waited for a key's lock was not in that pass's snapshot. A locked, revoked key mints
+        # nothing more (the mint locks its minter and finds it revoked), so the passes end.
+        keys = _active_lineage(wallet_roots, exclude)
+        if not keys:
+            return revoked
+        revoked += _revoke_lineage_keys(keys, wallet_roots, reason=reason, actor_key_id=actor_key_id)
+
+
+def _active_lineage(wallet_roots: list[str], exclude: tuple[str, ...]) -> list[APIKey]:
+    """The active keys of ``wallet_roots``' lineage, locked (key id order)."""
     with connection.cursor() as cursor:
         cursor.execute(LINEAGE_SQL, {"roots": wallet_roots, "exclude": list(exclude)})
         lineage = [row[0] for row in cursor.fetchall()]
-    keys = list(
+    return list(
         APIKey.objects.select_for_update(no_key=True, of=("self",))
         .select_related("wallet")
         .filter(key_id__in=lineage, status=APIKeyStatus.ACTIVE)
         .order_by("key_id")
     )
+
+
+def _revoke_lineage_keys(keys: list[APIKey], wallet_roots: list[str], *, reason: str, actor_key_id: str) -> list[str]:
     revoked = []
     for key in keys:
         cause = key.created_by_key_id if key.created_by_key_id in wallet_roots else key.rotated_from
@@ -310,26 +326,33 @@ def api_key_emergency_revoke(
     row), so no key created concurrently can survive the revocation.
     """
     _lock_wallet(wallet)
-    keys = list(
-        APIKey.objects.select_for_update(no_key=True, of=("self",))
-        .select_related("wallet")
-        .filter(wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE)
-        .order_by("key_id")
-    )
-    revoked = [k.key_id for k in keys if _revoke(k, reason)]
-    for key in keys:
-        if key.key_id not in revoked:
-            continue
-        assert key.wallet is not None
-        KeyRotationLog.objects.create(
-            wallet=key.wallet,
-            tenant_id=wallet.tenant_id,
-            action=KeyLogAction.EMERGENCY_REVOKED,
-            key_id=key.key_id,
-            reason=reason if key.wallet_id == wallet.wallet_id else f"{reason} (wallet {wallet.wallet_id})"[:200],
-            actor_key_id=actor_key_id,
+    revoked: list[str] = []
+    while True:
+        # Each pass reads the subtree afresh: a key rotated or created in it that committed while the previous
+        # pass waited for a lock (its predecessor, found active, was then skipped as revoked) is caught by the
+        # next one. The lineage starts from every key of the subtree, revoked ones included.
+        keys = list(
+            APIKey.objects.select_for_update(no_key=True, of=("self",))
+            .select_related("wallet")
+            .filter(wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE)
+            .order_by("key_id")
         )
-    revoked += _revoke_lineage(roots=keys, reason=reason, actor_key_id=actor_key_id)
+        now_revoked = [k for k in keys if _revoke(k, reason)]
+        for key in now_revoked:
+            assert key.wallet is not None
+            KeyRotationLog.objects.create(
+                wallet=key.wallet,
+                tenant_id=wallet.tenant_id,
+                action=KeyLogAction.EMERGENCY_REVOKED,
+                key_id=key.key_id,
+                reason=reason if key.wallet_id == wallet.wallet_id else f"{reason} (wallet {wallet.wallet_id})"[:200],
+                actor_key_id=actor_key_id,
+            )
+        subtree = list(APIKey.objects.filter(wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id))
+        lineage = _revoke_lineage(roots=subtree, reason=reason, actor_key_id=actor_key_id)
+        revoked += [key.key_id for key in now_revoked] + lineage
+        if not keys and not lineage:
+            break
     alert_raise(
         tenant_id=wallet.tenant_id,
         wallet_id=wallet.wallet_id,
