@@ -67,6 +67,9 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
 )
 INSUFFICIENT_FUNDS = OpenApiResponse(InsufficientFundsError, description="Insufficient credits.")
 
+# The answers that carry a key's secret (create, rotate): no cache (browser, proxy) may keep a copy.
+NO_STORE = {"Cache-Control": "no-store"}
+
 
 class SponsorWalletCreateView(APIView):
     @extend_schema(
@@ -298,7 +301,7 @@ class APIKeyCreateView(APIView):
         data = parse_body(request, CreateAPIKeyRequest)
         wallet = selectors.wallet_for_caller(caller, data["wallet_id"])
         issued = services.api_key_create(wallet=wallet, name=data["name"], actor_key_id=caller.key_id)
-        return Response(api_key_data(issued.key, issued.secret), status=status.HTTP_201_CREATED)
+        return Response(api_key_data(issued.key, issued.secret), status=status.HTTP_201_CREATED, headers=NO_STORE)
 
 
 class APIKeyListView(APIView):
@@ -342,7 +345,7 @@ class APIKeyRotateView(APIView):
             "old_key_revoked": data["revoke_old"],
             "new_key": api_key_data(issued.key, issued.secret),
         }
-        return Response(body)
+        return Response(body, headers=NO_STORE)
 
 
 class APIKeyRevokeView(APIView):

@@ -27,6 +27,7 @@ def test_create_reveals_secret_once_and_stores_only_its_hash(tenant, caplog):
     caplog.set_level(logging.DEBUG)
     r = create_key(tenant.sponsor_client, tenant.sponsor.wallet_id)
     assert r.status_code == 201, r.content
+    assert r["Cache-Control"] == "no-store"  # no cache may keep the one copy of the secret
     body = r.json()
     secret = body["secret"]
     assert SECRET_RE.match(secret)
@@ -173,6 +174,7 @@ def test_rotation_revokes_old_key_by_default(tenant):
         "/v1/api-keys/rotate", {"wallet_id": tenant.agent.wallet_id, "key_id": tenant.agent_key_id}, format="json"
     )
     assert r.status_code == 200, r.content
+    assert r["Cache-Control"] == "no-store"
     body = r.json()
     assert body["old_key_revoked"] is True
     new_secret = body["new_key"]["secret"]
