@@ -344,6 +344,10 @@ def throttle_failed_logins(view: Callable[..., HttpResponseBase]) -> Callable[..
     is checked (the right password is refused too until the window resets), and the
     moment a bucket locks is audited (``auth.login_locked``). A successful login
     (a redirect) costs nothing.
+
+    Each attempt is charged before its password is checked, and given back when it is refused
+    as locked or succeeds: attempts in flight together are each counted before any is
+    checked, so concurrency adds no attempts to the window's 12.
     """
 
     @wraps(view)
@@ -355,14 +359,25 @@ def throttle_failed_logins(view: Callable[..., HttpResponseBase]) -> Callable[..
         username = str(request.POST.get("username") or "")[:150]
         user_digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
         buckets = [f"client:{_client_address(request)}", f"login:{user_digest}"]
-        current = [bucket_charge(bucket, 0, window) for bucket in buckets]
-        if any(count + cost > limit for count, _ in current):
-            return _locked(request, max(reset for _, reset in current))
-        response = view(request, *args, **kwargs)
-        if response.status_code != 302:  # the form came back: wrong credentials
-            charged = [bucket_charge(bucket, cost, window) for bucket in buckets]
-            if any(limit - cost < count <= limit for count, _ in charged):
-                _audit_lockout(request, username)
+        now = time.time()  # one window for the charge and its refund
+
+        def give_back() -> None:
+            for bucket in buckets:
+                bucket_charge(bucket, -cost, window, now=now)
+
+        charged = [bucket_charge(bucket, cost, window, now=now) for bucket in buckets]
+        if any(count > limit for count, _ in charged):
+            give_back()  # a locked attempt costs nothing
+            return _locked(request, max(reset for _, reset in charged))
+        try:
+            response = view(request, *args, **kwargs)
+        except BaseException:
+            give_back()  # not checked: not a failed attempt
+            raise
+        if response.status_code == 302:  # logged in: costs nothing
+            give_back()
+        elif any(limit - cost < count <= limit for count, _ in charged):  # the form came back: wrong credentials
+            _audit_lockout(request, username)
         return response
 
     return wrapped

@@ -57,3 +57,45 @@ def test_successful_logins_cost_nothing(path: str, extra: dict[str, str]) -> Non
     for _ in range(20):
         client = Client(REMOTE_ADDR="10.4.4.4")
         assert client.post(path, {"username": "ops", "password": PASSWORD, **extra}).status_code == 302
+
+
+@pytest.mark.django_db(transaction=True)
+def test_attempts_in_flight_together_are_counted_before_any_is_checked(backend: str) -> None:
+    """Twenty wrong passwords sent at once: at most twelve reach the password check, the rest are locked."""
+    import threading
+    import time
+
+    from django.db import connections
+    from django.http import HttpResponse
+    from django.test import RequestFactory
+
+    from billing.ratelimit import throttle_failed_logins
+
+    checked: list[int] = []
+
+    def slow_wrong_password(request: Any) -> HttpResponse:
+        checked.append(1)
+        time.sleep(0.2)  # hashing the password: every attempt is in flight at once
+        return HttpResponse("wrong username or password", status=200)
+
+    view = throttle_failed_logins(slow_wrong_password)
+    start = threading.Barrier(20)
+    statuses: list[int] = []
+
+    def attempt() -> None:
+        try:
+            start.wait(10)
+            form = {"username": "ops", "password": "x"}
+            request = RequestFactory().post("/admin/login/", form, REMOTE_ADDR="10.9.9.9")
+            statuses.append(view(request).status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=attempt) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    # At most twelve (attempts charged to the two buckets in different orders can lock one more early).
+    assert 10 <= len(checked) <= 12
+    assert sorted(statuses) == [200] * len(checked) + [429] * (20 - len(checked))
