@@ -31,7 +31,14 @@ from mcpgateway.services import finish as finishing
 from mcpgateway.services import lookup
 from mcpgateway.upstream import CallResult
 from permits.models import Permit, Quote
-from permits.services import permit_revoke, permit_verified_columns, policy_create, quote_consume, quote_create
+from permits.services import (
+    permit_revoke,
+    permit_verified_columns,
+    policy_create,
+    policy_update,
+    quote_consume,
+    quote_create,
+)
 from receipts.models import Receipt
 from tests import test_gateway_governance as governance
 from tests.gateway_helpers import issue_permit, setup_caller
@@ -322,6 +329,41 @@ def test_a_policy_set_after_the_cache_was_filled_applies_to_the_next_call(fault,
     assert_refused(caller.rpc("echo", {}).json(), outcome="denied", reason="policy_denied")
     assert balance(tenant) == 8
     assert fault.count("tools/call") == 1
+
+
+def test_a_policy_set_between_a_fresh_lookup_and_its_claim_applies_to_that_call(fault, tenant, monkeypatch):
+    """A call decided on rows read for it (no cache yet) is claimed only if the policies, the tool and its
+    price are still what it read: a deny rule committed in between sends it back to decide again."""
+    from mcpgateway.services import governed, lookup
+
+    caller = setup_caller(tenant, balance=10)
+    real_lookup = lookup._lookup
+    changed: list[str] = []
+
+    def lookup_then_policy(req: Any) -> Any:
+        found = real_lookup(req)
+        if not changed:
+            changed.append(policy_create(wallet=tenant.sponsor, denied_tools=["echo"]).policy_id)
+        return found
+
+    monkeypatch.setattr(governed, "_lookup", lookup_then_policy)
+    assert_refused(caller.rpc("echo", {}).json(), outcome="denied", reason="policy_denied")
+    assert balance(tenant) == 10
+    assert fault.count("tools/call") == 0
+
+    # Rows that keep changing under every fresh decision: after a few, 409 with nothing written.
+    policy_update(policy_id=changed[0], enabled=False)
+
+    def lookup_then_another_policy(req: Any) -> Any:
+        found = real_lookup(req)
+        policy_create(wallet=tenant.sponsor, max_credits_per_call=Decimal("100"))
+        return found
+
+    monkeypatch.setattr(governed, "_lookup", lookup_then_another_policy)
+    r = caller.invoke("echo", {}, key="churn")
+    assert r.status_code == 409, r.content
+    assert r.json()["detail"]["error"] == "transaction_conflict"
+    assert not Action.objects.filter(idempotency_key="churn").exists()
 
 
 def test_a_permit_revoked_or_edited_after_the_cache_was_filled_is_refused(fault, tenant):

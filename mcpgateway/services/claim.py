@@ -62,7 +62,8 @@ def _claim(
     ``daily_caps``: the policies' daily caps authorization applied, checked again after the debit.
 
     Raises the refusal (the debit's, ``QuoteUnavailable``, a policy's daily cap, or the permit's) with nothing written,
-    ``_Stale`` when ``found`` came from the cache and no longer holds, and ``IntegrityError`` when a
+    ``_Stale`` when the tool, its price or the policies ``found`` holds changed since (cached or read for
+    this call: the caller decides again on fresh rows), and ``IntegrityError`` when a
     concurrent request holds the same idempotency key. With ``deferred``, the claim also checks the
     cached key and charges its rate-limit window (``_Stale`` when the key changed or the window is
     full: the request is then charged on the rate limiter's path, which answers the refusal).
@@ -83,7 +84,7 @@ def _claim(
         now,
         *permit_verified_columns(permit),
         *event.params(),
-        *(cached if found.cached else [None] * 4),
+        *cached,  # what the call was decided on, compared with the rows before anything is written
         *(deferred.claim_params() if deferred is not None else [None] * 4),
         *(_caps_params(daily_caps) if debit and daily_caps else [None] * 3),
     ]

@@ -43,7 +43,7 @@ from django.db import IntegrityError
 from billing.exceptions import VelocityLimitExceeded
 from billing.services import wallet_freeze_for_velocity
 from config.dbretry import run_retrying
-from config.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError
+from config.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError, conflict_response
 from config.faults import fault_point
 from mcpgateway.models import Action, ActionState, ToolSource
 from mcpgateway.services.call import CallAnswer, CallRequest, _charged, _uncharged, request_hash_of
@@ -92,7 +92,19 @@ def governed_call(req: CallRequest) -> CallAnswer:
             pass
     if _uncharged(req):
         req = _charged(req)  # before the fresh path, which may record a denial
-    return _governed(req, _lookup(req), digest)
+    for attempt in range(1, FRESH_ATTEMPTS + 1):
+        try:
+            return _governed(req, _lookup(req), digest)
+        except _Stale as stale:
+            # The tool, its price or the policies changed between the lookup and the claim (nothing was
+            # written): decide again on rows read afresh.
+            if attempt == FRESH_ATTEMPTS:
+                raise conflict_response() from stale
+    raise AssertionError("unreachable")
+
+
+# Fresh lookups a call is decided on before its claim gives up (409) when the rows keep changing under it.
+FRESH_ATTEMPTS = 3
 
 
 def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:

@@ -26,9 +26,9 @@
 -- 5. the audit event 'tool_call.dispatch_claimed' (audit_append: the tenant's
 --    chain head, last).
 --
--- When the call was authorized from the process's cache rather than from rows read for
--- it (mcpgateway.services.lookup, "cached"), the tool, its list price and the policies of the
--- wallet's line must still be what was cached: c_tool_version (gateway_tool_version),
+-- The tool, its list price and the policies of the wallet's line must still be what the call
+-- was decided on, whether it was authorized from the process's cache (mcpgateway.services.lookup,
+-- "cached") or from rows read for it a moment before: c_tool_version (gateway_tool_version),
 -- c_price and c_policies_version (permits_policies_version of c_ancestry) are compared
 -- before anything is written, and any difference refuses with 'stale' (the caller reads
 -- the rows afresh and decides again). NULLs skip these comparisons.
