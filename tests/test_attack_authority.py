@@ -262,6 +262,26 @@ def test_budget_and_daily_limit_bound_the_children(tenant: Tenant) -> None:
     assert LedgerEntry.objects.filter(kind="charge", wallet__path__contains=agent_id).count() == 2
 
 
+def test_a_refusal_by_an_ancestor_does_not_show_a_child_its_ancestors_figures(tenant: Tenant) -> None:
+    """A child's charge refused by its agent's budget names the agent, but the agent's budget and spend
+    (which count the child's siblings) are for the agent's key and above, not the child's."""
+    from billing.models import Wallet
+    from tests import factories
+
+    agent_id, agent = _limited_agent(tenant, budget="10")
+    kids = [_child(agent, agent_id, "20").json()["wallet_id"] for _ in range(2)]
+    sibling, child_id = kids
+    assert _charge(agent, sibling, "7").status_code == 200  # the sibling's spend counts in the agent's budget
+    child = client_for(factories.make_key(Wallet.objects.get(pk=child_id)).secret)
+    r = _charge(child, child_id, "5")
+    assert r.status_code == 403, r.content
+    detail = r.json()["detail"]
+    assert (detail["error"], detail["wallet_id"], detail["required"]) == ("budget_exceeded", agent_id, "5.00000000")
+    assert not {"budget", "total_spent"} & set(detail), detail
+    seen_by_agent = _charge(agent, child_id, "5").json()["detail"]
+    assert (seen_by_agent["budget"], seen_by_agent["total_spent"]) == ("10.00000000", "7.00000000")
+
+
 def test_velocity_counts_the_subtree_and_freezes_the_agent(tenant: Tenant) -> None:
     from billing.models import Wallet
     from tests import factories

@@ -6,6 +6,7 @@ deprecated REST invoke is used where the HTTP status matters.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import threading
 import time
@@ -651,6 +652,34 @@ def test_a_call_whose_session_negotiation_outlasts_its_send_deadline_is_not_sent
     assert balance(tenant) == start
     monkeypatch.setattr(UpstreamClient, "_negotiated", negotiated)
     assert caller.rpc("echo", {"n": 1}, key="quick-session").json()["result"]["isError"] is False
+
+
+def test_a_call_refused_by_an_ancestors_budget_does_not_show_the_ancestors_figures(fault, tenant):
+    """The child's call names the agent whose budget refuses it, not the agent's budget and spend (they
+    count the child's siblings)."""
+    from billing.services import wallet_charge
+
+    factories.top_up(tenant.sponsor, 100)
+    agent = factories.make_wallet(tenant.sponsor, "capped", 30, budget=Decimal("5"))
+    child = factories.make_wallet(agent, "kid", 10)
+    sibling = factories.make_wallet(agent, "sib", 10)
+    wallet_charge(wallet=sibling, service_category="compute", units=Decimal("4"))  # 4 of the agent's 5
+    child_key = factories.make_key(child)
+    r = tenant.sponsor_client.post(
+        "/v1/permits",
+        {"wallet_id": child.wallet_id, "allowed_tools": ["*"], "max_credits": "50"},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY="child-permit",
+    )
+    assert r.status_code == 201, r.content
+    key = child_key.key
+    as_child = dataclasses.replace(tenant, agent=child, agent_secret=child_key.secret, agent_key_id=key.key_id)
+    caller = Caller(as_child, r.json()["permit_id"])
+    body = caller.rpc("echo", {}).json()  # 2 credits: the agent's budget would reach 6
+    assert_refused(body, outcome="denied", reason="budget_exceeded")
+    data = body["error"]["data"]
+    assert data["wallet_id"] == agent.wallet_id
+    assert not {"budget", "total_spent"} & set(data), data
 
 
 # --- F. The local dogfood tool -------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from billing.services.ledger import (
     ledger_debit,
     ledger_event_detail,
     ledger_refund,
+    refusal_for_viewer,
     to_money,
     wallet_check_may_spend,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "ledger_refund",
     "operator_key_create",
     "operator_key_revoke",
+    "refusal_for_viewer",
     "to_money",
     "tool_price_remove",
     "tool_price_set",

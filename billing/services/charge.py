@@ -46,6 +46,7 @@ from billing.services.ledger import (
     VELOCITY_HOUR_LIMIT,
     _refusal,
     ledger_event_detail,
+    refusal_for_viewer,
     to_money,
 )
 from billing.services.wallets import wallet_freeze_for_velocity
@@ -688,4 +689,12 @@ def _charge_outcome(row: dict[str, Any], call: ChargeCall) -> ChargeOutcome:
         )
     refusal = _refusal(row, row["charged"])
     assert refusal is not None
-    raise refusal
+    raise refusal_for_viewer(refusal, visible=_within_reach(row["subject_id"], call))
+
+
+def _within_reach(wallet_id: str, call: ChargeCall) -> bool:
+    """Whether the caller may read ``wallet_id`` (the charged wallet, or an agent ancestor of it that refused)."""
+    if wallet_id == call.wallet_id or call.reach_wallet_id is None:
+        return True
+    path = Wallet.objects.filter(wallet_id=wallet_id).values_list("path", flat=True).first()
+    return path is not None and call.reach_wallet_id in path.split("/")

@@ -244,6 +244,20 @@ def _count_spend(*, owners: list[Wallet], tenant_id: str, hour: datetime, amount
             owner.total_spent = max(owner.total_spent + amount, ZERO)
 
 
+# A spend refusal's figures of the wallet that refuses: its budget, spend, limits and freeze reason.
+SPEND_FIGURES = ("budget", "total_spent", "daily_limit", "daily_spent", "limit", "spent", "frozen_reason")
+
+
+def refusal_for_viewer(refusal: ApplicationError, *, visible: bool) -> ApplicationError:
+    """``refusal`` as its caller may read it. A refusal by a wallet above the caller's reach (an agent
+    ancestor's budget, daily limit, velocity window or freeze) keeps its code and that wallet's id, but
+    not that wallet's figures: they count the spend of its other descendants, the caller's siblings."""
+    if not visible:
+        for name in SPEND_FIGURES:
+            refusal.extra.pop(name, None)
+    return refusal
+
+
 def _refusal(row: dict[str, Any], amount: Decimal) -> ApplicationError | None:
     """The exception for a refusal code of ``billing_debit`` (None for ``ok`` and ``replay``)."""
     code, subject = row["code"], row["subject_id"]

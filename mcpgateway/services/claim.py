@@ -19,8 +19,16 @@ from audit.services import PreparedEvent, audit_event_prepare
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
 from billing.ratelimit import DeferredCharge
-from billing.services import DEBIT_COLUMNS, DebitCall, DebitResult, debit_call, wallet_check_may_spend
+from billing.services import (
+    DEBIT_COLUMNS,
+    DebitCall,
+    DebitResult,
+    debit_call,
+    refusal_for_viewer,
+    wallet_check_may_spend,
+)
 from config import fastsql
+from config.errors import ApplicationError
 from config.faults import fault_point
 from config.ids import new_id
 from mcpgateway.models import Action, ActionState, Tool
@@ -103,16 +111,21 @@ def _claim(
         if refused["code"] == "quote_unavailable":
             raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
         if refused["code"] == "policy_daily_cap":
+            measured = next((cap.wallet_id for cap in daily_caps if cap.policy_id == refused["subject_id"]), None)
             raise policy_daily_cap_refusal(
                 policy_id=refused["subject_id"],
                 limit=refused["figure_limit"],
-                spent=refused["figure"],
+                # The spend of the line the policy caps: the caller's own, or an ancestor's it may not read.
+                spent=refused["figure"] if measured == wallet.wallet_id else None,
                 price=price or Decimal(0),
             ) from None
         if refused["code"] == "permit_refused":
             raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price or Decimal(0), now=now) from None
         assert debit is not None
-        debit.result(refused)  # raises the debit's refusal
+        try:
+            debit.result(refused)  # raises the debit's refusal
+        except ApplicationError as refusal:  # the caller's own wallet, or an ancestor whose figures it may not read
+            raise refusal_for_viewer(refusal, visible=refused["subject_id"] == debit.wallet_id) from None
         raise AssertionError(f"gateway_claim refused with {refused['code']!r}") from err
     fastsql.inserted(action)
     if deferred is not None:

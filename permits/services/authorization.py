@@ -182,19 +182,31 @@ def authorize(
                 applied,
             )
         if policy.max_daily_credits is not None:
-            daily_spent = spent_today[daily_cap_wallet(policy.wallet_id, wallet)].today
+            measured = daily_cap_wallet(policy.wallet_id, wallet)
+            daily_spent = spent_today[measured].today
             if daily_spent + price > policy.max_daily_credits:
                 return deny(
                     policy_daily_cap_refusal(
-                        policy_id=policy.policy_id, limit=policy.max_daily_credits, spent=daily_spent, price=price
+                        policy_id=policy.policy_id,
+                        limit=policy.max_daily_credits,
+                        # An ancestor line's spend counts the caller's siblings: not the caller's to read.
+                        spent=daily_spent if measured == wallet.wallet_id else None,
+                        price=price,
                     ),
                     applied,
                 )
     return Decision(decision_id, True, None, applied, caps)
 
 
-def policy_daily_cap_refusal(*, policy_id: str, limit: Decimal, spent: Decimal, price: Decimal) -> exc.PolicyDenied:
-    """The refusal of a call that would take the spend a policy caps past its ``max_daily_credits``."""
-    return exc.PolicyDenied(
-        policy_id=policy_id, rule="max_daily_credits", limit=money(limit), spent=money(spent), required=money(price)
-    )
+def policy_daily_cap_refusal(
+    *, policy_id: str, limit: Decimal, spent: Decimal | None, price: Decimal
+) -> exc.PolicyDenied:
+    """The refusal of a call that would take the spend a policy caps past its ``max_daily_credits``.
+
+    ``spent``: the capped spend today, or None when it is an ancestor line's (not the caller's to read).
+    """
+    refusal = exc.PolicyDenied(policy_id=policy_id, rule="max_daily_credits", limit=money(limit))
+    if spent is not None:
+        refusal.extra["spent"] = money(spent)
+    refusal.extra["required"] = money(price)
+    return refusal
