@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -320,11 +322,9 @@ def test_a_key_revoked_while_its_statement_runs_is_401_not_500(tenant, monkeypat
     assert bucket_charge(f"key:{key_id}", 0, 60)[0] == 0
 
 
-@pytest.mark.django_db(transaction=True)
-def test_a_key_minted_while_an_ancestor_key_is_revoked_is_revoked_too(tenant, monkeypatch) -> None:
-    """Revoking K0 reads K0's lineage, then locks each key of it. A mint by K1 (minted by K0) in flight at
-    that moment holds K1's row and commits its new key after the lineage was read: the revocation reads the
-    lineage again once it holds the locks, and the new key is revoked with the rest."""
+def race_a_new_key(monkeypatch: Any, create: Callable[[], Any], revoke: Callable[[], Any]) -> tuple[Any, Any]:
+    """Run ``create`` (it writes a key) with its transaction held open just after the key's row, then ``revoke``
+    in another thread until it waits for a lock; let ``create`` commit; both results."""
     import threading
 
     from django.db import connections
@@ -332,43 +332,50 @@ def test_a_key_minted_while_an_ancestor_key_is_revoked_is_revoked_too(tenant, mo
     from billing.services import api_keys as keys_service
     from tests.test_billing_charge_fn import wait_for_a_lock_wait
 
-    agent = tenant.agent
-    k1 = keys_service.api_key_create(wallet=agent, name="k1", actor_key_id=tenant.agent_key_id).key
-    minted, release = threading.Event(), threading.Event()
+    written, release = threading.Event(), threading.Event()
     new_key = keys_service._new_key
-    result: dict[str, object] = {}
+    results: dict[str, Any] = {}
 
-    def slow_new_key(**kwargs: object) -> object:
-        issued = new_key(**kwargs)  # type: ignore[arg-type]
-        minted.set()
-        assert release.wait(30)  # the mint's transaction, holding K1's row, stays open
+    def held_new_key(**kwargs: Any) -> Any:
+        issued = new_key(**kwargs)
+        written.set()
+        assert release.wait(30)  # the creating transaction, holding its key rows' locks, stays open
         return issued
 
-    monkeypatch.setattr(keys_service, "_new_key", slow_new_key)
+    monkeypatch.setattr(keys_service, "_new_key", held_new_key)
 
-    def mint() -> None:
+    def run(name: str, work: Callable[[], Any]) -> None:
         try:
-            result["minted"] = keys_service.api_key_create(wallet=agent, name="late", actor_key_id=k1.key_id).key
+            results[name] = work()
         finally:
             connections.close_all()
 
-    def revoke() -> None:
-        try:
-            keys_service.api_key_revoke(wallet=agent, key_id=tenant.agent_key_id)
-        finally:
-            connections.close_all()
-
-    minter = threading.Thread(target=mint)
-    minter.start()
-    assert minted.wait(30)
-    revoker = threading.Thread(target=revoke)
+    creator = threading.Thread(target=run, args=("created", create))
+    creator.start()
+    assert written.wait(30)
+    revoker = threading.Thread(target=run, args=("revoked", revoke))
     revoker.start()
-    wait_for_a_lock_wait()  # the revocation read the lineage (K1, not the uncommitted key) and waits for K1
+    wait_for_a_lock_wait()  # the revocation read the keys (not the uncommitted one) and waits for a lock
     release.set()
-    minter.join(30)
+    creator.join(30)
     revoker.join(30)
-    late = result["minted"]
-    assert isinstance(late, APIKey)
+    return results["created"], results["revoked"]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_key_minted_while_an_ancestor_key_is_revoked_is_revoked_too(tenant, monkeypatch) -> None:
+    """Revoking K0 reads K0's lineage, then locks each key of it. A mint by K1 (minted by K0) in flight at
+    that moment holds K1's row and commits its new key after the lineage was read: the revocation reads the
+    lineage again once it holds the locks, and the new key is revoked with the rest."""
+    from billing.services import api_keys as keys_service
+
+    agent = tenant.agent
+    k1 = keys_service.api_key_create(wallet=agent, name="k1", actor_key_id=tenant.agent_key_id).key
+    late, _ = race_a_new_key(
+        monkeypatch,
+        lambda: keys_service.api_key_create(wallet=agent, name="late", actor_key_id=k1.key_id).key,
+        lambda: keys_service.api_key_revoke(wallet=agent, key_id=tenant.agent_key_id),
+    )
     statuses = dict(APIKey.objects.filter(wallet=agent).values_list("key_id", "status"))
     assert statuses[tenant.agent_key_id] == "revoked"
     assert statuses[k1.key_id] == "revoked"
@@ -380,49 +387,14 @@ def test_a_key_rotated_during_an_emergency_revocation_does_not_survive_it(tenant
     """The emergency revocation locks the subtree's active keys. A rotation in flight (revoking the old key)
     commits while it waits: the old key is then skipped as revoked, and its successor, not in that read,
     is caught by the next pass."""
-    import threading
-
-    from django.db import connections
-
     from billing.services import api_keys as keys_service
-    from tests.test_billing_charge_fn import wait_for_a_lock_wait
 
     agent = tenant.agent
-    rotated, release = threading.Event(), threading.Event()
-    new_key = keys_service._new_key
-    result: dict[str, object] = {}
-
-    def slow_new_key(**kwargs: object) -> object:
-        issued = new_key(**kwargs)  # type: ignore[arg-type]
-        rotated.set()
-        assert release.wait(30)
-        return issued
-
-    monkeypatch.setattr(keys_service, "_new_key", slow_new_key)
-
-    def rotate() -> None:
-        try:
-            result["successor"] = keys_service.api_key_rotate(wallet=agent, key_id=tenant.agent_key_id).key
-        finally:
-            connections.close_all()
-
-    def emergency() -> None:
-        try:
-            result["revoked"] = keys_service.api_key_emergency_revoke(wallet=agent)
-        finally:
-            connections.close_all()
-
-    rotator = threading.Thread(target=rotate)
-    rotator.start()
-    assert rotated.wait(30)
-    revoker = threading.Thread(target=emergency)
-    revoker.start()
-    wait_for_a_lock_wait()
-    release.set()
-    rotator.join(30)
-    revoker.join(30)
-    successor = result["successor"]
-    assert isinstance(successor, APIKey)
+    successor, revoked = race_a_new_key(
+        monkeypatch,
+        lambda: keys_service.api_key_rotate(wallet=agent, key_id=tenant.agent_key_id).key,
+        lambda: keys_service.api_key_emergency_revoke(wallet=agent),
+    )
     assert APIKey.objects.get(pk=successor.pk).status == "revoked"
-    assert successor.key_id in result["revoked"]  # type: ignore[operator]
+    assert successor.key_id in revoked
     assert not APIKey.objects.filter(wallet=agent, status="active").exists()
