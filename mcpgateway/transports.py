@@ -333,17 +333,6 @@ STATELESS_METHODS: dict[str, Handler] = {
 }
 
 
-def _invalid_message(message: dict[str, Any]) -> RpcError | None:
-    """Why ``message`` (an object) is not a JSON-RPC 2.0 request this server answers, or None."""
-    if message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
-        return RpcError(INVALID_REQUEST, "Not a JSON-RPC 2.0 request.")
-    if not valid_id(message.get("id")):
-        return RpcError(INVALID_REQUEST, "A JSON-RPC id must be a string, a number or null.")
-    if message.get("params") is not None and not isinstance(message.get("params"), dict):
-        return RpcError(INVALID_REQUEST, "params must be an object.")
-    return None
-
-
 def _answer(ex: Exchange, message: Any, methods: dict[str, Handler]) -> tuple[int, dict[str, Any] | None]:
     """Dispatch one JSON-RPC message. Returns (HTTP status, body or None for a notification)."""
     if not isinstance(message, dict) or message.get("jsonrpc") != "2.0" or not isinstance(message.get("method"), str):
@@ -422,9 +411,15 @@ def _client_info(params: dict[str, Any]) -> dict[str, str]:
     return kept
 
 
-def _new_session(principal: Principal, message: dict[str, Any]) -> tuple[McpSession, dict[str, Any]]:
-    params = message.get("params") if isinstance(message.get("params"), dict) else {}
-    assert isinstance(params, dict)
+def _handshake_initialize(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
+    """``initialize`` on ``POST /mcp``: opens a session, whose id goes back in ``Mcp-Session-Id``."""
+    assert ex.principal is not None
+    session, result = _new_session(ex.principal, params)
+    ex.headers["Mcp-Session-Id"] = session.session_id
+    return result
+
+
+def _new_session(principal: Principal, params: dict[str, Any]) -> tuple[McpSession, dict[str, Any]]:
     requested = params.get("protocolVersion")
     version = requested if requested in HANDSHAKE_VERSIONS else HANDSHAKE_VERSIONS[0]
     session = McpSession.objects.create(
@@ -495,11 +490,8 @@ def mcp_streamable(request: HttpRequest) -> HttpResponse:
     if isinstance(message, dict) and message.get("method") == "initialize":
         if "id" not in message:
             return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "initialize is a request.")), 400)
-        invalid = _invalid_message(message)
-        if invalid is not None:
-            return _json(_rpc_error(None, invalid), 400)
-        session, result = _new_session(principal, message)
-        return _json(_rpc_result(message["id"], result), 200, {"Mcp-Session-Id": session.session_id})
+        status, body = _answer(ex, message, {"initialize": _handshake_initialize})  # checked as every message
+        return _json(body, status, ex.headers)
     headers: dict[str, str] = {}
     if request.headers.get("Mcp-Session-Id"):
         # A session, when presented, must be live and this key's; without one the request is served
