@@ -14,7 +14,7 @@ from django.utils import timezone
 from config import metrics
 from mcpgateway.models import Action, Tool
 from mcpgateway.services.call import CallRequest
-from mcpgateway.upstream import CallResult, UpstreamClient, output_schema_problem
+from mcpgateway.upstream import CallResult, UpstreamClient
 
 # --- Upstream client (one per process) -------------------------------------------------
 
@@ -66,26 +66,26 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
     What keeps the call from being sent (no upstream configured, an outputSchema the client cannot
     compile) is ``not_sent``: the tool did not run, phase 3 refunds.
     """
-    output_schema = tool.output_schema or None
-    problem = output_schema_problem(output_schema)
-    if problem is not None:
-        # The client would raise before sending. Such a tool is not callable (``tool_is_callable``),
-        # so this is a backstop: a claimed call must end in phase 3, not in a 500 left for the sweeper.
-        reason = f"Not sent: the tool's outputSchema, as the upstream lists it, is not a valid JSON Schema ({problem})."
-        return CallResult(kind="not_sent", reason=reason, request_id=action.action_id)
     try:
         client = upstream_client()
     except RuntimeError as exc:
         return CallResult(kind="not_sent", reason=str(exc), request_id=action.action_id)
-    result = client.call_tool(
-        tool.service_id,
-        req.arguments,
-        idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
-        request_id=action.action_id,
-        extra_meta={"io.tollgate/action-id": action.action_id},
-        output_schema=output_schema,
-        input_schema=tool.input_schema or None,  # arguments marked x-mcp-header travel as headers too
-        send_by=send_deadline(action),
-    )
+    try:
+        result = client.call_tool(
+            tool.service_id,
+            req.arguments,
+            idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
+            request_id=action.action_id,
+            extra_meta={"io.tollgate/action-id": action.action_id},
+            output_schema=tool.output_schema or None,
+            input_schema=tool.input_schema or None,  # arguments marked x-mcp-header travel as headers too
+            send_by=send_deadline(action),
+        )
+    except ValueError as exc:
+        # Raised before anything is sent: an outputSchema the client cannot compile. Such a tool is not
+        # callable (``tool_is_callable``), so this is a backstop: a claimed call ends in phase 3, refunded.
+        problem = str(exc).removeprefix("invalid output_schema: ")
+        reason = f"Not sent: the tool's outputSchema, as the upstream lists it, is not a valid JSON Schema ({problem})."
+        return CallResult(kind="not_sent", reason=reason, request_id=action.action_id)
     metrics.observe_upstream(result.elapsed, kind=result.kind)
     return result
