@@ -58,18 +58,14 @@ def _as_sent(value: Any) -> Any:
     one back as an integer: a float argument of 2**53 or more (``1e20``) reads back as the integer
     ``10**20``, outside RFC 8785's domain. The edge refuses such integers (``config.jsonbody``), so
     one read back was a float; ``jsonb`` kept its shortest round-trip digits, which convert back to
-    exactly that float, whose canonical text is what was hashed at call time. Copies only the
-    containers on the way to such an integer.
+    exactly that float, whose canonical text is what was hashed at call time.
     """
-    kind = type(value)
-    if kind is int:
-        return float(value) if abs(value) > MAX_SAFE_INTEGER else value
-    if kind is dict:
-        converted = {key: _as_sent(item) for key, item in value.items()}
-        return value if all(converted[key] is item for key, item in value.items()) else converted
-    if kind is list:
-        items = [_as_sent(item) for item in value]
-        return value if all(new is old for new, old in zip(items, value, strict=True)) else items
+    if type(value) is int and abs(value) > MAX_SAFE_INTEGER:  # not a bool
+        return float(value)
+    if isinstance(value, dict):
+        return {key: _as_sent(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_as_sent(item) for item in value]
     return value
 
 
