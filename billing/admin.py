@@ -34,6 +34,7 @@ from billing.models import (
     Wallet,
     WalletStatus,
 )
+from billing.services import wallets
 from config.errors import ApplicationError, RequestValidationError
 
 # Session key under which a new API key's secret waits for its single reveal.
@@ -186,6 +187,12 @@ def changelist_link(model: str, label: str, **query: str) -> str:
     app_label, model_name = model.split(".")
     url = reverse(f"admin:{app_label}_{model_name}_changelist") + "?" + urlencode(query)
     return format_html('<a href="{}">{}</a>', url, label)
+
+
+def _open_calls_display(wallet: Wallet) -> str:
+    """What would refuse closing ``wallet`` (``wallets.open_calls``), for the confirmation page."""
+    owed = [f"{name.replace('_', ' ')}: {count}" for name, count in wallets.open_calls(wallet).items() if count]
+    return ", ".join(owed) or "none"
 
 
 def _failure(exc: Exception) -> str:
@@ -423,8 +430,15 @@ class WalletAdmin(admin.ModelAdmin):
             title="Close these wallets?",
             warning="Closing cannot be undone. Each wallet's balance returns to its parent (a sponsor's to mint), "
             "and the wallet can never spend or be funded again.",
-            headings=["Wallet", "Type", "Name", "Balance", "Returns to"],
-            row=lambda w: [w.wallet_id, w.wallet_type, w.name, money_display(w.balance), w.parent_id or "mint"],
+            headings=["Wallet", "Type", "Name", "Balance", "Returns to", "Refunds that may still come back"],
+            row=lambda w: [
+                w.wallet_id,
+                w.wallet_type,
+                w.name,
+                money_display(w.balance),
+                w.parent_id or "mint",
+                _open_calls_display(w),
+            ],
             confirm_label="Yes, close them",
         )
         if page is not None:

@@ -110,6 +110,14 @@ class WalletHasOpenChildren(Conflict):
     message = "Close the wallet's child wallets first."
 
 
+class WalletHasOpenCalls(Conflict):
+    code = "wallet_has_open_calls"
+    message = (
+        "A refund may still be owed to the wallet: let its calls in flight finish, record the reconciliation "
+        "result of its delivery_uncertain calls and post its owed refunds, then close it."
+    )
+
+
 class RefundExceedsCharge(Conflict):
     code = "refund_exceeds_charge"
     message = "The refund would exceed what is left of the charge."

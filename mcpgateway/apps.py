@@ -1,4 +1,4 @@
-"""The gateway app: registers what apps below it may ask of the tool registry."""
+"""The gateway app: registers what apps below it may ask of the tool registry and of the calls."""
 
 from __future__ import annotations
 
@@ -19,3 +19,10 @@ class McpgatewayConfig(AppConfig):
             return dict(Tool.objects.filter(service_id__in=names).values_list("service_id", "description"))
 
         selectors.describe_tools = describe
+
+        # Billing sits below the gateway and receipts too; closing a wallet asks whether a refund may
+        # still come back to it.
+        from billing.services import wallets
+        from mcpgateway.selectors import wallet_open_calls
+
+        wallets.open_calls = wallet_open_calls

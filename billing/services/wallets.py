@@ -6,6 +6,7 @@ inside it, as the last statements.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -18,6 +19,7 @@ from billing.exceptions import (
     InsufficientFunds,
     VelocityLimitExceeded,
     WalletClosed,
+    WalletHasOpenCalls,
     WalletHasOpenChildren,
     WalletNotActive,
 )
@@ -47,6 +49,17 @@ def _audit_wallet(event: str, wallet: Wallet, *, actor_key_id: str, actor: str, 
         key_id=actor_key_id or None,
         detail=detail,
     )
+
+
+def _no_open_calls(wallet: Wallet) -> dict[str, int]:
+    return {}
+
+
+# The calls through which a refund may still come back to a wallet, counted by name (calls in flight,
+# delivery_uncertain calls awaiting their reconciliation result, owed refunds). The gateway sits above
+# this app (DESIGN.md section 3) and registers the count (mcpgateway.apps); ``wallet_close`` reads it
+# under the wallet's lock.
+open_calls: Callable[[Wallet], dict[str, int]] = _no_open_calls
 
 
 def _optional_money(value: Decimal | None) -> Decimal | None:
@@ -338,8 +351,10 @@ def wallet_unfreeze(*, wallet: Wallet, actor_key_id: str = "", actor: str = "") 
 def wallet_close(*, wallet: Wallet, actor_key_id: str = "", actor: str = "") -> Wallet:
     """Close a wallet for good. Its remaining balance returns to its parent (a sponsor's to mint).
 
-    Refused (409) while the wallet has child wallets that are not closed.
-    Locks the parent before the wallet. Closing a closed wallet changes nothing.
+    Refused (409) while the wallet has child wallets that are not closed, and while a refund may still
+    be owed to it (``open_calls``): a refund posts to the charged wallet only, and a closed wallet takes
+    none, so it would stay owed for ever. Locks the parent before the wallet. Closing a closed wallet
+    changes nothing.
     """
     parent = _lock(wallet.parent_id) if wallet.parent_id else None
     locked = _lock(wallet.wallet_id)
@@ -347,6 +362,10 @@ def wallet_close(*, wallet: Wallet, actor_key_id: str = "", actor: str = "") -> 
         return locked
     if Wallet.objects.filter(parent=locked).exclude(status=WalletStatus.CLOSED).exists():
         raise WalletHasOpenChildren(wallet_id=locked.wallet_id)
+    owed: dict[str, Any] = {name: count for name, count in open_calls(locked).items() if count}
+    if owed:
+        counts = ", ".join(f"{name.replace('_', ' ')}: {count}" for name, count in owed.items())
+        raise WalletHasOpenCalls(f"{WalletHasOpenCalls.message} ({counts})", wallet_id=locked.wallet_id, **owed)
     entry = None
     if locked.balance > 0:
         entry, _ = _move(
