@@ -17,6 +17,7 @@ from audit.canonical import (
 from audit.chain_verification import audit_chain_verify
 from audit.models import AuditEvent, SigningKey
 from audit.signing import verify_statement
+from billing.models import LedgerKind
 from billing.selectors import Principal, scope_to_caller
 from config.errors import NotFound
 from permits.services import permit_statement_problem
@@ -87,13 +88,31 @@ def _signature_check(statement: Any, signature: str, expected_type: str) -> str:
     return "ok" if result.valid else (result.reason or "invalid")
 
 
+def ledger_entries_problem(receipt: Receipt) -> str | None:
+    """Why a ledger entry the receipt names (its signed ``ledger_entry_id`` and ``refund_entry_id``) disagrees
+    with what the receipt signed, or None.
+
+    The charge is the wallet's debit of the price authorized; the refund gives back what was not
+    charged. Both are the receipt's wallet's. An entry edited after the fact (another amount, wallet or
+    kind) is served beside the receipt, so it must not pass as verified evidence.
+    """
+    expected = (
+        ("ledger_entry", receipt.ledger_entry, LedgerKind.CHARGE, -receipt.credits_authorized),
+        ("refund_entry", receipt.refund_entry, LedgerKind.REFUND, receipt.credits_authorized - receipt.credits_charged),
+    )
+    for name, entry, kind, amount in expected:
+        if entry is not None and (entry.wallet_id, entry.kind, entry.amount) != (receipt.wallet_id, kind, amount):
+            return f"{name}_mismatch"
+    return None
+
+
 def verification_map(receipt: Receipt, audit_event: AuditEvent | None) -> dict[str, str]:
     """Each check recomputed now: ``ok``, ``skipped`` or the failure reason."""
     checks: dict[str, str] = {}
     receipt_check = _signature_check(receipt.signed_statement, receipt.signature, "receipt")
     if receipt_check == "ok":
-        # The columns served beside the statement must say what was signed.
-        receipt_check = receipt_statement_problem(receipt) or "ok"
+        # The columns and the ledger entries served beside the statement must say what was signed.
+        receipt_check = receipt_statement_problem(receipt) or ledger_entries_problem(receipt) or "ok"
     checks["receipt_signature"] = receipt_check
     if receipt.permit is None:
         checks["permit_signature"] = "skipped"

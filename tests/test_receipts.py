@@ -21,7 +21,7 @@ from audit.evidence_core import chain_hash
 from audit.models import AuditEvent, ChainHead
 from audit.services import signing_key_rotate
 from billing.models import LedgerEntry, Wallet
-from billing.services import ledger_debit, tool_price_set
+from billing.services import ledger_debit, ledger_refund, tool_price_set
 from config.ids import new_id
 from mcpgateway.services import tools_sync
 from permits import services as permit_services
@@ -150,6 +150,62 @@ def test_altered_receipt_fails_verify_and_evidence_names_the_check(tenant, field
     checks = tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()["verification"]
     assert checks["receipt_signature"] == "bad_signature"
     assert checks["permit_signature"] == "ok"
+
+
+def make_refunded_receipt(tenant):
+    """A ``failed_refunded`` receipt as phase 3 writes one: the charge, its refund, credits charged 0."""
+    factories.top_up(tenant.agent, 10)
+    document = {"tool": "demo.echo", "arguments": {"text": "hello"}}
+    with transaction.atomic():
+        charge = ledger_debit(wallet=tenant.agent.wallet_id, amount=Decimal(2), service_category="tooling").entry
+        refund = ledger_refund(amount=Decimal(2), charge=charge, description="refund: demo.echo did not run")
+        return receipt_issue(
+            action_id=new_id("act"),
+            wallet=Wallet.objects.get(pk=tenant.agent.pk),
+            api_key_id=tenant.agent_key_id,
+            tool="demo.echo",
+            outcome="failed_refunded",
+            request_document=document,
+            request_hash=request_document_hash(document),
+            credits_authorized=Decimal(2),
+            credits_charged=Decimal(0),
+            ledger_entry=charge,
+            refund_entry=refund,
+            endpoint="/mcp",
+        )
+
+
+@pytest.mark.parametrize(
+    ("entry", "column", "value"),
+    [
+        ("ledger_entry", "amount", "-1.00000000"),
+        ("ledger_entry", "wallet_id", None),  # another wallet of the tenant
+        ("ledger_entry", "kind", "fund"),
+        ("refund_entry", "amount", "1.00000000"),
+        ("refund_entry", "wallet_id", None),
+    ],
+)
+def test_evidence_catches_a_ledger_entry_that_disagrees_with_the_receipt(tenant, entry, column, value):
+    """The ledger entries served beside the receipt must be the ones it signed for: the charge of the
+    price authorized and the refund of what was not charged, both of the receipt's wallet."""
+    r = make_refunded_receipt(tenant)
+    assert tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()["verified"] is True
+    if value is None:
+        value = factories.make_wallet(tenant.sponsor, "other").wallet_id
+    with connection.cursor() as cur:
+        # Ledger entries are immutable: tampering needs the trigger out of the way, as DDL rights would.
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")  # the ledger's balance checks, pending since the writes
+        cur.execute("ALTER TABLE billing_ledger_entry DISABLE TRIGGER billing_ledger_entry_immutable")
+        columns = [column, "account"] if column == "wallet_id" else [column]  # a wallet's entry names it twice
+        cur.execute(
+            f"UPDATE billing_ledger_entry SET ({', '.join(columns)}) = ROW({', '.join(['%s'] * len(columns))})"
+            " WHERE entry_id = %s",
+            [*[value] * len(columns), getattr(r, f"{entry}_id")],
+        )
+        cur.execute("ALTER TABLE billing_ledger_entry ENABLE TRIGGER billing_ledger_entry_immutable")
+    body = tenant.agent_client.get(f"/v1/evidence/{r.receipt_id}").json()
+    assert body["verification"]["receipt_signature"] == f"{entry}_mismatch"
+    assert body["verified"] is False
 
 
 def test_evidence_detects_tampered_request_document_and_audit_chain(tenant):
