@@ -133,17 +133,22 @@ def policy_for_change(principal: Principal, policy_id: str) -> PolicyBundle:
     on itself. A policy outside the caller's reach is 404, as for reads.
     """
     policy = policy_for_caller(principal, policy_id)
-    if principal.is_operator:
-        return policy
-    own = principal.key.wallet
-    assert own is not None
-    authority = policy.authority_wallet_id
-    if not authority:
-        raise PolicyReadOnly(policy_id=policy_id)
-    authority_path = Wallet.objects.filter(wallet_id=authority).values_list("path", flat=True).first()
-    if authority_path is None or own.wallet_id not in authority_path.split("/"):
-        raise PolicyReadOnly(policy_id=policy_id)
+    if not principal.is_operator:
+        assert principal.wallet_id is not None
+        check_policy_level(policy, principal.wallet_id)
     return policy
+
+
+def check_policy_level(policy: PolicyBundle, wallet_id: str) -> None:
+    """Raise 403 ``policy_read_only`` unless the level ``policy``'s rules were last set at
+    (``authority_wallet_id``) is ``wallet_id`` or below it (``policy_for_change``). Read again by
+    ``policy_update`` on the locked row, so a change from above that commits first stands."""
+    authority = policy.authority_wallet_id
+    authority_path = (
+        Wallet.objects.filter(wallet_id=authority).values_list("path", flat=True).first() if authority else None
+    )
+    if authority_path is None or wallet_id not in authority_path.split("/"):
+        raise PolicyReadOnly(policy_id=policy.policy_id)
 
 
 def policies_applying_to(wallet: Wallet) -> QuerySet[PolicyBundle]:

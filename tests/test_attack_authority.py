@@ -167,6 +167,37 @@ def test_a_rule_changed_from_above_cannot_be_undone_below(tenant: Tenant, operat
     assert r.status_code == 403, r.content
 
 
+def test_a_change_from_above_landing_during_the_agents_change_stands(tenant: Tenant, monkeypatch: Any) -> None:
+    """The agent's PATCH passed the level check on an unlocked read; the sponsor's change commits before
+    the agent's update takes the row's lock. The update reads the level again under the lock: 403, and
+    the sponsor's rule and level stand."""
+    from permits import selectors, services, views
+
+    created = tenant.agent_client.post(
+        "/v1/policies", {"wallet_id": tenant.agent.wallet_id, "denied_tools": ["math.add"]}, format="json"
+    )
+    policy_id = created.json()["policy_id"]
+    checked = selectors.policy_for_change
+
+    def sponsor_lands_after_the_check(principal: Any, pid: str) -> PolicyBundle:
+        policy = checked(principal, pid)
+        services.policy_update(policy_id=pid, actor_wallet_id=tenant.sponsor.wallet_id, human_approval_required=True)
+        return policy
+
+    monkeypatch.setattr(views.selectors, "policy_for_change", sponsor_lands_after_the_check)
+    r = tenant.agent_client.patch(
+        f"/v1/policies/{policy_id}", {"human_approval_required": False, "enabled": False}, format="json"
+    )
+    assert r.status_code == 403, r.content
+    assert r.json()["detail"]["error"] == "policy_read_only"
+    policy = PolicyBundle.objects.get(policy_id=policy_id)
+    assert (policy.human_approval_required, policy.enabled, policy.authority_wallet_id) == (
+        True,
+        True,
+        tenant.sponsor.wallet_id,
+    )
+
+
 def test_child_key_cannot_change_its_parents_policy_on_the_child(tenant: Tenant) -> None:
     from tests import factories
 

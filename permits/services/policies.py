@@ -17,6 +17,7 @@ from billing.exceptions import money
 from billing.models import Wallet
 from config.ids import new_id
 from permits.models import PolicyBundle
+from permits.selectors import check_policy_level
 
 POLICY_FIELDS = (
     "name",
@@ -83,9 +84,13 @@ def policy_update(
     ``actor_wallet_id`` is the wallet of the changing key (empty for the operator and the console),
     which the caller has checked may change it (``permits.selectors.policy_for_change``: the
     policy's level or above). The policy's level becomes the changer's: a sponsor that tightens a
-    policy its agent set on itself takes it over, and the agent can no longer undo the change.
+    policy its agent set on itself takes it over, and the agent can no longer undo the change. The
+    level is checked again on the locked row (403 ``policy_read_only``): a change from above that
+    committed while this one waited for the lock stands.
     """
     policy = PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
+    if actor_wallet_id:
+        check_policy_level(policy, actor_wallet_id)
     before = _policy_snapshot(policy)
     authority_before = policy.authority_wallet_id
     fields = [k for k in changes if k in POLICY_FIELDS]
