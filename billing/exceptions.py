@@ -121,3 +121,12 @@ class WalletHasOpenCalls(Conflict):
 class RefundExceedsCharge(Conflict):
     code = "refund_exceeds_charge"
     message = "The refund would exceed what is left of the charge."
+
+
+class ChargePolicyDenied(PermissionDeniedError):
+    """A policy bundle on the wallet's line refuses a charge (``billing_charge``, ``permits_charge_policies``).
+
+    The same code as the governed call's refusal by a policy (``permits.exceptions.PolicyDenied``)."""
+
+    code = "policy_denied"
+    message = "A policy bundle denies this charge."

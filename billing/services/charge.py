@@ -35,7 +35,7 @@ from django.utils import timezone
 from audit.canonical import canonical_bytes_fast
 from audit.models import AuditEvent
 from audit.services import EventFields, audit_event_prepare
-from billing.exceptions import VelocityLimitExceeded, money
+from billing.exceptions import ChargePolicyDenied, VelocityLimitExceeded, money
 from billing.models import DEFAULT_CATEGORY_PRICES, LedgerKind, ServiceCategory, SystemAccount, Wallet
 from billing.ratelimit import DeferredCharge, DeferredRefused
 from billing.selectors import Principal
@@ -687,9 +687,27 @@ def _charge_outcome(row: dict[str, Any], call: ChargeCall) -> ChargeOutcome:
             "is zero at 8 decimal places.",
             "amount_too_small",
         )
+    if code == "policy_denied":
+        raise _policy_refusal(row, call)
     refusal = _refusal(row, row["charged"])
     assert refusal is not None
     raise refusal_for_viewer(refusal, visible=_within_reach(row["subject_id"], call))
+
+
+def _policy_refusal(row: dict[str, Any], call: ChargeCall) -> ChargePolicyDenied:
+    """``billing_charge``'s refusal by a policy bundle, as the governed call words one (``permits.services.
+    authorization``): the policy and its rule, the limit, and for a daily cap the spend today when the
+    wallet it counts is within the caller's reach (an ancestor's counts the caller's siblings)."""
+    rule = row["spend_window"]
+    refusal = ChargePolicyDenied(policy_id=row["subject_id"], rule=rule)
+    if rule == "allowed_categories":
+        refusal.extra["category"] = call.service_category
+        return refusal
+    refusal.extra["limit"] = money(row["figure_limit"])
+    if rule == "max_daily_credits" and _within_reach(row["refusal_reason"], call):
+        refusal.extra["spent"] = money(row["figure"])
+    refusal.extra["required"] = money(row["charged"])
+    return refusal
 
 
 def _within_reach(wallet_id: str, call: ChargeCall) -> bool:

@@ -16,11 +16,20 @@
 --    price; NULL: 'unknown_category'); amount = round(price * units, 8), the half-up rounding of
 --    billing.services.to_money ('amount_too_small' when it is zero). Prices are read in the
 --    statement that uses them, so a price change applies from the next charge on.
--- 4. The debit: billing_debit (billing/sql/billing_debit.sql), the only copy of the spend rules. Its
+-- 4. Policies. The enabled policy bundles of the wallet's line (permits_charge_policies: a bundle
+--    binds its wallet's subtree) refuse a charge whose category is not in their allowed_categories
+--    or whose amount is over their max_credits_per_call before anything is locked: code
+--    'policy_denied', the bundle as subject_id, the rule as spend_window, the limit as
+--    figure_limit. Their max_daily_credits are checked after the debit, under its locks
+--    (billing_daily_cap_over): a charge that takes a capped spend today over its cap is undone
+--    (the debit then runs in a block with its own savepoint, entered only when a cap applies) and
+--    refused the same way, with the spend today before it as figure and the wallet whose spend
+--    the cap counts as refusal_reason.
+-- 5. The debit: billing_debit (billing/sql/billing_debit.sql), the only copy of the spend rules. Its
 --    refusals come back as its codes with nothing written, so a refused charge leaves no
 --    idempotency record (the key is not burnt) and no event. The velocity freeze is the
 --    caller's second transaction.
--- 5. On success, the rows Python wrote before, with the same contents: the idempotency record
+-- 6. On success, the rows Python wrote before, with the same contents: the idempotency record
 --    (request hash, status 200, the response body) and the audit events ledger.refill (when a
 --    refill was posted) and ledger.charge, appended by audit_append in that order.
 --
@@ -110,7 +119,8 @@ CREATE OR REPLACE FUNCTION billing_charge(
     p_batch_later boolean DEFAULT false,  -- a charge after the first of a batch (Batches, above)
     OUT code text,                -- billing_debit's codes, and not_found, access_denied, replay,
                                   -- idempotency_key_reused, idempotency_key_in_progress,
-                                  -- unknown_category, amount_too_small, key_stale, rate_limited
+                                  -- unknown_category, amount_too_small, key_stale, rate_limited,
+                                  -- policy_denied
     OUT subject_id text,
     OUT wallet_tenant text,
     OUT new_balance numeric,
@@ -140,6 +150,11 @@ DECLARE
     response jsonb;
     payload bytea;
     appended record;  -- audit_append's answer, unused
+    bound record;     -- a row of permits_charge_policies
+    cap_policies text[];
+    cap_wallets text[];
+    cap_limits numeric[];
+    over record;      -- billing_daily_cap_over's answer
 BEGIN
     IF k_key_id IS NOT NULL THEN
         rate_count := billing_rate_limit_key_charge(k_key_id, k_secret_hash, k_window_index, NULL);
@@ -194,10 +209,41 @@ BEGIN
         code := 'amount_too_small'; RETURN;
     END IF;
 
-    d := billing_debit(
-        p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path, p_correlation_id, p_ids,
-        p_hour_limit, p_day_limit, p_idempotency_key
-    );
+    FOR bound IN SELECT * FROM permits_charge_policies(string_to_array(wallet_path, '/'), p_category, charged) LOOP
+        IF bound.rule <> 'max_daily_credits' THEN  -- the rows that refuse come first
+            code := 'policy_denied'; subject_id := bound.policy_id; spend_window := bound.rule;
+            figure_limit := bound.cap;
+            RETURN;
+        END IF;
+        cap_policies := cap_policies || bound.policy_id;
+        cap_wallets := cap_wallets || bound.cap_wallet_id;
+        cap_limits := cap_limits || bound.cap;
+    END LOOP;
+
+    IF cap_policies IS NULL THEN
+        d := billing_debit(
+            p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path, p_correlation_id, p_ids,
+            p_hour_limit, p_day_limit, p_idempotency_key
+        );
+    ELSE
+        BEGIN  -- a savepoint: a charge over a cap is undone, locks included, and refused
+            d := billing_debit(
+                p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path, p_correlation_id,
+                p_ids, p_hour_limit, p_day_limit, p_idempotency_key
+            );
+            IF d.code = 'ok' THEN
+                over := billing_daily_cap_over(cap_policies, cap_wallets, cap_limits, p_now);
+                IF over.policy_id IS NOT NULL THEN
+                    RAISE EXCEPTION USING ERRCODE = 'TGPC1';
+                END IF;
+            END IF;
+        EXCEPTION WHEN SQLSTATE 'TGPC1' THEN
+            code := 'policy_denied'; subject_id := over.policy_id; spend_window := 'max_daily_credits';
+            figure := over.spent - charged; figure_limit := over.cap;
+            refusal_reason := cap_wallets[array_position(cap_policies, over.policy_id)];
+            RETURN;
+        END;
+    END IF;
     code := d.code; subject_id := d.subject_id; new_balance := d.new_balance; daily_spent := d.daily_spent;
     refilled := d.refilled; refill_parent := d.refill_parent; figure := d.figure; figure_limit := d.figure_limit;
     spend_window := d.spend_window; refusal_reason := d.refusal_reason;

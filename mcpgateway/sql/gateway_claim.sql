@@ -19,8 +19,8 @@
 --    today it caps, the cap; permits.services.authorization.daily_cap_wallet), checked again after
 --    the debit: that wallet is the charged wallet or one of its agent ancestors, all locked by
 --    billing_debit and all counting the debit in their spend bucket, so concurrent calls cannot
---    pass a cap together ('policy_daily_cap', the policy as subject_id, the spend before this call
---    as figure). Empty or NULL arrays: no cap;
+--    pass a cap together (billing_daily_cap_over; 'policy_daily_cap', the policy as subject_id, the
+--    spend before this call as figure). Empty or NULL arrays: no cap;
 -- 4. the reservation on the permit (permits_reserve, requiring the row to still
 --    carry the signed columns and the signature the caller verified);
 -- 5. the audit event 'tool_call.dispatch_claimed' (audit_append: the tenant's
@@ -73,7 +73,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     d record;
     appended record;  -- audit_append's answer, unused
-    spent numeric;
+    over record;      -- billing_daily_cap_over's answer
 BEGIN
     IF k_key_id IS NOT NULL THEN
         rate_count := billing_rate_limit_key_charge(k_key_id, k_secret_hash, k_window_index, p_action->>'wallet_id');
@@ -118,16 +118,15 @@ BEGIN
         new_balance := d.new_balance; daily_spent := d.daily_spent; refilled := d.refilled;
         refill_parent := d.refill_parent;
         -- The policies' daily caps, with this debit counted and under the locks it took (3a above).
-        FOR i IN 1 .. COALESCE(array_length(y_policy_ids, 1), 0) LOOP
-            SELECT COALESCE(sum(b.amount), 0) INTO spent FROM billing_spend_bucket b
-             WHERE b.wallet_id = y_wallet_ids[i] AND b.hour >= date_trunc('day', d_now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
-            IF spent > y_limits[i] THEN
-                code := 'policy_daily_cap'; subject_id := y_policy_ids[i];
+        IF y_policy_ids IS NOT NULL THEN
+            over := billing_daily_cap_over(y_policy_ids, y_wallet_ids, y_limits, d_now);
+            IF over.policy_id IS NOT NULL THEN
+                code := 'policy_daily_cap'; subject_id := over.policy_id;
                 RAISE EXCEPTION USING ERRCODE = 'P0T01', MESSAGE = 'gateway_claim refused: ' || code,
-                    DETAIL = jsonb_build_object('code', code, 'subject_id', subject_id, 'figure', spent - d_amount,
-                                                'figure_limit', y_limits[i])::text;
+                    DETAIL = jsonb_build_object('code', code, 'subject_id', subject_id, 'figure', over.spent - d_amount,
+                                                'figure_limit', over.cap)::text;
             END IF;
-        END LOOP;
+        END IF;
     END IF;
 
     IF NOT permits_reserve(r_permit_id, r_price, r_now, r_signature, r_tenant_id, r_wallet_id, r_subject_key_id,
