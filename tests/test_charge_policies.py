@@ -166,7 +166,8 @@ def test_a_charge_and_a_governed_call_read_the_same_rules_alike(
     """The same bundle decides a charge (in billing_charge) and a call at the same price in the same
     category (in ``authorize``) the same way, naming the same rule."""
     factories.top_up(tenant.agent, 20)
-    policy_create(wallet=tenant.sponsor, **{k: (D(v) if isinstance(v, str) else v) for k, v in rules.items()})
+    typed: dict[str, Any] = {k: (D(v) if isinstance(v, str) else v) for k, v in rules.items()}
+    policy_create(wallet=tenant.sponsor, **typed)
     permit = Permit.objects.get(pk=issue_permit(tenant, tools=["*"]))
     decision = authorize(
         permit=permit, wallet=tenant.agent, key_id=tenant.agent_key_id, tool="t", price=D(amount), category=category
