@@ -264,6 +264,38 @@ def test_permit_bound_to_another_key(fault, tenant):
     assert body["result"]["_meta"]["io.tollgate/outcome"] == "success"
 
 
+def test_another_key_cannot_replay_a_bound_keys_call(fault, tenant):
+    """A replay answers the wallet's stored call only to a key its permit lets call: another key of the
+    wallet that sends the bound key's idempotency key and arguments gets 403, not the bound key's
+    result, whatever permit it names; a key the permit does not bind may replay an unbound call."""
+    factories.top_up(tenant.agent, 50)
+    bound_key = factories.make_key(tenant.agent, "bound")
+    bound_permit = issue_permit(tenant, subject_key_id=bound_key.key.key_id)
+    params = {
+        "name": "echo",
+        "arguments": {"text": "private"},
+        "_meta": {"permit_id": bound_permit, "idempotency_key": "bk"},
+    }
+    first = rpc_raw(client_for(bound_key.secret), params).json()
+    assert first["result"]["_meta"]["io.tollgate/outcome"] == "success"
+    for permit_id in (bound_permit, issue_permit(tenant), "pmt_none"):
+        again = dict(params, _meta={"permit_id": permit_id, "idempotency_key": "bk"})
+        body = rpc_raw(tenant.agent_client, again).json()
+        assert "result" not in body, body
+        assert body["error"]["data"]["error"] == "permit_key_mismatch"
+    replay = rpc_raw(client_for(bound_key.secret), params).json()  # its own replay
+    assert replay["result"]["structuredContent"] == first["result"]["structuredContent"]
+
+    unbound = issue_permit(tenant)
+    shared = {"name": "echo", "arguments": {"text": "shared"}, "_meta": {"permit_id": unbound, "idempotency_key": "sk"}}
+    made = rpc_raw(client_for(bound_key.secret), shared).json()
+    assert (
+        rpc_raw(tenant.agent_client, shared).json()["result"]["structuredContent"]
+        == made["result"]["structuredContent"]
+    )
+    assert fault.count("tools/call") == 2
+
+
 def test_insufficient_funds(fault, tenant):
     caller = setup_caller(tenant, balance=1)
     start = balance(tenant)

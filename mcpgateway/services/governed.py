@@ -52,6 +52,8 @@ from mcpgateway.services.dispatch import _dispatch
 from mcpgateway.services.finish import _phase3, _phase3_local
 from mcpgateway.services.lookup import _cached, _Found, _lookup, _remember, _Stale
 from mcpgateway.services.tools import _RegisteredTool
+from permits.exceptions import PermitKeyMismatch
+from permits.models import Permit
 
 RETRY_AFTER_SECONDS = 2
 
@@ -110,7 +112,7 @@ FRESH_ATTEMPTS = 3
 def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:
     """The call on ``found``. From the cache, raises ``_Stale`` (nothing written) where fresh rows must decide."""
     if found.action is not None:
-        return _existing(found.action, digest)
+        return _existing(found.action, digest, req.principal.key_id)
     if found.tool is None:
         raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
     tool, price = found.tool.tool, found.price
@@ -134,7 +136,7 @@ def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:
         existing = _lookup(req).action
         if existing is None:
             raise
-        return _existing(existing, digest)
+        return _existing(existing, digest, req.principal.key_id)
     if velocity is not None:
         wallet_freeze_for_velocity(exc=velocity, actor_key_id=req.principal.key_id)
     if action.state == ActionState.DENIED:
@@ -156,7 +158,17 @@ def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:
     return CallAnswer(action.action_id, action.response, replayed=False)
 
 
-def _existing(action: Action, digest: str) -> CallAnswer:
+def _existing(action: Action, digest: str, key_id: str) -> CallAnswer:
+    """The answer to a request whose idempotency key names ``action`` (the wallet's call with that key).
+
+    Only a key the action's permit would let call answers from it: when the permit binds another key
+    (``subject_key_id``), 403 ``permit_key_mismatch`` before anything about the call, so another key of
+    the wallet cannot read the bound key's results by replaying its idempotency keys.
+    """
+    if action.api_key_id != key_id and action.permit_id:
+        bound = Permit.objects.filter(pk=action.permit_id).values_list("subject_key_id", flat=True).first()
+        if bound and bound != key_id:
+            raise PermitKeyMismatch(permit_id=action.permit_id)
     if action.request_hash != digest:
         raise IdempotencyKeyReused()
     if action.finished and action.response is not None:
