@@ -2,7 +2,8 @@
 
 ``audit_record`` is the one way any app appends to an audit chain;
 ``alert_raise`` records an alert; ``signing_key_ensure`` and
-``signing_key_rotate`` manage the evidence signing keys, and ``active_kid``
+``signing_key_rotate`` manage the evidence signing keys,
+``signing_key_active_published`` reads the active one for publication, and ``active_kid``
 names the one that signs. Signatures are made in :mod:`audit.signing`, which
 builds on these; chain verification, which signs checkpoints, is in
 :mod:`audit.chain_verification`, above both.
@@ -39,6 +40,7 @@ __all__ = [
     "audit_record",
     "chain_hash",
     "forget_active_kid",
+    "signing_key_active_published",
     "signing_key_ensure",
     "signing_key_rotate",
 ]
@@ -313,6 +315,26 @@ def signing_key_ensure(*, repair: bool = False, actor: str = "") -> SigningKey:
         if actor and active.key_id == candidate.kid:
             audit_record(event="signing_key.activated", ok=True, detail={"key_id": active.key_id, "actor": actor})
     return active
+
+
+def signing_key_active_published() -> SigningKey:
+    """The active key's public row, as ``GET /v1/signing-keys/active`` publishes it. Idempotent.
+
+    Read from the database whatever private parts this instance holds: the
+    metadata is public, and the instance that signs may be another one. Only
+    when no key is active (a fresh install whose operator has not run
+    ``manage.py ensure_signing_key``) does it activate one, as the first
+    signature would (``signing_key_ensure``); once a key is active it writes
+    nothing, so an anonymous caller can neither rotate nor replace a key.
+    """
+    active = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).first()
+    if active is not None:
+        return active
+    try:
+        return signing_key_ensure()
+    except SigningKeyUnavailable:
+        # Another instance, holding its private part, activated a key since the read above.
+        return SigningKey.objects.get(state=SigningKeyState.ACTIVE)
 
 
 @transaction.atomic(durable=True)

@@ -131,8 +131,8 @@ class SigningKeyActiveView(APIView):
         summary="Public metadata of the active evidence signing key",
     )
     def get(self, request: Request) -> Response:
-        # Activates a key on first use (a fresh install or a test database), as signing does.
-        return Response(SigningKeyMetadataResponse(services.signing_key_ensure()).data)
+        # Public metadata, from the database row: 200 whether or not this instance holds the private part.
+        return Response(SigningKeyMetadataResponse(services.signing_key_active_published()).data)
 
 
 class SigningKeyDetailView(APIView):

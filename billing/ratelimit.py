@@ -2,6 +2,9 @@
 
 * 120 requests per 60 s per API key;
 * one shared bucket for all requests without credentials;
+* a bucket of its own for a ``/metrics`` scrape with ``METRICS_SCRAPE_TOKEN``
+  (marked by ``metrics.middleware``), so anonymous traffic cannot lock the
+  scraper out;
 * requests with rejected credentials are charged 10 units each to a bucket of
   the client address, so a client guessing keys is stopped after 12 attempts
   a window whatever keys it tries;
@@ -69,7 +72,7 @@ EXEMPT_EXACT = {"/health"}
 EXEMPT_PREFIXES = ("/static/", "/admin/", "/approvals/")
 
 # Counters for /metrics (per process).
-REFUSALS = {"key": 0, "anonymous": 0, "rejected_credentials": 0}
+REFUSALS = {"key": 0, "anonymous": 0, "rejected_credentials": 0, "scrape": 0}
 
 
 def _client_address(request: HttpRequest) -> str:
@@ -150,6 +153,8 @@ def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
         kind = "rejected_credentials"
         bucket = f"client:{_client_address(request)}"
         cost = settings.RATE_LIMIT_REJECTED_MULTIPLIER
+    elif getattr(request, "_tollgate_scrape", False):  # the scrape token, checked by metrics.middleware
+        kind, bucket, cost = "scrape", "scrape", 1
     else:
         kind, bucket, cost = "anonymous", "anonymous", 1
     count, reset = bucket_charge(bucket, cost, settings.RATE_LIMIT_WINDOW_SECONDS)

@@ -36,8 +36,11 @@ class MetricsMiddleware:
     It also keeps a scraper's token out of the API-key path: the rate limiter
     would otherwise take the token for a rejected API key (charged ten units
     and written to the audit log on every scrape). A matching token on
-    ``/metrics`` is resolved as "no API key", so the scrape is metered in the
-    anonymous bucket and the view accepts it on the token.
+    ``/metrics`` is resolved as "no API key" and marked as a scrape, so the
+    limiter meters it in the scraper's own bucket (not the anonymous one, which
+    any client can fill) and the view accepts it on the token. A bearer that is
+    not the token is left to the API-key path: a rejected credential, ten units
+    of the client's bucket, so the token cannot be guessed faster than a key.
     """
 
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
@@ -47,6 +50,8 @@ class MetricsMiddleware:
         if request.path_info == METRICS_PATH and scrape_token_matches(request):
             # config.authentication.resolve_credential's per-request memo: (key, error).
             request._tollgate_auth = (None, None)  # type: ignore[attr-defined]
+            # billing.ratelimit's marker for the scraper's bucket (billing may not import this app).
+            request._tollgate_scrape = True  # type: ignore[attr-defined]
         response = self.get_response(request)
         count_request(request, response.status_code)
         return response
