@@ -337,15 +337,24 @@ def signing_key_active_published() -> SigningKey:
         return SigningKey.objects.get(state=SigningKeyState.ACTIVE)
 
 
+# The transaction advisory lock that rotations take turns on (any fixed number; no other lock uses it).
+ROTATION_LOCK = 0x7A11_6A7E
+
+
 @transaction.atomic(durable=True)
 def signing_key_rotate(*, actor: str = "") -> SigningKey:
     """Retire the active key and activate a newly generated one, in one transaction.
 
     The new private key is written to the key file first (an unused key left
     there by a failed rotation is harmless). The retired key stays published,
-    so statements it signed keep verifying.
+    so statements it signed keep verifying. Rotations take turns (a transaction
+    advisory lock): one that waited for another retires the key the other
+    activated, where locking the active row alone found none once the other
+    committed, and its insert broke the one-active-key index.
     """
     new = keystore.generate_and_store()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_advisory_xact_lock(%s)", [ROTATION_LOCK])
     now = timezone.now()
     retired = list(SigningKey.objects.select_for_update(no_key=True).filter(state=SigningKeyState.ACTIVE))
     for old in retired:

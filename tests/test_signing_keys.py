@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import os
 import stat
+import threading
+import time
 
 import pytest
 from django.conf import settings
 from django.core.management import call_command
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
 from audit import keystore
@@ -252,3 +254,38 @@ def test_no_private_key_in_responses_or_admin(anon_client, key_file, admin_clien
     # Read-only console: no add page, no delete page.
     assert admin_client.get("/admin/audit/signingkey/add/").status_code == 403
     assert admin_client.get(f"/admin/audit/signingkey/{key.key_id}/delete/").status_code == 403
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_rotations_take_turns(key_file):
+    """Two rotations at once: the one that waited retires the key the other activated (it found no
+    active row once the other committed, and its insert broke the one-active-key index)."""
+    signing_key_ensure()
+    first = SigningKey.objects.get(state="active").key_id
+    started = threading.Barrier(2)
+    answers: list[object] = []
+
+    def rotate() -> None:
+        try:
+            started.wait()
+            answers.append(signing_key_rotate(actor="test").key_id)
+        except Exception as exc:  # reported by the assertion below
+            answers.append(exc)
+        finally:
+            connections.close_all()
+
+    # Hold the first rotation's lock on the active row until both are under way.
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute("SELECT 1 FROM audit_signing_key WHERE state = 'active' FOR UPDATE")
+        threads = [threading.Thread(target=rotate) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        time.sleep(0.5)
+    for thread in threads:
+        thread.join(30)
+    assert all(isinstance(answer, str) for answer in answers), answers
+    active = SigningKey.objects.get(state="active")
+    assert active.key_id in answers
+    assert set(SigningKey.objects.filter(state="retired").values_list("key_id", flat=True)) == (
+        {first, *answers} - {active.key_id}
+    )
