@@ -15,6 +15,7 @@ it does not repair.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from django.db import connection
 from django.utils import timezone
 
 from mcpgateway.discovery import LOCAL_TOOLS
+
+logger = logging.getLogger("tollgate.health")
 
 OK: Final = "ok"
 DOWN: Final = "down"
@@ -136,12 +139,29 @@ def check_upstream(url: str, *, timeout: float) -> dict[str, Any]:
         try:
             client.ping()
         except UpstreamError as exc:
-            raise _Down(exc.reason.replace(url, "<upstream>")[:300]) from exc
+            logger.warning("upstream health check failed: %s", exc.reason.replace(url, "<upstream>")[:300])
+            raise _Down(_public_reason(exc)) from exc
         finally:
             client.close()
         return {}
 
     return _check("upstream", probe)
+
+
+def _public_reason(exc: Any) -> str:
+    """What an anonymous caller learns of an upstream failure: the request that failed and how (the
+    exception's class, an HTTP status, a JSON-RPC error code), never free text. Exception messages and
+    an upstream's error message can name internal hosts or carry whatever the upstream wrote; the full
+    reason goes to the log."""
+    method = exc.reason.split(": ", 1)[0][:60]
+    if exc.error is not None:
+        code = exc.error.get("code")
+        return f"{method}: JSON-RPC error {code if isinstance(code, int) else 'without a valid code'}"
+    if exc.__cause__ is not None:
+        return f"{method}: {type(exc.__cause__).__name__}"
+    if exc.status_code is not None and not 200 <= exc.status_code < 300:
+        return f"{method}: HTTP {exc.status_code}"
+    return f"{method}: the upstream's answer was not usable"
 
 
 def tool_scope(tool: str | None) -> str | None:

@@ -11,6 +11,7 @@ from audit import keystore
 from audit.models import SigningKey, SigningKeyState
 from audit.services import signing_key_ensure
 from mcpgateway import health
+from mcpgateway.upstream import UpstreamError
 from tests.upstream_server import free_port, running_demo_upstream
 
 pytestmark = pytest.mark.django_db
@@ -181,3 +182,48 @@ def test_schema_describes_health(anon_client):
         "HealthDependenciesResponse"
     )
     assert paths["/health"]["get"]["operationId"] == "health"
+
+
+@pytest.mark.parametrize(
+    ("error", "shown"),
+    [
+        (
+            UpstreamError("ping: JSON-RPC error -32000: db.internal.corp:5432 refused", error={"code": -32000}),
+            "ping: JSON-RPC error -32000",
+        ),
+        (UpstreamError("ping: SSLError: hostname 'db.internal.corp' doesn't match"), "ping: the upstream's answer"),
+        (UpstreamError("ping: HTTP 502 from db.internal.corp", status_code=502), "ping: HTTP 502"),
+    ],
+)
+def test_an_upstream_failure_is_reported_without_its_free_text(
+    anon_client, signing_key, monkeypatch, caplog, error, shown
+):
+    """Anonymous callers learn which request failed and how (class, HTTP status, JSON-RPC code), not the
+    exception's or the upstream's text, which can name internal hosts; the log keeps the full reason."""
+    from mcpgateway.upstream import UpstreamClient
+
+    def fails(self):
+        raise error
+
+    monkeypatch.setattr(UpstreamClient, "ping", fails)
+    with override_settings(UPSTREAM_MCP_URL=closed_port_url()), caplog.at_level("WARNING", "tollgate.health"):
+        r = anon_client.get(URL, {"tool": "notes.append"})
+    assert r.status_code == 503
+    assert r.json()["dependencies"]["upstream"]["error"].startswith(shown)
+    assert "internal.corp" not in r.content.decode()
+    assert "internal.corp" in caplog.text
+
+
+def test_a_transport_failure_is_reported_by_its_class(anon_client, signing_key, monkeypatch):
+    from mcpgateway.upstream import UpstreamClient
+
+    def fails(self):
+        try:
+            raise ConnectionError("[Errno -2] db.internal.corp: Name or service not known")
+        except ConnectionError as exc:
+            raise UpstreamError(f"ping: ConnectionError: {exc}") from exc
+
+    monkeypatch.setattr(UpstreamClient, "ping", fails)
+    with override_settings(UPSTREAM_MCP_URL=closed_port_url()):
+        r = anon_client.get(URL, {"tool": "notes.append"})
+    assert r.json()["dependencies"]["upstream"]["error"] == "ping: ConnectionError"
