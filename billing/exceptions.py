@@ -130,3 +130,14 @@ class ChargePolicyDenied(PermissionDeniedError):
 
     code = "policy_denied"
     message = "A policy bundle denies this charge."
+
+
+class AncestorKeyRotation(PermissionDeniedError):
+    """A key tried to rotate a key it descends from (its minter, or further up its lineage)."""
+
+    code = "ancestor_key_rotation"
+    message = (
+        "A key cannot rotate a key it descends from (the key that minted it, or one above that): the rotation "
+        "would revoke the caller's own key and leave its successor minted by a revoked key. Rotate it with a "
+        "key above it, or revoke it."
+    )

@@ -14,8 +14,9 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import alert_raise, audit_record
+from billing.exceptions import AncestorKeyRotation, WalletClosed
 from billing.keys import hash_secret, make_secret
-from billing.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog, Wallet
+from billing.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog, Wallet, WalletStatus
 from config.errors import NotFound
 from config.ids import new_id
 
@@ -51,9 +52,11 @@ def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "", ac
     ``actor_key_id`` (the minting key) is recorded as the new key's creator: revoking the
     creator revokes the new key too (``_revoke_lineage``). The creator's row is locked
     and re-checked here, so a key minted while its creator is being revoked either
-    commits first (and is then found by the revocation) or is refused (401).
+    commits first (and is then found by the revocation) or is refused (401). A closed
+    wallet gets no new key (403 ``wallet_closed``, read under the wallet's row lock, which
+    closing takes too); a frozen or expired one does (see ``_require_open_wallet``).
     """
-    _lock_wallet(wallet)
+    _require_open_wallet(_lock_wallet(wallet))
     _require_active_minter(actor_key_id)
     issued = _new_key(wallet=wallet, name=name, actor_key_id=actor_key_id)
     KeyRotationLog.objects.create(
@@ -102,8 +105,23 @@ def operator_key_revoke(*, key_id: str, reason: str = "operator_console", actor:
     return key
 
 
-def _lock_wallet(wallet: Wallet) -> None:
-    Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=wallet.wallet_id).first()
+def _lock_wallet(wallet: Wallet) -> Wallet:
+    """Lock the wallet's row (the lock closing and emergency revocation take) and return its current state."""
+    locked = Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=wallet.wallet_id).first()
+    if locked is None:
+        raise NotFound("No such wallet.", wallet_id=wallet.wallet_id)
+    return locked
+
+
+def _require_open_wallet(wallet: Wallet) -> None:
+    """No key is minted for a closed wallet (403 ``wallet_closed``).
+
+    Closing needs every child closed first, so a wallet below a closed one is closed itself.
+    A frozen or expired wallet still gets keys: a freeze is a spend control, and its remedy
+    after a leaked key (a velocity freeze) is to rotate that key; nothing it mints can spend.
+    """
+    if wallet.status == WalletStatus.CLOSED:
+        raise WalletClosed("A closed wallet gets no new API keys.", wallet_id=wallet.wallet_id)
 
 
 def _lock_key(wallet: Wallet, key_id: str) -> APIKey:
@@ -122,6 +140,36 @@ def _require_active_minter(actor_key_id: str) -> None:
         from config.errors import InvalidAPIKey
 
         raise InvalidAPIKey(key_id=actor_key_id)
+
+
+# Whether %(key)s descends from %(ancestor)s: the keys above %(key)s are its minter (created_by_key_id), the key
+# it replaced (rotated_from), theirs, and so on up; LINEAGE_SQL's relation, read upwards.
+DESCENDS_SQL = """
+WITH RECURSIVE ancestry(key_id) AS (
+    SELECT k.created_by_key_id FROM billing_api_key AS k WHERE k.key_id = %(key)s
+    UNION
+    SELECT k.rotated_from FROM billing_api_key AS k WHERE k.key_id = %(key)s
+    UNION
+    SELECT parent.key_id FROM billing_api_key AS k
+      JOIN ancestry AS a ON k.key_id = a.key_id
+      JOIN billing_api_key AS parent ON parent.key_id = k.created_by_key_id OR parent.key_id = k.rotated_from
+)
+SELECT EXISTS (SELECT 1 FROM ancestry WHERE key_id = %(ancestor)s)
+"""
+
+
+def _descends_from(key_id: str, ancestor_id: str) -> bool:
+    """Whether ``key_id`` is in ``ancestor_id``'s lineage (revoking ``ancestor_id`` revokes it).
+
+    A key's minter and predecessor are written when it is created and never change, and a key
+    that authenticates committed after them, so one read answers for good.
+    """
+    if not key_id or key_id == ancestor_id:
+        return False
+    with connection.cursor() as cursor:
+        cursor.execute(DESCENDS_SQL, {"key": key_id, "ancestor": ancestor_id})
+        row = cursor.fetchone()
+    return bool(row and row[0])
 
 
 LINEAGE_SQL = """
@@ -249,17 +297,31 @@ def _revoke(key: APIKey, reason: str) -> bool:
 def api_key_rotate(
     *, wallet: Wallet, key_id: str, revoke_old: bool = True, reason: str = "rotation", actor_key_id: str = ""
 ) -> IssuedKey:
-    """Create a successor for ``key_id``; optionally revoke the old key in the same transaction."""
+    """Create a successor for ``key_id``; optionally revoke the old key in the same transaction.
+
+    The successor is minted by the acting key, which must not descend from ``key_id`` (403
+    ``ancestor_key_rotation``): revoking the old key revokes its lineage, the actor with it, and
+    the successor, spared as the rotation's own, would outlive the key that minted it. A key
+    may rotate itself, keys it minted, and other keys of a wallet in its reach. A closed wallet
+    gets no successor (403 ``wallet_closed``; revoking its keys stays open).
+    """
+    _require_open_wallet(_lock_wallet(wallet))
     old = _lock_key(wallet, key_id)
     if old.status != APIKeyStatus.ACTIVE:
         from config.errors import Conflict
 
         raise Conflict("A revoked key cannot be rotated.", key_id=key_id)
+    if _descends_from(actor_key_id, old.key_id):
+        raise AncestorKeyRotation(key_id=old.key_id)
     _require_active_minter(actor_key_id)
     issued = _new_key(wallet=wallet, name=old.name, rotated_from=old.key_id, actor_key_id=actor_key_id)
     if revoke_old:
         _revoke(old, reason)
-        _revoke_lineage(roots=[old], reason=reason, actor_key_id=actor_key_id, exclude=(issued.key.key_id,))
+        revoked = _revoke_lineage(roots=[old], reason=reason, actor_key_id=actor_key_id, exclude=(issued.key.key_id,))
+        if actor_key_id in revoked:
+            # A backstop to the check above (the lineage of a key that authenticates cannot change): the
+            # successor is spared as the rotation's own, so its minter must have survived the revocation.
+            raise AncestorKeyRotation(key_id=old.key_id)
     KeyRotationLog.objects.create(
         wallet=wallet,
         tenant_id=wallet.tenant_id,

@@ -92,15 +92,17 @@ def _lock(wallet_id: str) -> Wallet:
     return wallet
 
 
-def wallet_check_may_spend(*, wallet: Wallet) -> None:
+def wallet_check_may_spend(*, wallet: Wallet, reach_wallet_id: str | None) -> None:
     """The status controls alone (closed, frozen, expired: 403), for calls that cost nothing.
 
     Reads the wallet's current row and its ancestors'; a zero-priced tool call must
     still be refused to a frozen, expired or closed wallet, or to one below such a wallet.
+    ``reach_wallet_id`` is the wallet of the caller's key (None for an operator): an
+    ancestor's refusal shows its figures only within that reach (``_check_line_may_spend``).
     """
     current = Wallet.objects.get(pk=wallet.pk)
     _check_may_spend(current)
-    _check_line_may_spend(current)
+    _check_line_may_spend(current, reach_wallet_id=reach_wallet_id)
 
 
 def _check_may_spend(wallet: Wallet) -> None:
@@ -113,11 +115,14 @@ def _check_may_spend(wallet: Wallet) -> None:
         raise WalletExpired(wallet_id=wallet.wallet_id)
 
 
-def _check_line_may_spend(wallet: Wallet) -> None:
+def _check_line_may_spend(wallet: Wallet, *, reach_wallet_id: str | None) -> None:
     """A freeze covers the subtree: refuse (403) when any ancestor is frozen, expired or closed.
 
     The refusal names the ancestor that stops the wallet (the debit applies the same
-    rule in ``billing_debit``).
+    rule in ``billing_debit``). ``reach_wallet_id`` is the wallet of the caller's key (None
+    for an operator or the console): unless that ancestor is within its reach, the refusal
+    keeps its code and the ancestor's id but not the ancestor's figures (``refusal_for_viewer``;
+    a velocity freeze reason counts the spend of the ancestor's whole subtree).
     """
     ancestors = wallet.ancestry[:-1]
     if not ancestors:
@@ -130,7 +135,12 @@ def _check_line_may_spend(wallet: Wallet) -> None:
         .first()
     )
     if blocked_id:
-        _check_may_spend(Wallet.objects.get(wallet_id=blocked_id))
+        blocked = Wallet.objects.get(wallet_id=blocked_id)
+        try:
+            _check_may_spend(blocked)
+        except ApplicationError as refusal:
+            visible = reach_wallet_id is None or reach_wallet_id in blocked.ancestry
+            raise refusal_for_viewer(refusal, visible=visible) from None
 
 
 def _check_positive(amount: Decimal, *, loc: str = "amount") -> Decimal:

@@ -23,7 +23,16 @@ from billing.exceptions import (
     WalletHasOpenChildren,
     WalletNotActive,
 )
-from billing.models import WALLET_PREFIX, LedgerEntry, LedgerKind, SystemAccount, Wallet, WalletStatus, WalletType
+from billing.models import (
+    WALLET_PREFIX,
+    APIKey,
+    LedgerEntry,
+    LedgerKind,
+    SystemAccount,
+    Wallet,
+    WalletStatus,
+    WalletType,
+)
 from billing.services.ledger import (
     _check_line_may_spend,
     _check_may_spend,
@@ -49,6 +58,15 @@ def _audit_wallet(event: str, wallet: Wallet, *, actor_key_id: str, actor: str, 
         key_id=actor_key_id or None,
         detail=detail,
     )
+
+
+def _reach_of(actor_key_id: str) -> str | None:
+    """The wallet the acting key reaches from: None for an operator key, the console or ``manage.py``
+    (no key), which read every wallet's figures; "" (reaching nothing) for a key that is not found."""
+    if not actor_key_id:
+        return None
+    key = APIKey.objects.filter(key_id=actor_key_id).only("wallet_id").first()
+    return "" if key is None else key.wallet_id
 
 
 def _no_open_calls(wallet: Wallet) -> dict[str, int]:
@@ -138,7 +156,7 @@ def wallet_create_agent(
         )
     # Nothing is created beneath a frozen, expired or closed wallet, or below one (403).
     _check_may_spend(locked_parent)
-    _check_line_may_spend(locked_parent)
+    _check_line_may_spend(locked_parent, reach_wallet_id=_reach_of(actor_key_id))
     if (refill_threshold is None) != (refill_amount is None):
         raise RequestValidationError.single(
             ["body", "refill_amount"], "Set both refill_threshold and refill_amount, or neither.", "refill_pair"
@@ -234,7 +252,7 @@ def wallet_fund(
     locked_source = _lock(source.wallet_id)
     locked_target = _lock(target.wallet_id)
     _check_may_spend(locked_source)
-    _check_line_may_spend(locked_source)
+    _check_line_may_spend(locked_source, reach_wallet_id=_reach_of(actor_key_id))
     if locked_target.status == WalletStatus.CLOSED:
         raise WalletClosed(wallet_id=locked_target.wallet_id)
     if locked_source.balance < amount:

@@ -217,7 +217,8 @@ def _phase1(
             raise decision.refusal
         debit = None
         if price <= 0:
-            wallet_check_may_spend(wallet=wallet)  # free calls still honour frozen/expired/closed
+            # Free calls still honour frozen/expired/closed; an ancestor's refusal without its figures.
+            wallet_check_may_spend(wallet=wallet, reach_wallet_id=key.wallet_id)
         else:
             debit = debit_call(
                 wallet_id=wallet.wallet_id,
