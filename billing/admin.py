@@ -15,8 +15,12 @@ from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import csrf_protect_m
 from django.contrib.admin.utils import quote
+from django.contrib.auth import get_user_model
+from django.contrib.auth.admin import GroupAdmin, UserAdmin
+from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -489,6 +493,47 @@ class WalletAdmin(admin.ModelAdmin):
         return None
 
 
+class SuperuserChangesOnly(admin.ModelAdmin):
+    """Only superusers add, change and delete; the view permission still shows the pages read-only.
+
+    For users and groups: whoever changes a user can make themselves a superuser or reset an
+    approver's password (and approve as them), and whoever changes a group can put any permission
+    in a group they belong to. Django's ``change_user`` and ``change_group`` grant exactly that, so
+    they grant nothing here. The password page checks ``has_change_permission`` too.
+    """
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return _is_superuser(request)
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _is_superuser(request)
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return _is_superuser(request)
+
+
+def _is_superuser(request: HttpRequest) -> bool:
+    return bool(request.user.is_active and request.user.is_superuser)
+
+
+# Django's stock user and group pages are replaced (django.contrib.auth.admin, imported above,
+# has registered them by now). A user who is a tenant's approver cannot be deleted
+# (TenantApprover.user is PROTECT): the delete page lists the approver rows to remove first, on
+# the approver page, which audits ``approver.removed``.
+admin.site.unregister(get_user_model())
+admin.site.unregister(Group)
+
+
+@admin.register(get_user_model())
+class ConsoleUserAdmin(SuperuserChangesOnly, UserAdmin):
+    """Console accounts and approvers: Django's user pages, changed by superusers only."""
+
+
+@admin.register(Group)
+class ConsoleGroupAdmin(SuperuserChangesOnly, GroupAdmin):
+    """Console roles (the groups of ``mcpgateway.0002_console_groups``), changed by superusers only."""
+
+
 class _ReadOnlyAdmin(admin.ModelAdmin):
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -632,6 +677,10 @@ class APIKeyAdmin(ServiceSavedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        """No filter on the secret hash: ``?secret_hash__startswith=`` would read it out by probing."""
+        return lookup.split(LOOKUP_SEP)[0] != "secret_hash" and super().lookup_allowed(lookup, value, request)
 
     def save_model(self, request: HttpRequest, obj: APIKey, form: Any, change: bool) -> None:
         if change:

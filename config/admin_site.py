@@ -1,19 +1,36 @@
-"""The operator console's AdminSite: Django's, with failed logins throttled (billing.ratelimit)."""
+"""The operator console's AdminSite: Django's, with failed logins throttled (billing.ratelimit) and
+crafted requests refused before any console view runs (``refuse_crafted_requests``)."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from functools import wraps
+from typing import Any, TypeVar, cast
 
 from django.contrib import admin
+from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.core.exceptions import BadRequest, PermissionDenied
+from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
 from billing.ratelimit import throttle_failed_logins
+from config.jsonbody import storable_text
+
+# Lookups no console filter offers: a typed pattern is a PostgreSQL error ("invalid regular
+# expression") or a slow scan, never a filter an operator needs.
+REFUSED_LOOKUPS = frozenset({"regex", "iregex"})
+View = TypeVar("View", bound=Callable[..., Any])
 
 
 class TollgateAdminSite(admin.AdminSite):
     site_header = "Tollgate operator console"
     site_title = "Tollgate console"
+
+    def admin_view(self, view: View, cacheable: bool = False) -> View:
+        """Every console page (each ModelAdmin's views and the site's own) refuses crafted requests,
+        after Django's login check."""
+        return super().admin_view(refuse_crafted_requests(view), cacheable)
 
     def index(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> TemplateResponse:
         return super().index(request, {**(extra_context or {}), "summary": console_summary(request)})
@@ -22,6 +39,35 @@ class TollgateAdminSite(admin.AdminSite):
         response = throttle_failed_logins(super().login)(request, extra_context)
         assert isinstance(response, HttpResponse)
         return response
+
+
+def refuse_crafted_requests(view: View) -> View:
+    """Wrap a console view so that what no console page sends is refused before the view runs.
+
+    - a query or form key or value holding NUL or a lone surrogate (``config.jsonbody.storable_text``):
+      400. PostgreSQL text cannot hold either; the query raised a 500. (A path holding NUL is
+      already a 404, ``config.middleware``.)
+    - a regex lookup in the query (``?name__regex=(``): 400, like any lookup the console refuses.
+    - "Save as new" (``_saveasnew``) where the page does not offer it (``save_as`` false, as on
+      every Tollgate page): 403. Django honours it anyway, turning a change page into the generic
+      add form and skipping a custom ``add_view`` and its services.
+    """
+    owner = getattr(view, "__self__", None)  # the ModelAdmin (or the site) whose view this is
+
+    @wraps(view)
+    def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+        for query in (request.GET, request.POST):
+            for key, values in query.lists():
+                if any(storable_text(text) is None for text in (key, *values)):
+                    raise BadRequest("A request value holds NUL or a lone surrogate.")
+        for key in request.GET:
+            if REFUSED_LOOKUPS.intersection(key.split(LOOKUP_SEP)):
+                raise DisallowedModelAdminLookup(f"Filtering by {key} is not allowed.")
+        if "_saveasnew" in request.POST and not getattr(owner, "save_as", False):
+            raise PermissionDenied
+        return view(request, *args, **kwargs)
+
+    return cast(View, guarded)
 
 
 def console_summary(request: HttpRequest) -> dict[str, Any]:

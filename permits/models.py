@@ -157,7 +157,8 @@ class PermitRequest(models.Model):
 class TenantApprover(models.Model):
     """Membership: this Django user may approve permit requests of this tenant (root sponsor)."""
 
-    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="approver_of")
+    # PROTECT: an approver leaves through ``tenant_approver_remove`` (audited), never with its user.
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="approver_of")
     tenant = models.ForeignKey(
         Wallet,
         on_delete=models.CASCADE,

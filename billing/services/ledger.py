@@ -70,6 +70,8 @@ from config.ids import new_id
 from config.middleware import get_request_id
 
 CENT = Decimal("0.00000001")
+# The columns of balances and entries are numeric(20,8): nothing may take a balance past this.
+LARGEST_BALANCE = Decimal("999999999999.99999999")
 VELOCITY_HOUR_LIMIT = Decimal("1000")
 VELOCITY_DAY_LIMIT = Decimal("10000")
 
@@ -174,8 +176,17 @@ def _move(
     and has checked that ``source`` can pay. Updates the wallets' balances (and
     ``total_spent`` by ``spend_delta`` on the source for charges, or on the
     target for refunds, where it is negative) in memory and in the database.
+    Refuses (422 ``balance_overflow``) an amount that would take the target's
+    balance past ``LARGEST_BALANCE``, before writing anything.
     Returns (source entry, target entry).
     """
+    if isinstance(target, Wallet) and target.balance + amount > LARGEST_BALANCE:
+        raise RequestValidationError.single(
+            ["body", "amount"],
+            f"The amount would take the balance of {target.wallet_id} past {LARGEST_BALANCE}, "
+            "the largest balance a wallet holds.",
+            "balance_overflow",
+        )
     now = timezone.now()
     transaction_id = new_id("ltx")
     correlation_id = correlation_id or get_request_id() or ""
