@@ -15,6 +15,7 @@ from django.http import HttpRequest, HttpResponse
 from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
 from permits import services
 from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
+from permits.services.policies import policy_rules_problems
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -87,8 +88,30 @@ class QuoteAdmin(ReadOnlyAdmin):
     ordering = ["-created_at"]
 
 
+class PolicyBundleForm(forms.ModelForm):
+    """The rules are held to ``policy_rules_problems``, as in the API: the form's JSON fields would
+    otherwise take any JSON (``5``, ``[1]``, ``"foo"``), and authorization reads these rules at every
+    governed call of the subtree. An empty ``denied_tools`` (or ``null``) means none."""
+
+    class Meta:
+        model = PolicyBundle
+        fields = ["wallet", *services.POLICY_FIELDS]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if "denied_tools" in data and data["denied_tools"] is None:
+            data["denied_tools"] = []
+        rules = {name: data[name] for name in services.POLICY_FIELDS if name in data}
+        for problem in policy_rules_problems(rules):
+            name, *at = problem["loc"]
+            message = f"Item {at[0] + 1}: {problem['msg']}" if at else problem["msg"]
+            self.add_error(name if name in self.fields else None, message)
+        return data
+
+
 @admin.register(PolicyBundle)
 class PolicyBundleAdmin(ServiceSavedAdmin):
+    form = PolicyBundleForm
     list_display = ["policy_id", "wallet", "name", "enabled", "human_approval_required", "version", "updated_at"]
     list_filter = ["enabled", "human_approval_required"]
     search_fields = ["policy_id", "name", "wallet__wallet_id"]

@@ -15,20 +15,28 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from config.errors import ApplicationError
+from config.errors import ApplicationError, RequestValidationError
+from config.jsonbody import check_storable
 from permits import selectors, services
-from permits.models import PermitRequest
+from permits.models import PermitRequest, PermitRequestStatus
+
+# The pending requests the queue page lists (newest first); it says how many more are waiting.
+QUEUE_PENDING_SHOWN = 500
 
 
 @require_GET
 @login_required
 def queue(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
-    rows = list(selectors.approval_queue(request.user)[:200])
-    pending = [r for r in rows if r.effective_status(now) == "pending"]
-    decided = [r for r in rows if r.effective_status(now) != "pending"][:50]
+    # Pending requests are read apart from decided ones: the newest rows of the queue alone let a burst
+    # of requests push older pending ones off the page.
+    queue = selectors.approval_queue(request.user)
+    waiting = queue.filter(status=PermitRequestStatus.PENDING, expires_at__gt=now)
+    pending = list(waiting[:QUEUE_PENDING_SHOWN])
+    decided = list(queue.exclude(pk__in=waiting.values("pk"))[:50])
     context = {
         "pending": pending,
+        "pending_not_shown": max(0, waiting.count() - len(pending)) if len(pending) == QUEUE_PENDING_SHOWN else 0,
         "decided": decided,
         "now": now,
         "is_approver": bool(selectors.approver_tenants(request.user)),
@@ -43,16 +51,31 @@ def _visible_request(request: HttpRequest, request_id: str) -> PermitRequest:
     return preq
 
 
-@require_GET
-@login_required
-def detail(request: HttpRequest, request_id: str) -> HttpResponse:
-    preq = _visible_request(request, request_id)
+def _detail_page(request: HttpRequest, preq: PermitRequest, *, status: int = 200) -> HttpResponse:
+    approval_url = request.build_absolute_uri(reverse("approvals-detail", args=[preq.request_id]))
     context = {
-        **selectors.permit_request_card_context(preq, approval_url=request.build_absolute_uri()),
+        **selectors.permit_request_card_context(preq, approval_url=approval_url),
         "show_decide_link": False,  # the decision form is on this page
         "terms": services.permit_request_terms(preq),  # sent back with the decision: the terms shown
     }
-    return render(request, "permits/approvals_detail.html", context)
+    return render(request, "permits/approvals_detail.html", context, status=status)
+
+
+@require_GET
+@login_required
+def detail(request: HttpRequest, request_id: str) -> HttpResponse:
+    return _detail_page(request, _visible_request(request, request_id))
+
+
+def _form_text_problem(request: HttpRequest) -> str | None:
+    """Why the decision form's text cannot be taken, if it cannot: PostgreSQL text holds no NUL and
+    no lone surrogate (``config.jsonbody.check_storable``, the API's rule for stored strings)."""
+    for name, label in (("note", "Note"), ("terms", "Terms")):
+        try:
+            check_storable(request.POST.get(name, ""), [name])
+        except RequestValidationError as err:
+            return f"{label}: {err.errors[0]['msg']} Nothing was decided."
+    return None
 
 
 @require_POST
@@ -63,6 +86,10 @@ def decide(request: HttpRequest, request_id: str) -> HttpResponse:
     if action not in {"approve", "reject"}:
         messages.error(request, "Choose approve or reject.")
         return HttpResponseRedirect(reverse("approvals-detail", args=[preq.request_id]))
+    problem = _form_text_problem(request)
+    if problem is not None:
+        messages.error(request, problem)
+        return _detail_page(request, preq, status=400)
     try:
         decided = services.permit_request_decide(
             request_id=preq.request_id,

@@ -156,6 +156,16 @@ def policies_applying_to(wallet: Wallet) -> QuerySet[PolicyBundle]:
     return PolicyBundle.objects.filter(wallet_id__in=wallet.ancestry).order_by("created_at")
 
 
+def policies_shown_to_wallet(wallet: Wallet) -> QuerySet[PolicyBundle]:
+    """The policies ``/v1/me/authority`` lists for a key of ``wallet``: those on the wallet itself,
+    enabled or not (the key reads them through ``policy_for_caller`` too), and the enabled ones on
+    its ancestors, which bind it. A disabled policy above binds nothing and stays out of the key's
+    reach, as ``policy_for_caller`` keeps it (404)."""
+    return PolicyBundle.objects.filter(
+        Q(wallet_id=wallet.wallet_id) | Q(wallet_id__in=wallet.ancestry, enabled=True)
+    ).order_by("created_at")
+
+
 def approver_tenants(user: Any) -> list[str]:
     if not user.is_authenticated:
         return []

@@ -13,6 +13,7 @@ from rest_framework import serializers
 from billing.serializers import MoneyField
 from config.pagination import PageQuery, list_envelope
 from permits.models import Permit, PermitRequest, PolicyBundle, Quote
+from permits.services.policies import policy_rules_problems
 
 MAX_PERMIT_TTL = 30 * 24 * 3600
 
@@ -271,6 +272,25 @@ class PolicyRules(serializers.Serializer):
         child=serializers.CharField(max_length=64), required=False, allow_null=True, help_text="null: any category"
     )
     human_approval_required = serializers.BooleanField(required=False)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        """The rules' contents are held to ``policy_rules_problems``, the check the console's form and
+        the services run too. The lists are checked as sent: DRF's CharField would turn ``[1]`` into
+        ``["1"]``, which the console (reading JSON) refuses."""
+        sent = self.initial_data if isinstance(self.initial_data, dict) else {}
+        rules: dict[str, Any] = dict(attrs)
+        for name in ("allowed_tools", "denied_tools", "allowed_categories"):
+            if name in attrs and name in sent:
+                rules[name] = sent[name]
+        errors: dict[str, Any] = {}
+        for problem in policy_rules_problems(rules):
+            node: dict[Any, Any] = errors
+            for part in problem["loc"][:-1]:
+                node = node.setdefault(part, {})
+            node.setdefault(problem["loc"][-1], []).append(serializers.ErrorDetail(problem["msg"], problem["type"]))
+        if errors:
+            raise serializers.ValidationError(errors)
+        return attrs
 
 
 class PolicyBundleCreate(PolicyRules):

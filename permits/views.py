@@ -421,7 +421,7 @@ class MeAuthorityView(APIView):
         pending = selectors.permit_request_status_filter(
             selectors.permit_requests_visible(caller).filter(wallet=wallet), "pending", now
         ).order_by("-created_at")[:200]
-        policies = list(selectors.policies_applying_to(wallet))
+        policies = list(selectors.policies_shown_to_wallet(wallet))
         body = {
             "wallet_id": wallet.wallet_id,
             "wallet_type": wallet.wallet_type,

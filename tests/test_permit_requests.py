@@ -252,3 +252,40 @@ def test_two_concurrent_approvals_mint_one_permit(transactional_db):
     assert statuses == [302, 302]
     assert Permit.objects.filter(wallet=t.agent).count() == 1
     assert PermitRequest.objects.get(pk=preq["request_id"]).permit_id is not None
+
+
+def test_a_burst_of_decided_requests_does_not_push_a_pending_one_off_the_queue(tenant, monkeypatch):
+    """Pending requests are read apart from decided ones: an older pending request stays on the page
+    however many newer ones were decided, and past the page's length it says how many more wait."""
+    from datetime import timedelta
+
+    from config.ids import new_id
+    from permits import approvals
+
+    first = ask(tenant.agent_client, tenant.agent.wallet_id).json()["request_id"]
+    template = PermitRequest.objects.get(request_id=first)
+    burst = []
+    for n in range(210):
+        row = PermitRequest.objects.get(request_id=first)
+        row.request_id = new_id("preq")
+        row.idempotency_key = f"burst-{n}"
+        row.status = "rejected"
+        row.created_at = template.created_at + timedelta(seconds=n + 1)
+        burst.append(row)
+    PermitRequest.objects.bulk_create(burst)
+    _user, browser = approver_for(tenant)
+    page = browser.get("/approvals/").content.decode()
+    assert first in page.split('id="pending"')[1].split("</table>")[0]
+    assert 'id="pending-not-shown"' not in page
+
+    ask(tenant.agent_client, tenant.agent.wallet_id, key="second")
+    monkeypatch.setattr(approvals, "QUEUE_PENDING_SHOWN", 1)
+    page = browser.get("/approvals/").content.decode()
+    assert "1 older pending request not shown" in page
+
+
+def test_the_card_names_the_wallet_by_its_id_beside_its_label(tenant):
+    """The wallet's name is a label whoever created the wallet chose: the card shows the id too."""
+    preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
+    html = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}/card").content.decode()
+    assert f'data-field="wallet-id"><code style="font-size: .85em;">{tenant.agent.wallet_id}</code>' in html

@@ -25,6 +25,7 @@ from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import Wallet
 from config.ids import new_id
+from config.jsonbody import check_storable
 from permits import exceptions as exc
 from permits.models import PermitRequest, PermitRequestStatus, TenantApprover
 from permits.services.permits import _check_subject_key, _created_before, _mint_permit
@@ -170,6 +171,12 @@ def permit_request_terms(preq: PermitRequest) -> str:
     return sha256_hex(canonical_bytes(terms))
 
 
+def _same_terms(shown: str, current: str) -> bool:
+    """Whether the digest a form sent back is ``current``. Compared as bytes: ``hmac.compare_digest``
+    raises TypeError on a str that is not ASCII, and a digest is hex, so any other text is a mismatch."""
+    return shown.isascii() and hmac.compare_digest(shown.encode("ascii"), current.encode("ascii"))
+
+
 @transaction.atomic(durable=True)
 def permit_request_decide(
     *, request_id: str, user: Any, approve: bool, note: str = "", shown_terms: str | None = None
@@ -181,8 +188,10 @@ def permit_request_decide(
     request's tenant may decide. Two concurrent approvals mint one permit.
     ``shown_terms``: the ``permit_request_terms`` digest of the page the approver decided on
     (the approval page always sends it); an approval is refused (409) unless the row still
-    has those terms.
+    has those terms. A ``note`` PostgreSQL cannot store (NUL, a lone surrogate) is 422 before
+    anything is read; the approval page checks its form first and shows its own error.
     """
+    check_storable(note, ["note"])
     preq = PermitRequest.objects.select_for_update(no_key=True).select_related("wallet").get(request_id=request_id)
     if not user_is_approver(user, preq.tenant_id):
         raise exc.NotAnApprover()
@@ -191,7 +200,7 @@ def permit_request_decide(
         raise exc.RequestAlreadyDecided(request_id=request_id, status=preq.status)
     if preq.expires_at <= now:
         raise exc.RequestExpired(request_id=request_id)
-    if approve and shown_terms is not None and not hmac.compare_digest(shown_terms, permit_request_terms(preq)):
+    if approve and shown_terms is not None and not _same_terms(shown_terms, permit_request_terms(preq)):
         raise exc.RequestTermsChanged(request_id=request_id)
     preq.decided_at = now
     preq.decided_by = user
