@@ -10,6 +10,7 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
+from billing.models import ServiceCategory
 from billing.serializers import MoneyField
 from config.pagination import PageQuery, list_envelope
 from permits.models import Permit, PermitRequest, PolicyBundle, Quote
@@ -21,6 +22,15 @@ MAX_PERMIT_TTL = 30 * 24 * 3600
 class ToolNameField(serializers.CharField):
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(max_length=200, allow_blank=False, **kwargs)
+
+
+@extend_schema_field({"type": "string", "enum": list(ServiceCategory.values)})
+class ServiceCategoryNameField(serializers.CharField):
+    """A service category's name. The schema lists the categories; the value is checked, with the
+    rest of a policy's rules, by ``policy_rules_problems``."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=64, **kwargs)
 
 
 class PermitCreateRequest(serializers.Serializer):
@@ -269,7 +279,7 @@ class PolicyRules(serializers.Serializer):
         ),
     )
     allowed_categories = serializers.ListField(
-        child=serializers.CharField(max_length=64), required=False, allow_null=True, help_text="null: any category"
+        child=ServiceCategoryNameField(), required=False, allow_null=True, help_text="null: any category"
     )
     human_approval_required = serializers.BooleanField(required=False)
 

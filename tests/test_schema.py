@@ -48,3 +48,14 @@ def test_docs_pages_use_local_assets(anon_client, page):
     assert all(s.startswith("/") or s.startswith("#") for s in sources), sources
     first_asset = next(s for s in sources if s.startswith("/static/"))
     assert anon_client.get(first_asset).status_code == 200
+
+
+def test_policy_categories_are_listed_in_the_schema(anon_client):
+    """The server refuses an unknown category, so the schema names the categories it takes (a fuzzer
+    sending a schema-valid string found the 422 otherwise)."""
+    from billing.models import ServiceCategory
+
+    schemas = anon_client.get("/openapi.json").json()["components"]["schemas"]
+    for name in ("PolicyBundleCreate", "PatchedPolicyBundlePatch"):
+        items = schemas[name]["properties"]["allowed_categories"]["items"]
+        assert items.get("enum") == list(ServiceCategory.values), (name, items)
