@@ -50,10 +50,12 @@ class ToolPageQuery(ToolCategoryQuery):
 class ToolCallRequest(serializers.Serializer):
     """A governed tool call: the permit, a fresh idempotency key per logical call, and the arguments."""
 
+    # Taken as sent, as MCP takes them: a key or an id with surrounding spaces is refused or not found,
+    # never trimmed into another one.
     arguments = serializers.DictField(required=False, default=dict)
-    permit_id = serializers.CharField(max_length=40)
-    idempotency_key = serializers.CharField(max_length=255)
-    quote_id = serializers.CharField(max_length=40, required=False, allow_blank=True, default="")
+    permit_id = serializers.CharField(max_length=40, trim_whitespace=False)
+    idempotency_key = serializers.CharField(max_length=255, trim_whitespace=False)
+    quote_id = serializers.CharField(max_length=40, required=False, allow_blank=True, default="", trim_whitespace=False)
 
 
 class ToolCallError(serializers.Serializer):

@@ -301,8 +301,8 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
         "io.tollgate/credits-charged": response["credits_charged"],
         "io.tollgate/replayed": answer.replayed,
     }
-    if response["result"] is not None:
-        result = dict(response["result"])
+    result = answer.result  # the upstream's, less any io.tollgate/ key it put in _meta
+    if result is not None:
         upstream_meta = result.get("_meta")  # an object (the client refuses any other); older stored answers aside
         result["_meta"] = {**(upstream_meta if isinstance(upstream_meta, dict) else {}), **tollgate_meta}
         return result

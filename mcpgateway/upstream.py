@@ -105,6 +105,8 @@ from urllib.parse import quote, unquote, urlsplit
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs in the environment; its package imports the submodules
 
+from config.jsonbounds import JSONBodyError, loads_bounded, unstorable
+
 logger = logging.getLogger(__name__)
 
 IDEMPOTENCY_META_KEY: Final = "io.tollgate/idempotency-key"
@@ -890,24 +892,17 @@ class UpstreamClient:
                 for event in _sse_events(chunks):
                     if event.event != "message" or not event.data:
                         continue
-                    try:
-                        message = json.loads(event.data)
-                    except ValueError as exc:
-                        raise _InvalidReply("SSE event data is not JSON") from exc
+                    message = _load_message(event.data, "SSE event data")
                     if isinstance(message, dict) and "method" in message:
                         continue
-                    return _match_response(message, rid)
+                    return _storable(_match_response(message, rid))
             except UnicodeDecodeError as exc:
                 raise _InvalidReply("SSE stream is not UTF-8") from exc
             raise _IncompleteReply("SSE stream ended without a response")
         body = b"".join(chunks)
         if not body:
             raise _InvalidReply(f"empty body (HTTP {response.status})")
-        try:
-            message = json.loads(body)
-        except ValueError as exc:
-            raise _InvalidReply("body is not JSON") from exc
-        return _match_response(message, rid)
+        return _storable(_match_response(_load_message(body, "body"), rid))
 
 
 _clients: weakref.WeakSet[UpstreamClient] = weakref.WeakSet()
@@ -943,6 +938,27 @@ def _dict_or_empty(value: Any) -> dict[str, Any]:
 def _same_id(a: Any, b: Any) -> bool:
     """JSON-RPC ids match only with the same JSON type (``1`` is not ``"1"``, ``true`` is not ``1``)."""
     return type(a) is type(b) and a == b
+
+
+def _load_message(raw: bytes | str, what: str) -> Any:
+    """A JSON message within ``config.jsonbounds``' nesting and number bounds, else ``_InvalidReply``:
+    what could not be stored, hashed or signed unchanged is no answer the gateway can keep."""
+    try:
+        return loads_bounded(raw)
+    except JSONBodyError as exc:
+        raise _InvalidReply(f"{what} is outside the JSON this gateway keeps: {exc}") from exc
+    except ValueError as exc:
+        raise _InvalidReply(f"{what} is not JSON") from exc
+
+
+def _storable(message: dict[str, Any]) -> dict[str, Any]:
+    """``message``, unless a string in it (a key or a value) holds NUL or a lone surrogate (``_InvalidReply``)."""
+    found = unstorable(message)
+    if found is not None:
+        where, problem, _ = found
+        path = "/".join(str(part) for part in where)[:200]
+        raise _InvalidReply(f"answer holds text that cannot be stored at '{path}': {problem}")
+    return message
 
 
 def _match_response(message: Any, rid: str | int) -> dict[str, Any]:

@@ -183,7 +183,7 @@ class ToolInvokeView(APIView):
             "reason_code": stored["reason_code"],
             "credits_charged": stored["credits_charged"],
             "replayed": answer.replayed,
-            "result": stored["result"],
+            "result": answer.result,  # the upstream's, less any io.tollgate/ key it put in _meta
             "error": stored["error"],
         }
         response = Response(payload, status=answer.http_status)

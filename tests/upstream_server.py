@@ -17,7 +17,8 @@ serves the stateless revision (``server/discover``, the ``_meta`` envelope and
 the ``Mcp-Method``/``Mcp-Name``/``Mcp-Param-*`` headers checked as the SDK
 server checks them), routed by ``MCP-Protocol-Version`` as the SDK routes it;
 ``handshake=False`` refuses the handshake with ``-32022``, and
-``discover_answers`` scripts the next answers to ``server/discover``.
+``discover_answers`` scripts the next answers to ``server/discover`` and ``call_answers`` the
+answer to every ``tools/call`` of a tool (by name) in place of the tool's own.
 
 ``RawUpstream`` writes its answers byte for byte on raw sockets (chunked coding,
 close-delimited bodies, HTTP/1.0, interim responses, TLS, a reset in the middle of
@@ -286,6 +287,7 @@ class FaultUpstream:
     stateless_versions: list[str] = field(default_factory=list)
     handshake: bool = True
     discover_answers: list[Scripted] = field(default_factory=list)
+    call_answers: dict[str, Scripted] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     sessions: set[str] = field(default_factory=set)
     messages: list[ReceivedMessage] = field(default_factory=list)
@@ -512,6 +514,10 @@ class _Handler(BaseHTTPRequestHandler):
         """A ``tools/call`` that runs: counted under its idempotency key, then answered."""
         with self.upstream.lock:
             self.upstream.executed[key or "-"] += 1
+            scripted = self.upstream.call_answers.get(name) if isinstance(name, str) else None
+        if scripted is not None:
+            self._scripted(scripted, rid)
+            return
         self._call(rid, name, params.get("arguments") or {})
 
     def _call(self, rid: Any, name: Any, arguments: dict[str, Any]) -> None:

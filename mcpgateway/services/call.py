@@ -16,6 +16,9 @@ from billing.selectors import Principal
 from config.jsonbody import check_storable
 from receipts.models import Outcome
 
+TOLLGATE_META_PREFIX = "io.tollgate/"
+"""The ``_meta`` namespace of the gateway's own statements (receipt id, outcome, charge...)."""
+
 # Outcome -> (HTTP status on the REST invoke, JSON-RPC error code on MCP; None: a result is returned).
 OUTCOME_STATUS: dict[str, tuple[int, int | None]] = {
     Outcome.SUCCESS: (200, None),
@@ -66,6 +69,23 @@ class CallAnswer:
     @property
     def http_status(self) -> int:
         return int(self.response["http_status"])
+
+    @property
+    def result(self) -> dict[str, Any] | None:
+        """The tool's result as the upstream gave it, less the ``_meta`` keys in the gateway's namespace
+        (``io.tollgate/``): only the gateway speaks there, so an upstream cannot pass off a receipt id,
+        an outcome or a charge of its own. A ``_meta`` left empty is dropped."""
+        result = self.response["result"]
+        if result is None:
+            return None
+        meta = result.get("_meta")
+        if not isinstance(meta, dict) or not any(key.startswith(TOLLGATE_META_PREFIX) for key in meta):
+            return dict(result)
+        shown = {key: value for key, value in result.items() if key != "_meta"}
+        kept = {key: value for key, value in meta.items() if not key.startswith(TOLLGATE_META_PREFIX)}
+        if kept:
+            shown["_meta"] = kept
+        return shown
 
 
 def request_document(tool: str, arguments: dict[str, Any]) -> dict[str, Any]:

@@ -16,11 +16,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from audit.services import audit_record
+from billing.models import ServiceCategory
 from config import fastsql
 from mcpgateway.models import Tool, ToolSource
 from mcpgateway.upstream import output_schema_problem
 
 logger = logging.getLogger("tollgate.gateway")
+SERVICE_ID_MAX_LENGTH: int = Tool._meta.get_field("service_id").max_length  # type: ignore[assignment]
 
 DOGFOOD_TOOL = "partner.notes.write"
 
@@ -129,6 +131,9 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
         name = spec.get("name")
         if not isinstance(name, str) or not name or name == DOGFOOD_TOOL:
             continue
+        if len(name) > SERVICE_ID_MAX_LENGTH:
+            logger.warning("tool %.80s...: not registered, its name is longer than %d", name, SERVICE_ID_MAX_LENGTH)
+            continue
         seen.add(name)
         annotations = spec.get("annotations") or {}
         problem = output_schema_problem(spec.get("outputSchema") or None)
@@ -147,10 +152,17 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
             "enabled": problem is None,
             "synced_at": now,
         }
-        category = (spec.get("_meta") or {}).get("io.tollgate/category")
-        if isinstance(category, str):
-            values["category"] = category
-        _, was_created = Tool.objects.update_or_create(service_id=name, defaults=values)
+        # The upstream may suggest a category for a new tool; after that the category is the operator's
+        # (tool_update): policies allow and deny by category, so an upstream must not move its tools
+        # between them. A suggestion outside ServiceCategory is ignored.
+        meta = spec.get("_meta")
+        hint = meta.get("io.tollgate/category") if isinstance(meta, dict) else None
+        create_values = dict(values)
+        if hint in ServiceCategory.values:
+            create_values["category"] = hint
+        elif hint is not None:
+            logger.warning("tool %s: ignoring io.tollgate/category %.40r (not a service category)", name, hint)
+        _, was_created = Tool.objects.update_or_create(service_id=name, defaults=values, create_defaults=create_values)
         (created if was_created else updated).append(name)
     disabled = list(
         Tool.objects.filter(source=ToolSource.UPSTREAM, enabled=True)
