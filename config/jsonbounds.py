@@ -53,18 +53,25 @@ def _safe_int(text: str) -> int:
 
 
 def _check_depth(value: Any) -> None:
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        if isinstance(item, dict):
-            children: Any = item.values()
-        elif isinstance(item, list):
-            children = item
-        else:
-            continue
-        if depth > MAX_JSON_DEPTH:
-            raise JSONBodyError(f"The JSON is nested more than {MAX_JSON_DEPTH} levels deep.", "json_too_deep")
-        stack.extend((child, depth + 1) for child in children)
+    """``json_too_deep`` when ``value`` nests arrays and objects more than ``MAX_JSON_DEPTH`` levels deep
+    (level by level, holding only the containers)."""
+    level: list[Any] = [value]
+    depth = 1
+    while level:
+        below: list[Any] = []
+        for item in level:
+            kind = type(item)
+            if kind is dict:
+                children: Any = item.values()
+            elif kind is list:
+                children = item
+            else:
+                continue
+            if depth > MAX_JSON_DEPTH:
+                raise JSONBodyError(f"The JSON is nested more than {MAX_JSON_DEPTH} levels deep.", "json_too_deep")
+            below.extend(child for child in children if type(child) is dict or type(child) is list)
+        level = below
+        depth += 1
 
 
 def loads_bounded(raw: bytes | str) -> Any:
@@ -99,6 +106,15 @@ def unstorable(value: Any, loc: Sequence[str | int] = ()) -> tuple[tuple[str | i
     """The first string of ``value`` (an object key or a value, at any depth) that ``text_problem`` refuses,
     as (where, message, type), or None. ``loc`` is where ``value`` sits; a refused key is shown escaped
     (``\\x00``, ``\\ud800``), as it could not be written back."""
+    try:
+        # The C encoder first: it writes NUL as the escape below and keeps a lone surrogate, which
+        # UTF-8 refuses. Only a value it flags (or cannot write) is walked, to say where.
+        text = json.dumps(value, ensure_ascii=False, check_circular=False)
+        text.encode("utf-8")
+        if "\\u0000" not in text:
+            return None
+    except (UnicodeEncodeError, TypeError, ValueError, RecursionError):
+        pass
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, tuple(loc))]
     while stack:
         item, at = stack.pop()
