@@ -166,6 +166,57 @@ def test_no_refill_when_the_parent_cannot_pay():
 
 
 @pytest.mark.django_db
+def test_moving_credit_to_children_draws_no_refill():
+    """The refill threshold is the line's (the wallet and its children): an agent that moves its credit
+    to a child and charges a little is not refilled, however often it tries. Before, each round drew
+    the full refill amount from the sponsor, and the agent parked it in its children."""
+    sponsor = factories.make_sponsor("acme", 1000)
+    agent = factories.make_wallet(sponsor, "bot", 20, refill_threshold=D("10"), refill_amount=D("50"))
+    child = services.wallet_create_agent(parent=agent, name="sub")
+    for _ in range(3):
+        held = refreshed(agent).balance
+        if held > 0:
+            services.wallet_fund(source=refreshed(agent), target=child, amount=held)
+        with pytest.raises(InsufficientFunds):
+            services.wallet_charge(wallet=refreshed(agent), service_category="compute", units=D("0.01"))
+    assert refreshed(sponsor).balance == D("980")
+    assert refreshed(child).balance == D("20")
+    assert not LedgerEntry.objects.filter(kind="refill").exists()
+    books_balance()
+
+
+@pytest.mark.django_db
+def test_a_childs_refill_from_its_agent_draws_no_refill_from_the_sponsor():
+    sponsor = factories.make_sponsor("acme", 1000)
+    agent = factories.make_wallet(sponsor, "bot", 30, refill_threshold=D("10"), refill_amount=D("50"))
+    child = services.wallet_create_agent(
+        parent=agent, name="sub", initial_balance=D("1"), refill_threshold=D("1000"), refill_amount=D("25")
+    )
+    # The child's charge takes it under its threshold: 25 comes from the agent (30 - 1 = 29 left, 4 after).
+    outcome = services.wallet_charge(wallet=child, service_category="compute", units=D("0.01"))
+    assert outcome.body["refill"]["amount"] == "25.00000000"
+    assert refreshed(agent).balance == D("4")
+    # The agent's own small charge: the line still holds 4 + 25.99 >= 10, so the sponsor pays nothing.
+    outcome = services.wallet_charge(wallet=refreshed(agent), service_category="compute", units=D("0.01"))
+    assert outcome.body["refill"] is None
+    assert refreshed(sponsor).balance == D("970")
+    books_balance()
+
+
+@pytest.mark.django_db
+def test_the_line_spending_down_is_refilled():
+    sponsor = factories.make_sponsor("acme", 1000)
+    agent = factories.make_wallet(sponsor, "bot", 20, refill_threshold=D("10"), refill_amount=D("50"))
+    child = services.wallet_create_agent(parent=agent, name="sub", initial_balance=D("15"))
+    services.wallet_charge(wallet=child, service_category="compute", units=D("10"))  # the line holds 10
+    outcome = services.wallet_charge(wallet=refreshed(agent), service_category="compute", units=D("1"))
+    assert outcome.body["refill"]["amount"] == "50.00000000"  # 9 < 10: the line spent its credit
+    assert refreshed(agent).balance == D("54")
+    assert refreshed(sponsor).balance == D("930")
+    books_balance()
+
+
+@pytest.mark.django_db
 def test_freeze_unfreeze_and_close():
     sponsor = factories.make_sponsor("acme", 100)
     agent = factories.make_wallet(sponsor, "bot", 30)

@@ -31,8 +31,8 @@ the rolling window, at most one hour stricter), the daily figure the hours since
 00:00 UTC. ``total_spent`` (the budget's counter) is lifetime net spend; an
 agent's includes its subtree's.
 
-Auto-refill. When a debit would take a wallet's balance under its refill
-threshold, ``refill_amount`` moves from the parent first, in the same
+Auto-refill. When a debit would take the balance of a wallet and its children
+under its refill threshold, ``refill_amount`` moves from the parent first, in the same
 transaction, if the parent is active and can pay; a charge that the refill
 makes coverable therefore succeeds. If the parent cannot pay, no refill happens
 and the debit proceeds or fails on its own balance.

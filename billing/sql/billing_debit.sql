@@ -24,7 +24,8 @@
 -- 3. Refuses, in this order, naming the wallet that refuses: the wallet's own
 --    status (closed, frozen, expired), then the highest ancestor that is not
 --    active or has expired (a freeze covers the subtree); funds, counting an
---    auto-refill the parent can pay (``insufficient_funds``, which freezes
+--    auto-refill the parent can pay (due when the balance of the wallet and its
+--    children falls under the threshold; ``insufficient_funds``, which freezes
 --    nothing); budget and daily limit of the wallet, then of each agent ancestor
 --    upwards; velocity (hour, then day) of the same, in the same order
 --    (``velocity``: the caller freezes the wallet named).
@@ -78,6 +79,7 @@ DECLARE
     blocked billing_wallet;
     wallet_id_ text;
     refill_due boolean := false;
+    held_below numeric;
     hour_start timestamptz := date_trunc('hour', p_now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
     midnight timestamptz := date_trunc('day', p_now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
     r record;
@@ -135,9 +137,16 @@ BEGIN
             RAISE EXCEPTION 'billing_debit: wallet % needs an auto-refill its locks did not foresee', p_wallet_id
                   USING ERRCODE = 'serialization_failure';
         END IF;
-        SELECT * INTO parent FROM billing_wallet WHERE wallet_id = w.parent_id;
-        refill_due := parent.status = 'active' AND (parent.expires_at IS NULL OR parent.expires_at > p_now)
-                      AND parent.balance >= w.refill_amount;
+        -- The threshold is the line's: credit the wallet moved to its children still counts, so moving
+        -- credit down and charging a little never draws a refill (it drained the parent into the
+        -- children). Every debit and refill of a child, and every funding of one, holds this
+        -- wallet's lock, so the children's balances are settled here.
+        SELECT COALESCE(sum(c.balance), 0) INTO held_below FROM billing_wallet c WHERE c.parent_id = w.wallet_id;
+        IF w.balance + held_below - p_amount < w.refill_threshold THEN
+            SELECT * INTO parent FROM billing_wallet WHERE wallet_id = w.parent_id;
+            refill_due := parent.status = 'active' AND (parent.expires_at IS NULL OR parent.expires_at > p_now)
+                          AND parent.balance >= w.refill_amount;
+        END IF;
     END IF;
     IF w.balance + (CASE WHEN refill_due THEN w.refill_amount ELSE 0 END) < p_amount THEN
         code := 'insufficient_funds'; new_balance := w.balance; RETURN;

@@ -1,0 +1,12 @@
+"""``billing_debit`` again: an auto-refill is due when the balance of the wallet and its children falls
+under the threshold, so a wallet cannot draw refills by moving its credit to its children."""
+
+from django.db import migrations
+
+from config.sqlfiles import run_sql_file
+
+
+class Migration(migrations.Migration):
+    dependencies = [("billing", "0018_charge_honours_policies")]
+
+    operations = [run_sql_file("billing", "billing_debit")]
