@@ -236,7 +236,9 @@ def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note
         receipt=receipt,
         amount=receipt.credits_charged,
         origin="operator_not_executed",
-        reason=f"marked not executed by {actor}: {note}".strip(": "),
+        # Who marked it is in the reconciliation result and the audit event, for operators; the item is
+        # listed to the wallet's keys too, which learn no console username from it.
+        reason=f"marked not executed: {note}" if note else "marked not executed",
     )
     audit_record(
         event="reconciliation.marked_not_executed",

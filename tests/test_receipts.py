@@ -26,7 +26,7 @@ from config.ids import new_id
 from mcpgateway.services import tools_sync
 from permits import services as permit_services
 from permits.models import Permit
-from receipts.models import Receipt, RefundReconciliation
+from receipts.models import Receipt, ReconciliationResult, RefundReconciliation
 from receipts.selectors import request_document_hash
 from receipts.services import receipt_issue, refund_reconciliation_mark_not_executed, refund_reconciliation_open
 from receipts.verify import verify_portable
@@ -453,6 +453,45 @@ def test_operator_marks_delivery_uncertain_not_executed(tenant, operator_client)
     with pytest.raises(Exception, match="delivery_uncertain"):
         refund_reconciliation_mark_not_executed(receipt_id=ok.receipt_id, actor="ops")
     assert operator_client.post(f"/v1/receipts/reconciliation/refunds/{r.receipt_id}/retry").json()["refunded"]
+
+
+def test_a_refund_item_does_not_name_the_operator_to_the_wallet(tenant, operator_client):
+    """The item is listed to the wallet's keys; the console username that marked it is for operators
+    (the reconciliation result, the audit event)."""
+    r = make_receipt(tenant, outcome="delivery_uncertain")
+    refund_reconciliation_mark_not_executed(receipt_id=r.receipt_id, actor="admin:alice", note="upstream log: no call")
+    listed = tenant.agent_client.get("/v1/receipts/reconciliation/refunds").json()["items"]
+    assert [item["reason"] for item in listed] == ["marked not executed: upstream log: no call"]
+    assert "alice" not in json.dumps(listed)
+    assert ReconciliationResult.objects.get(receipt=r).actor == "admin:alice"
+
+    bare = make_receipt(tenant, outcome="delivery_uncertain")
+    refund_reconciliation_mark_not_executed(receipt_id=bare.receipt_id, actor="admin:alice")
+    assert RefundReconciliation.objects.get(receipt=bare).reason == "marked not executed"
+
+
+def test_migration_drops_the_operator_from_reasons_recorded_before(tenant):
+    import importlib
+
+    from django.db import connection
+
+    migration = importlib.import_module("receipts.migrations.0005_reconciliation_reason_without_actor")
+    noted, backfilled = (make_receipt(tenant, outcome="delivery_uncertain") for _ in range(2))
+    for receipt, actor, note in ((noted, "admin:bob", "checked"), (backfilled, "", "marked not executed by ops")):
+        ReconciliationResult.objects.create(
+            receipt=receipt, tenant_id=receipt.tenant_id, verdict="not_executed", actor=actor, note=note
+        )
+        RefundReconciliation.objects.create(
+            receipt=receipt,
+            tenant_id=receipt.tenant_id,
+            amount=Decimal("2"),
+            origin="operator_not_executed",
+            reason=f"marked not executed by {actor or 'ops'}: {note}",
+        )
+    with connection.cursor() as cursor:
+        cursor.execute(migration.Migration.operations[0].sql)
+    assert RefundReconciliation.objects.get(receipt=noted).reason == "marked not executed: checked"
+    assert RefundReconciliation.objects.get(receipt=backfilled).reason == "marked not executed"
 
 
 def test_concurrent_retries_post_exactly_one_refund(transactional_db):
