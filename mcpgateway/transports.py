@@ -174,7 +174,7 @@ def _rpc_error(rid: Any, err: RpcError) -> dict[str, Any]:
 
 def _stateless_status(code: int) -> int:
     """2026-07-28: the HTTP status follows the JSON-RPC error code."""
-    if code in (PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS, HEADER_MISMATCH, -32021, -32022):
+    if code in (PARSE_ERROR, INVALID_REQUEST, INVALID_PARAMS, HEADER_MISMATCH, -32021, UNSUPPORTED_PROTOCOL_VERSION):
         return 400
     if code == METHOD_NOT_FOUND:
         return 404
@@ -450,6 +450,27 @@ def _session_for(request: HttpRequest, principal: Principal) -> McpSession:
     return session
 
 
+UNSUPPORTED_PROTOCOL_VERSION = -32022
+
+
+def _unsupported_version(request: HttpRequest, message: Any) -> HttpResponse | None:
+    """400 (``-32022``, naming the versions served) for a message other than ``initialize`` whose
+    ``MCP-Protocol-Version`` header names a version this gateway does not serve: the transport's rule
+    ("MUST respond with 400 Bad Request"); before, such a request was served as if it named none."""
+    version = request.headers.get("MCP-Protocol-Version")
+    if version is None or version == STATELESS_VERSION or version in HANDSHAKE_VERSIONS:
+        return None
+    if isinstance(message, dict) and message.get("method") == "initialize":
+        return None  # initialize negotiates in its body
+    rid = message.get("id") if isinstance(message, dict) else None
+    err = RpcError(
+        UNSUPPORTED_PROTOCOL_VERSION,
+        "Unsupported MCP-Protocol-Version.",
+        {"supported": [STATELESS_VERSION, *HANDSHAKE_VERSIONS], "requested": version[:100]},
+    )
+    return _json(_rpc_error(rid if valid_id(rid) else None, err), 400)
+
+
 @csrf_exempt
 def mcp_streamable(request: HttpRequest) -> HttpResponse:
     """POST /mcp (and GET: 405, DELETE: end the session)."""
@@ -478,6 +499,8 @@ def mcp_streamable(request: HttpRequest) -> HttpResponse:
         return _json(_rpc_error(None, err), err.http_status)
     if isinstance(message, list):
         return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "Batches are not supported.")), 400)
+    if (refused := _unsupported_version(request, message)) is not None:
+        return refused
     ex = Exchange(request, "mcp", "/mcp", principal, stateless, STATELESS_VERSION if stateless else "")
 
     if stateless:
@@ -569,6 +592,8 @@ def mcp_public(request: HttpRequest) -> HttpResponse:
         return _json(_rpc_error(None, err), err.http_status)
     if isinstance(message, list):
         return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "Batches are not supported.")), 400)
+    if (refused := _unsupported_version(request, message)) is not None:
+        return refused
     ex = Exchange(request, "mcp_public", "/mcp/public", principal, stateless, "")
     methods = dict(PUBLIC_METHODS)
     if stateless:

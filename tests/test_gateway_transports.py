@@ -239,6 +239,25 @@ def test_protocol_version_header_must_match_the_session(upstream, tenant):
     assert r.status_code == 200
 
 
+@pytest.mark.parametrize("path", ["/mcp", "/mcp/public"])
+def test_an_unsupported_protocol_version_header_is_400(upstream, tenant, path):
+    """The transport's rule: a request naming a version the server does not serve is refused (400), not
+    served as if it named none; -32022 names the versions served. initialize negotiates in its body."""
+    client = tenant.agent_client
+    r = post(client, path, message("tools/list"), HTTP_MCP_PROTOCOL_VERSION="1999-01-01")
+    assert r.status_code == 400, r.content
+    error = r.json()["error"]
+    assert error["code"] == -32022
+    assert error["data"]["requested"] == "1999-01-01"
+    assert "2025-11-25" in error["data"]["supported"]
+    assert post(client, path, message("tools/list"), HTTP_MCP_PROTOCOL_VERSION="2025-06-18").status_code == 200
+    assert post(client, path, message("tools/list")).status_code == 200
+    init = message(
+        "initialize", {"protocolVersion": "2025-11-25", "capabilities": {}, "clientInfo": {"name": "t", "version": "1"}}
+    )
+    assert post(client, path, init, HTTP_MCP_PROTOCOL_VERSION="1999-01-01").status_code == 200
+
+
 def test_get_is_405_with_allow(upstream, tenant):
     r = tenant.agent_client.get("/mcp")
     assert r.status_code == 405
