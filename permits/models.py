@@ -224,7 +224,7 @@ class PolicyBundle(models.Model):
     Rules: ``allowed_tools`` (null: any), ``denied_tools``, ``max_credits_per_call``,
     ``max_daily_credits``, ``allowed_categories`` (null: any) and
     ``human_approval_required`` (permits for the covered wallets come only from
-    human-approved permit requests or the operator).
+    human-approved permit requests or the operator; turning it on revokes the others).
     """
 
     policy_id = models.CharField(max_length=40, primary_key=True)

@@ -513,7 +513,8 @@ def test_a_policys_daily_cap_counts_the_subtree_it_binds(tenant):
 
 def test_me_authority(tenant, operator_client, anon_client):
     factories.top_up(tenant.agent, 7)
-    issue(tenant.sponsor_client, tenant.agent.wallet_id, key="m1")
+    # An operator's permit: one a wallet key issued would be revoked by the approval policy.
+    issue(operator_client, tenant.agent.wallet_id, key="m1")
     services.policy_create(wallet=tenant.sponsor, human_approval_required=True, name="humans")
     r = tenant.agent_client.get("/v1/me/authority")
     assert r.status_code == 200, r.content

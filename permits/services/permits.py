@@ -27,7 +27,7 @@ from config.errors import IdempotencyKeyReused, RequestValidationError
 from config.ids import new_id
 from permits import exceptions as exc
 from permits.models import Permit, PermitRequest, PermitStatus
-from permits.services.policies import human_approval_required
+from permits.services.policies import approval_lock, human_approval_required
 
 M = TypeVar("M", Permit, PermitRequest)
 
@@ -182,6 +182,12 @@ def permit_issue(
     _check_subject_key(wallet, subject_key_id)
     try:
         with transaction.atomic(durable=True):
+            if issuer_wallet is not None:
+                # Again under the tenant's approval lock: a policy that starts requiring approval while
+                # this permit is minted either commits first (refused here) or revokes it after.
+                approval_lock(wallet.tenant_id, shared=True)
+                if human_approval_required(wallet):
+                    raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
             permit = _mint_permit(
                 wallet=wallet,
                 issuer_wallet=issuer_wallet,
