@@ -131,6 +131,11 @@ def test_agent_manages_policies_it_set_itself_and_below(tenant: Tenant) -> None:
         assert r.status_code == 200, r.content
 
 
+def _approval_rule_and_level(policy_id: str) -> tuple[bool, bool, str]:
+    policy = PolicyBundle.objects.get(policy_id=policy_id)
+    return policy.human_approval_required, policy.enabled, policy.authority_wallet_id
+
+
 def test_a_rule_changed_from_above_cannot_be_undone_below(tenant: Tenant, operator_client: Any) -> None:
     """A policy an agent set on itself is its own to change until its sponsor changes it: the sponsor's
     rule then binds the agent (403), and the operator's binds both."""
@@ -149,12 +154,7 @@ def test_a_rule_changed_from_above_cannot_be_undone_below(tenant: Tenant, operat
         r = tenant.agent_client.patch(f"/v1/policies/{policy_id}", change, format="json")
         assert r.status_code == 403, r.content
         assert r.json()["detail"]["error"] == "policy_read_only"
-    policy = PolicyBundle.objects.get(policy_id=policy_id)
-    assert (policy.human_approval_required, policy.enabled, policy.authority_wallet_id) == (
-        True,
-        True,
-        tenant.sponsor.wallet_id,
-    )
+    assert _approval_rule_and_level(policy_id) == (True, True, tenant.sponsor.wallet_id)
     assert _self_permit(tenant, ["*"]).json()["detail"]["error"] == "human_approval_required"
     event = AuditEvent.objects.filter(event="policy.updated").latest("seq")
     assert (event.detail["authority_before"], event.detail["authority_after"]) == (
@@ -190,12 +190,7 @@ def test_a_change_from_above_landing_during_the_agents_change_stands(tenant: Ten
     )
     assert r.status_code == 403, r.content
     assert r.json()["detail"]["error"] == "policy_read_only"
-    policy = PolicyBundle.objects.get(policy_id=policy_id)
-    assert (policy.human_approval_required, policy.enabled, policy.authority_wallet_id) == (
-        True,
-        True,
-        tenant.sponsor.wallet_id,
-    )
+    assert _approval_rule_and_level(policy_id) == (True, True, tenant.sponsor.wallet_id)
 
 
 def test_child_key_cannot_change_its_parents_policy_on_the_child(tenant: Tenant) -> None:

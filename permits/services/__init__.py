@@ -11,6 +11,7 @@ its own phase-1 transaction (``permit_reserve``, ``permit_release``,
 ``quote_consume``, ``authorize``) say so and take no transaction of their own.
 """
 
+from permits.services.approval import human_approval_required
 from permits.services.authorization import (
     POLICIES_JSON_SQL,
     WILDCARD,
@@ -44,7 +45,7 @@ from permits.services.permits import (
     permit_statement_problem,
     permit_verified_columns,
 )
-from permits.services.policies import POLICY_FIELDS, human_approval_required, policy_create, policy_update
+from permits.services.policies import POLICY_FIELDS, policy_create, policy_update
 from permits.services.quotes import QUOTE_LIFETIME, quote_check, quote_consume, quote_create, quote_statement_problem
 
 __all__ = [

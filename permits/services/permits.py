@@ -27,7 +27,7 @@ from config.errors import IdempotencyKeyReused, RequestValidationError
 from config.ids import new_id
 from permits import exceptions as exc
 from permits.models import Permit, PermitRequest, PermitStatus
-from permits.services.policies import approval_lock, human_approval_required
+from permits.services.approval import approval_lock, human_approval_required, revoke_locked
 
 M = TypeVar("M", Permit, PermitRequest)
 
@@ -238,21 +238,10 @@ def _created_before(model: type[M], scope: str, key: str, request_hash: str) -> 
 def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str = "", actor: str = "") -> Permit:
     """Revoke a permit for good. Revoking a revoked permit changes nothing."""
     permit = Permit.objects.select_for_update(no_key=True).get(permit_id=permit_id)
-    if permit.status == PermitStatus.REVOKED:
-        return permit
-    permit.status = PermitStatus.REVOKED
-    permit.revoked_at = timezone.now()
-    permit.revoke_reason = reason
-    permit.save(update_fields=["status", "revoked_at", "revoke_reason"])
-    audit_record(
-        event="permit.revoked",
-        ok=True,
-        tenant_id=permit.tenant_id,
-        wallet_id=permit.wallet_id,
-        key_id=actor_key_id or None,
-        endpoint="/v1/permits/{permit_id}/revoke",
-        detail={"permit_id": permit.permit_id, "reason": reason, **({"actor": actor} if actor else {})},
-    )
+    if permit.status != PermitStatus.REVOKED:
+        revoke_locked(
+            permit, reason=reason, endpoint="/v1/permits/{permit_id}/revoke", actor_key_id=actor_key_id, actor=actor
+        )
     return permit
 
 

@@ -1,5 +1,5 @@
-"""Policy bundles: creating and changing them (each owns its transaction and is audited), and
-whether the policies on a wallet's line require human approval for its permits.
+"""Policy bundles: creating and changing them (each owns its transaction and is audited); one that
+starts requiring human approval revokes the permits no human approved (``approval``).
 
 A policy applies to the wallet it is attached to and every wallet below it. What authorization
 reads of the policies, and how, is ``permits.services.authorization``.
@@ -11,9 +11,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
-from django.db import connection, transaction
-from django.db.models import Q
-from django.utils import timezone
+from django.db import transaction
 
 from audit.services import audit_record
 from billing.exceptions import money
@@ -21,8 +19,9 @@ from billing.models import ServiceCategory, Wallet
 from config.errors import RequestValidationError
 from config.ids import new_id
 from config.jsonbody import check_storable
-from permits.models import Permit, PermitStatus, PolicyBundle
+from permits.models import PolicyBundle
 from permits.selectors import check_policy_level
+from permits.services.approval import approval_lock, requires_approval, revoke_unapproved
 
 POLICY_FIELDS = (
     "name",
@@ -149,59 +148,6 @@ def _policy_snapshot(policy: PolicyBundle) -> dict[str, Any]:
     return out
 
 
-def approval_lock(tenant_id: str, *, shared: bool) -> None:
-    """The tenant's lock between issuing a permit without approval (``shared``) and a policy starting to
-    require approval (exclusive), held to the end of the caller's transaction. An issuer that got it
-    first commits before the policy's revocation reads the permits; one that waited sees the policy."""
-    function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}(hashtextextended(%s, 0))", [f"permits.approval:{tenant_id}"])
-
-
-def _requires_approval(policy: PolicyBundle) -> bool:
-    return bool(policy.enabled and policy.human_approval_required)
-
-
-def _revoke_unapproved(policy: PolicyBundle, *, actor_key_id: str, actor: str) -> list[str]:
-    """Revoke the active permits below ``policy``'s wallet that no human approved: issued by a wallet's
-    key, not through an approved permit request. They could not be issued now (``permit_issue``
-    refuses them), so they do not outlive the rule either. Caller holds the transaction and the
-    exclusive ``approval_lock``. Returns the permit ids revoked."""
-    path = Wallet.objects.filter(wallet_id=policy.wallet_id).values_list("path", flat=True).get()
-    now = timezone.now()
-    revoked = list(
-        Permit.objects.select_for_update(no_key=True)
-        .filter(
-            Q(wallet__path=path) | Q(wallet__path__startswith=f"{path}/"),
-            status=PermitStatus.ACTIVE,
-            issuer_wallet__isnull=False,
-            issued_via_request_id="",
-        )
-        .order_by("permit_id")
-    )
-    reason = f"human approval required by policy {policy.policy_id}"
-    for permit in revoked:
-        permit.status = PermitStatus.REVOKED
-        permit.revoked_at = now
-        permit.revoke_reason = reason
-        permit.save(update_fields=["status", "revoked_at", "revoke_reason"])
-        audit_record(
-            event="permit.revoked",
-            ok=True,
-            tenant_id=permit.tenant_id,
-            wallet_id=permit.wallet_id,
-            key_id=actor_key_id or None,
-            endpoint="/v1/policies",
-            detail={
-                "permit_id": permit.permit_id,
-                "reason": reason,
-                "policy_id": policy.policy_id,
-                **({"actor": actor} if actor else {}),
-            },
-        )
-    return [permit.permit_id for permit in revoked]
-
-
 @transaction.atomic(durable=True)
 def policy_create(
     *, wallet: Wallet, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **rules: Any
@@ -223,10 +169,10 @@ def policy_create(
         authority_wallet_id=actor_wallet_id,
         **rules,
     )
-    if _requires_approval(policy):
+    if requires_approval(policy):
         approval_lock(wallet.tenant_id, shared=False)
     policy.save(force_insert=True)
-    revoked = _revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor) if _requires_approval(policy) else []
+    revoked = revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor) if requires_approval(policy) else []
     audit_record(
         event="policy.created",
         ok=True,
@@ -266,7 +212,7 @@ def policy_update(
         if tenant_id is not None:
             approval_lock(tenant_id, shared=False)
     policy = PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
-    required_before = _requires_approval(policy)
+    required_before = requires_approval(policy)
     if actor_wallet_id:
         check_policy_level(policy, actor_wallet_id)
     before = _policy_snapshot(policy)
@@ -278,8 +224,8 @@ def policy_update(
     policy.version += 1
     policy.save(update_fields=[*fields, "authority_wallet_id", "version", "updated_at"])
     revoked = (
-        _revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor)
-        if _requires_approval(policy) and not required_before
+        revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor)
+        if requires_approval(policy) and not required_before
         else []
     )
     audit_record(
@@ -303,10 +249,3 @@ def policy_update(
         },
     )
     return policy
-
-
-def human_approval_required(wallet: Wallet) -> bool:
-    """True when an enabled policy on the wallet or an ancestor requires human approval."""
-    return PolicyBundle.objects.filter(
-        wallet_id__in=wallet.ancestry, enabled=True, human_approval_required=True
-    ).exists()
