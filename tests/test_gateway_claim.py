@@ -103,7 +103,7 @@ def test_the_function_claims_in_one_statement(fault, tenant):
     permit = Permit.objects.get(pk=caller.permit_id)
     action, params = claim_params(tenant, permit, amount="3", key="direct-1")
     with connection.cursor() as cursor:
-        cursor.execute(claiming._CLAIM_SQL, params)
+        cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
         code, *_rest = cursor.fetchone()
     assert code == "ok"
     stored = Action.objects.get(pk=action.action_id)
@@ -121,7 +121,7 @@ def test_a_refusal_raises_and_writes_nothing(fault, tenant):
     action, params = claim_params(tenant, permit, amount="3", key="direct-2")
     events = AuditEvent.objects.count()
     with pytest.raises(DatabaseError) as caught, fastsql.own_transaction(), connection.cursor() as cursor:
-        cursor.execute(claiming._CLAIM_SQL, params)
+        cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
     assert getattr(caught.value.__cause__, "sqlstate", None) == services.CLAIM_REFUSED
     refusal = claiming._claim_refusal(caught.value)
     assert refusal is not None
@@ -292,7 +292,7 @@ def test_an_answer_after_the_sweep_writes_nothing(fault, tenant):
     permit = Permit.objects.get(pk=caller.permit_id)
     action, params = claim_params(tenant, permit, amount="3", key="late-1")
     with connection.cursor() as cursor:
-        cursor.execute(claiming._CLAIM_SQL, params)
+        cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
     assert services.action_sweep(older_than=timedelta(0)) == [action.action_id]
     late = CallResult(kind="success", reason="ok", request_id=action.action_id, status_code=200, result={"content": []})
     settled = finishing._phase3(action, late)
@@ -408,3 +408,13 @@ def test_a_replay_decided_from_the_cache_returns_the_stored_answer(fault, tenant
     assert caller.rpc("echo", {"n": 2}, key="again").json()["error"]["data"]["error"] == "idempotency_key_reused"
     assert balance(tenant) == 8
     assert fault.count("tools/call") == 1
+
+
+def test_the_claim_statement_is_parsed_once_per_process():
+    """psycopg caches its parsing of a statement of at most MAX_CACHED_STATEMENT_PARAMS parameters and
+    parses any longer one again on every execution; the claim runs on every governed call."""
+    from psycopg import _queries
+
+    assert claiming._CLAIM_SQL.count("%s") <= _queries.MAX_CACHED_STATEMENT_PARAMS
+    assert len(claiming._CLAIM_SQL.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
+    assert len(claiming.claim_sql_params(list(range(53)))) == claiming._CLAIM_SQL.count("%s")

@@ -245,7 +245,7 @@ def test_the_claim_checks_the_key_and_charges_its_window(fault, tenant, settings
         params[-7:-3] = [key_id, digest, window_index, limit]
         try:
             with fastsql.own_transaction(), connection.cursor() as cursor:
-                cursor.execute(claiming._CLAIM_SQL, params)
+                cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
                 row = cursor.fetchone()
         except DatabaseError as err:
             refusal = claiming._claim_refusal(err)
