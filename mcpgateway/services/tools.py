@@ -10,7 +10,6 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
@@ -18,6 +17,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from billing.models import ServiceCategory
 from config import fastsql
+from mcpgateway.argschema import arguments_validator
 from mcpgateway.models import Tool, ToolSource
 from mcpgateway.upstream import output_schema_problem
 
@@ -85,13 +85,7 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
         _registered.pop(name, None)
         return None
     tool = fastsql.instance(Tool, row[:-1])
-    schema = tool.input_schema or {"type": "object"}
-    try:
-        cls = jsonschema.validators.validator_for(schema)
-        cls.check_schema(schema)  # else an invalid one (``"minimum": "0"``) raises in the middle of validating
-        validator = cls(schema)
-    except Exception:  # an unusable schema from the upstream: let the upstream judge
-        validator = None
+    validator = arguments_validator(tool.input_schema or {"type": "object"})
     registered = _RegisteredTool(version=row[-1], tool=tool, arguments_validator=validator)
     _registered[name] = registered
     return registered
