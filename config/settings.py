@@ -45,6 +45,11 @@ SWEEP_MARGIN_SECONDS = env.float("SWEEP_MARGIN_SECONDS", default=30.0)
 # An MCP handshake session lives this long after initialize (then 404: the client initializes again);
 # sweep_dispatches deletes ended and expired sessions.
 MCP_SESSION_TTL_SECONDS = env.float("MCP_SESSION_TTL_SECONDS", default=86400.0)
+# Live MCP sessions per API key: an initialize beyond it ends the key's oldest (the client of an ended
+# session gets 404 and initializes again, the MCP rule).
+MCP_SESSIONS_PER_KEY = env.int("MCP_SESSIONS_PER_KEY", default=100)
+if MCP_SESSIONS_PER_KEY < 1:
+    raise ImproperlyConfigured("MCP_SESSIONS_PER_KEY must be at least 1.")
 
 # Rate limits (spec, Limits). Adjustable only so that benchmarks can measure
 # throughput; the defaults are the contract.

@@ -129,7 +129,13 @@ class McpSession(models.Model):
 
     class Meta:
         db_table = "mcpgateway_session"
-        indexes = [models.Index(fields=["created_at"], name="mcp_session_created")]  # the sweeper's purge
+        indexes = [
+            models.Index(fields=["created_at"], name="mcp_session_created"),  # the sweeper's purge
+            # A key's live sessions, newest first: what initialize counts against MCP_SESSIONS_PER_KEY.
+            models.Index(
+                fields=["api_key_id", "-created_at"], name="mcp_session_key_live", condition=Q(ended_at__isnull=True)
+            ),
+        ]
 
     def __str__(self) -> str:
         return self.session_id

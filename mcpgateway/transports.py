@@ -29,6 +29,7 @@ from decimal import Decimal
 from typing import Any
 
 from django.conf import settings
+from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
@@ -428,6 +429,7 @@ def _new_session(principal: Principal, params: dict[str, Any]) -> tuple[McpSessi
         protocol_version=version,
         client_info=_client_info(params),
     )
+    _end_sessions_over_the_cap(principal.key_id)
     result = {
         "protocolVersion": version,
         "capabilities": {"tools": {"listChanged": False}},
@@ -435,6 +437,22 @@ def _new_session(principal: Principal, params: dict[str, Any]) -> tuple[McpSessi
         "instructions": INSTRUCTIONS,
     }
     return session, result
+
+
+# Ends the key's live sessions past the newest MCP_SESSIONS_PER_KEY (the new one among them).
+_END_OVER_CAP_SQL = (
+    "UPDATE mcpgateway_session SET ended_at = now() WHERE session_id IN ("
+    "SELECT session_id FROM mcpgateway_session WHERE api_key_id = %s AND ended_at IS NULL "
+    "ORDER BY created_at DESC OFFSET %s)"
+)
+
+
+def _end_sessions_over_the_cap(key_id: str) -> None:
+    """Keep a key's live sessions to ``MCP_SESSIONS_PER_KEY``: each ``initialize`` made a row that lived a
+    day, so a key could keep 172,800 of them alive at the default rate limit. The oldest are ended; the
+    sweeper deletes them."""
+    with connection.cursor() as cursor:
+        cursor.execute(_END_OVER_CAP_SQL, [key_id, settings.MCP_SESSIONS_PER_KEY])
 
 
 def _session_for(request: HttpRequest, principal: Principal) -> McpSession:

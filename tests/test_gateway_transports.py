@@ -229,6 +229,22 @@ def test_another_key_cannot_end_a_session(upstream, tenant, other_tenant):
     assert session_post(tenant.agent_client, sid, message("ping")).status_code == 200
 
 
+def test_a_keys_live_sessions_are_capped_and_the_oldest_end(upstream, tenant, other_tenant, settings):
+    """Each initialize made a session that lived a day; a key now keeps MCP_SESSIONS_PER_KEY live ones,
+    and an initialize beyond them ends its oldest (whose client gets 404 and initializes again)."""
+    settings.MCP_SESSIONS_PER_KEY = 2
+    theirs, _ = initialize(other_tenant.agent_client)
+    first, _ = initialize(tenant.agent_client)
+    second, _ = initialize(tenant.agent_client)
+    assert session_post(tenant.agent_client, first, message("ping")).status_code == 200
+    third, _ = initialize(tenant.agent_client)
+    assert session_post(tenant.agent_client, first, message("ping")).status_code == 404
+    for sid in (second, third):
+        assert session_post(tenant.agent_client, sid, message("ping")).status_code == 200
+    assert session_post(other_tenant.agent_client, theirs, message("ping")).status_code == 200
+    assert McpSession.objects.filter(api_key_id=tenant.agent_key_id, ended_at__isnull=True).count() == 2
+
+
 def test_protocol_version_header_must_match_the_session(upstream, tenant):
     client = tenant.agent_client
     sid, _ = initialize(client, "2025-06-18")
