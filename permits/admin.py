@@ -158,6 +158,12 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         obj.pk = updated.pk
         obj.policy_id = updated.policy_id
         obj._state.adding = False
+        if updated.permits_revoked:
+            messages.warning(
+                request,
+                f"The policy requires human approval: {len(updated.permits_revoked)} permit(s) issued without "
+                "it below its wallet were revoked.",
+            )
 
 
 class TenantApproverForm(forms.ModelForm):

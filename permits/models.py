@@ -238,6 +238,9 @@ class PolicyBundle(models.Model):
     max_daily_credits = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     allowed_categories = models.JSONField(null=True, blank=True)
     human_approval_required = models.BooleanField(default=False)
+    # Not a column: the permits the last ``policy_create`` / ``policy_update`` on this instance revoked
+    # because the policy started requiring human approval (the console reports them).
+    permits_revoked: tuple[str, ...] = ()
     version = models.PositiveIntegerField(default=1)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -290,3 +290,16 @@ def test_console_still_saves_valid_rules(tenant: Tenant) -> None:
         ["tooling"],
     )
     assert policy.max_daily_credits == Decimal("10")
+
+
+def test_console_reports_the_permits_a_new_approval_rule_revoked(tenant: Tenant) -> None:
+    issue_permit(tenant, tools=["*"])  # issued by the sponsor's key: no human approved it
+    client = staff_client("permits.view_policybundle", "permits.add_policybundle")
+    r = client.post(
+        "/admin/permits/policybundle/add/",
+        admin_form(tenant.sponsor.wallet_id, human_approval_required="on"),
+        follow=True,
+    )
+    assert r.status_code == 200
+    assert "1 permit(s) issued without it below its wallet were revoked" in r.content.decode()
+    assert not Permit.objects.filter(status="active").exists()

@@ -173,6 +173,7 @@ def policy_create(
         approval_lock(wallet.tenant_id, shared=False)
     policy.save(force_insert=True)
     revoked = revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor) if requires_approval(policy) else []
+    policy.permits_revoked = tuple(revoked)
     audit_record(
         event="policy.created",
         ok=True,
@@ -228,6 +229,7 @@ def policy_update(
         if requires_approval(policy) and not required_before
         else []
     )
+    policy.permits_revoked = tuple(revoked)
     audit_record(
         event="policy.updated",
         ok=True,
