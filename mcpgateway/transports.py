@@ -51,6 +51,7 @@ from config.jsonbody import JSONBodyError, check_storable, loads_bounded, storab
 from mcpgateway import services
 from mcpgateway.models import Action, McpSession, Tool
 from mcpgateway.services.sweeper import session_cutoff
+from mcpgateway.upstream import UNSUPPORTED_PROTOCOL_VERSION
 from permits.models import Permit
 
 logger = logging.getLogger("tollgate.mcp")
@@ -466,9 +467,6 @@ def _session_for(request: HttpRequest, principal: Principal) -> McpSession:
     if header_version is not None and header_version != session.protocol_version:
         raise RpcError(INVALID_REQUEST, "MCP-Protocol-Version does not match the session.", http_status=400)
     return session
-
-
-UNSUPPORTED_PROTOCOL_VERSION = -32022
 
 
 def _unsupported_version(request: HttpRequest, message: Any) -> HttpResponse | None:

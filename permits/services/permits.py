@@ -177,17 +177,15 @@ def permit_issue(
         return PermitIssue(permit=existing, replayed=True)
     if issuer_wallet is not None and issuer_wallet.wallet_id not in wallet.ancestry:
         raise exc.IssuerNotAllowed()
-    if issuer_wallet is not None and human_approval_required(wallet):
-        raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
-    _check_subject_key(wallet, subject_key_id)
     try:
         with transaction.atomic(durable=True):
             if issuer_wallet is not None:
-                # Again under the tenant's approval lock: a policy that starts requiring approval while
-                # this permit is minted either commits first (refused here) or revokes it after.
+                # Under the tenant's approval lock: a policy that starts requiring approval while this
+                # permit is minted either commits first (refused here) or revokes it after.
                 approval_lock(wallet.tenant_id, shared=True)
                 if human_approval_required(wallet):
                     raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
+            _check_subject_key(wallet, subject_key_id)
             permit = _mint_permit(
                 wallet=wallet,
                 issuer_wallet=issuer_wallet,

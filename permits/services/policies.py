@@ -169,10 +169,11 @@ def policy_create(
         authority_wallet_id=actor_wallet_id,
         **rules,
     )
-    if requires_approval(policy):
+    approval = requires_approval(policy)
+    if approval:
         approval_lock(wallet.tenant_id, shared=False)
     policy.save(force_insert=True)
-    revoked = revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor) if requires_approval(policy) else []
+    revoked = revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor) if approval else []
     policy.permits_revoked = tuple(revoked)
     audit_record(
         event="policy.created",
