@@ -22,6 +22,7 @@ The same check is importable: ``verify_portable(document, jwks=None)``.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Mapping
@@ -120,10 +121,29 @@ def verify_portable(document: Any, jwks: Any = None) -> PortableVerification:
     result = verify_bytes_with_keys(signed, signature, keys, expected_type="receipt")
     if not result.valid:
         return PortableVerification(False, result.reason, **base)
-    # The readable copy must say exactly what was signed.
-    if "receipt" in document and document["receipt"] != statement:
-        return PortableVerification(False, "receipt_differs_from_signed_bytes", **base)
+    disagreeing = unsigned_field_disagreeing(document, statement, signed)
+    if disagreeing is not None:
+        return PortableVerification(False, f"{disagreeing}_differs_from_signed_bytes", **base)
     return PortableVerification(True, None, **base)
+
+
+def unsigned_field_disagreeing(document: Mapping[str, Any], statement: Mapping[str, Any], signed: bytes) -> str | None:
+    """The first unsigned field of a portable receipt that restates the signed statement and disagrees with it.
+
+    A consumer may read ``receipt_id`` or the readable ``receipt`` copy without decoding the signed bytes,
+    so every field that restates them must say exactly what was signed (each is optional; ``kid`` is
+    checked before the signature, as ``kid_mismatch``).
+    """
+    expected = {
+        "receipt_id": statement.get("receipt_id"),
+        "receipt": statement,
+        "signed_bytes_sha256": hashlib.sha256(signed).hexdigest(),
+        "alg": "EdDSA",
+    }
+    for field, value in expected.items():
+        if field in document and document[field] != value:
+            return field
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -150,11 +150,16 @@ class ReceiptVerifyView(APIView):
                 )
             statement, signature = found.signed_statement, found.signature
         result = verify_statement(statement, signature, expected_type="receipt")
+        valid, reason = result.valid, result.reason
+        given_id = data.get("receipt_id")
+        if valid and data.get("receipt") is not None and given_id not in (None, statement.get("receipt_id")):
+            # An id given beside the document must be the one it signs, as the offline verifiers require.
+            valid, reason = False, "receipt_id_differs_from_signed_bytes"
         # A document is only read here, so it may carry text that cannot be encoded: echoed as null.
         return Response(
             {
-                "valid": result.valid,
-                "reason": result.reason,
+                "valid": valid,
+                "reason": reason,
                 "receipt_id": storable_text(statement.get("receipt_id")),
                 "kid": storable_text(statement.get("kid")),
             }

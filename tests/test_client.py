@@ -391,6 +391,11 @@ def _check_offline_verifiers_agree(portable: dict[str, Any], jwks: dict[str, Any
         (tampered(lambda d: d.update(format="v0")), None),
         (tampered(lambda d: d.update(signed_bytes=d["signed_bytes"] + "=")), None),
         ("not a document", None),
+        # Unsigned fields that restate the signed statement must agree with it (a reader of the top-level
+        # receipt_id could be shown another receipt's id).
+        (tampered(lambda d: d.update(receipt_id="rcpt_someoneelse")), None),
+        (tampered(lambda d: d.update(signed_bytes_sha256="0" * 64)), None),
+        (tampered(lambda d: d.update(alg="none")), None),
     ]
     expected_reasons = [
         None,
@@ -402,6 +407,9 @@ def _check_offline_verifiers_agree(portable: dict[str, Any], jwks: dict[str, Any
         "unknown_format",
         "malformed_signed_bytes",
         "not_an_object",
+        "receipt_id_differs_from_signed_bytes",
+        "signed_bytes_sha256_differs_from_signed_bytes",
+        "alg_differs_from_signed_bytes",
     ]
     for (doc, keys), reason in zip(cases, expected_reasons, strict=True):
         reference = verify_portable(doc, keys)

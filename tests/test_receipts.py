@@ -152,6 +152,22 @@ def test_altered_receipt_fails_verify_and_evidence_names_the_check(tenant, field
     assert checks["permit_signature"] == "ok"
 
 
+def test_verify_refuses_an_id_given_beside_a_document_that_signs_another(tenant):
+    """The id beside the document is unsigned: it must name the receipt the document signs."""
+    r = make_receipt(tenant)
+    body = {"receipt": r.signed_statement, "signature": r.signature}
+    ok = tenant.agent_client.post("/v1/receipts/verify", {**body, "receipt_id": r.receipt_id}, format="json").json()
+    assert (ok["valid"], ok["reason"]) == (True, None)
+    other = tenant.agent_client.post(
+        "/v1/receipts/verify", {**body, "receipt_id": "rcpt_someoneelse"}, format="json"
+    ).json()
+    assert (other["valid"], other["reason"], other["receipt_id"]) == (
+        False,
+        "receipt_id_differs_from_signed_bytes",
+        r.receipt_id,
+    )
+
+
 def make_refunded_receipt(tenant):
     """A ``failed_refunded`` receipt as phase 3 writes one: the charge, its refund, credits charged 0."""
     factories.top_up(tenant.agent, 10)

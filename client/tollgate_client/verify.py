@@ -205,9 +205,17 @@ def verify_portable_standalone(portable: Any, jwks: Any = None) -> PortableVerif
     valid, reason = _verify_signed_bytes(signed, signature, keys)
     if not valid:
         return verdict(False, reason)
-    # The readable copy must say exactly what was signed.
-    if "receipt" in portable and portable["receipt"] != statement:
-        return verdict(False, "receipt_differs_from_signed_bytes")
+    # Every unsigned field that restates the signed statement must say exactly what was signed: a consumer
+    # may read ``receipt_id`` or the readable ``receipt`` copy without decoding the signed bytes.
+    expected = {
+        "receipt_id": receipt_id,
+        "receipt": statement,
+        "signed_bytes_sha256": hashlib.sha256(signed).hexdigest(),
+        "alg": "EdDSA",
+    }
+    for field, value in expected.items():
+        if field in portable and portable[field] != value:
+            return verdict(False, f"{field}_differs_from_signed_bytes")
     return verdict(True, None)
 
 

@@ -91,6 +91,10 @@ def main() -> None:
     readable["receipt"] = dict(statement, outcome="tool_error")
     cases["readable_copy_differs.json"] = (readable, {"valid": False, "reason": "receipt_differs_from_signed_bytes"})
 
+    top_level = copy.deepcopy(valid)
+    top_level["receipt_id"] = "rcpt_0000000000000000000000"
+    cases["top_level_id_differs.json"] = (top_level, {"valid": False, "reason": "receipt_id_differs_from_signed_bytes"})
+
     wrong_key = _portable(statement, other_private, [jwk])
     cases["signed_by_other_key.json"] = (wrong_key, {"valid": False, "reason": "bad_signature"})
 
