@@ -2,7 +2,7 @@
 ``ledger_debit``, ``ledger_refund``, and ``debit_call`` (the arguments of the database function
 ``billing_debit``, which the tool gateway's ``gateway_claim`` runs inside its phase-1 transaction).
 
-Money movements (DESIGN.md section 5). Each movement is one ledger
+Money movements (docs/architecture.md, "Money"). Each movement is one ledger
 transaction: a debit entry on the source account and a credit entry on the
 target account, summing to zero (the database checks the sum at commit). A
 wallet's ``balance`` changes only together with its entry, under its row lock,
