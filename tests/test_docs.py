@@ -89,3 +89,13 @@ def test_readme_and_decisions_link_the_architecture_and_contributing_guides() ->
     for guide in ("architecture.md", "contributing.md"):
         assert f"(docs/{guide})" in readme
         assert f"]({guide})" in decisions_top
+
+
+def test_the_sql_core_table_names_every_sql_file() -> None:
+    """A database function is added to docs/architecture.md, "The SQL core", with its file."""
+    architecture = _text(ROOT / "docs" / "architecture.md")
+    sql_files = sorted(
+        path.relative_to(ROOT).as_posix() for path in FILES if path.suffix == ".sql" and path.parent.name == "sql"
+    )
+    assert sql_files
+    assert [name for name in sql_files if f"`{name}`" not in architecture] == []
