@@ -5,7 +5,7 @@ statement (or its bytes), the signature and a ``kid -> public key`` mapping.
 The service (``audit.signing``) wraps these with its key table; the offline
 verifier uses them with a key snapshot.
 
-Signed statement rules (DESIGN.md section 7): a JSON object carrying ``type``
+Signed statement rules (docs/architecture.md, "Evidence"): a JSON object carrying ``type``
 and ``kid``; the signature is Ed25519 over its RFC 8785 canonical bytes,
 encoded as unpadded base64url.
 """

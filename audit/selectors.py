@@ -1,6 +1,6 @@
 """Audit reads, each with the caller's scope applied.
 
-Scope (DESIGN.md section 4): operator keys see every chain and event; a wallet
+Scope (docs/architecture.md, "Tenancy and authority"): operator keys see every chain and event; a wallet
 key sees the events about its own wallet and the wallets below it, never its
 parent's or a sibling's (the audit app stores plain wallet ids; the wallet tree
 comes from billing through ``Caller.wallet_ids_in_reach``). Events about no

@@ -108,7 +108,7 @@ def audit_record(**fields: Unpack[EventFields]) -> AuditEvent:
 def audit_append_prepared(prepared: PreparedEvent) -> AuditEvent:
     """Append a prepared event (``audit_event_prepare``) to its chain; returns the stored event.
 
-    One round trip (audit/migrations/0005): the database locks the head, takes the next seq,
+    One round trip (audit/sql/audit_append.sql): the database locks the head, takes the next seq,
     links the event (sha256(prev_hash || prefix || seq || suffix), as ``chain_hash``) and moves
     the head. No savepoint: inside a caller's transaction the append is part of it; outside,
     it is its own.

@@ -2,7 +2,7 @@
 
 A statement is a JSON object with a ``type``; signing adds the ``kid`` of the
 active key, so both are inside the signed bytes. The signature is Ed25519
-over the RFC 8785 canonical bytes, unpadded base64url (DESIGN.md section 7).
+over the RFC 8785 canonical bytes, unpadded base64url (docs/architecture.md, "Evidence").
 Verification resolves the key by ``kid`` among active and retired keys; the
 pure checks live in :mod:`audit.evidence_core` for the offline verifier.
 

@@ -1,4 +1,4 @@
-"""API key secret format and hashing (DESIGN.md section 4). No Django imports."""
+"""API key secret format and hashing (docs/architecture.md, "Tenancy and authority"). No Django imports."""
 
 from __future__ import annotations
 

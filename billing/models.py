@@ -4,7 +4,7 @@ Wallets form the sponsor -> agent -> child hierarchy; ``tenant_id`` is the root
 sponsor's id on every row. API keys are wallet-scoped (``wallet`` set) or
 operator keys (``wallet`` null, created by ``manage.py`` or the admin only).
 
-The ledger (DESIGN.md section 5) has one row per account movement. Every
+The ledger (docs/architecture.md, "Money") has one row per account movement. Every
 movement is one ledger transaction (``transaction_id``) of two or more entries
 whose amounts sum to zero; a deferred constraint trigger (migration 0003)
 refuses to commit anything else, and another trigger makes entries immutable.
@@ -78,7 +78,8 @@ class Wallet(models.Model):
 
     class Meta:
         db_table = "billing_wallet"
-        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        # Console permissions a superuser grants (docs/architecture.md, "Tenancy and authority"; the
+        # groups in mcpgateway 0002).
         permissions = [
             ("provision_credits", "Can provision credits from mint to sponsor wallets"),
             ("fund_wallet", "Can fund wallets from their parent"),
@@ -258,7 +259,7 @@ class SpendBucket(models.Model):
     """Net spend counted against one wallet's windows in one clock hour (UTC).
 
     The spend controls read these counters instead of aggregating the ledger, so
-    a debit costs the same whatever the history (DESIGN.md section 5). A charge on
+    a debit costs the same whatever the history (docs/architecture.md, "Money"). A charge on
     a wallet adds its amount to the wallet's bucket and to the bucket of every
     agent ancestor (the subtree's spend counts against the ancestor's limits); a
     refund subtracts it again from the buckets of the charge's hour, never below
@@ -378,7 +379,8 @@ class APIKey(models.Model):
 
     class Meta:
         db_table = "billing_api_key"
-        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        # Console permissions a superuser grants (docs/architecture.md, "Tenancy and authority"; the
+        # groups in mcpgateway 0002).
         permissions = [
             ("revoke_key", "Can revoke API keys"),
             ("create_operator_key", "Can create operator (full-access) API keys"),

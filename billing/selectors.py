@@ -181,7 +181,7 @@ def wallet_for_caller(principal: Principal, wallet_id: str, *, for_update: bool 
 
 
 def scope_to_caller(qs: QuerySet[Any], principal: Principal, wallet_path: str = "wallet__path") -> QuerySet[Any]:
-    """The object-level authorization rule (DESIGN.md section 4), for any tenant-owned queryset.
+    """The object-level authorization rule, for any tenant-owned queryset (docs/architecture.md, the reach rule).
 
     Operators see everything; a wallet key sees rows of its own tenant whose wallet is its own
     wallet or below it. ``wallet_path`` is the lookup that reaches the row's wallet's ``path``.

@@ -1,4 +1,4 @@
-"""API-key authentication for DRF (DESIGN.md section 4).
+"""API-key authentication for DRF (docs/architecture.md, "Tenancy and authority").
 
 Credentials: ``X-API-Key: <key>`` or ``Authorization: Bearer <key>``. The
 rate-limit middleware resolves the credential first (it must know whose bucket

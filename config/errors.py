@@ -1,4 +1,4 @@
-"""The one error model (DESIGN.md section 8).
+"""The one error model (docs/architecture.md, "HTTP contract").
 
 Every failure the service reports is an :class:`ApplicationError` subclass with a
 stable ``code``, an HTTP status and a message, rendered as
@@ -133,7 +133,7 @@ class RequestValidationError(Exception):
 
 
 class IdempotencyKeyReused(RequestValidationError):
-    """The idempotency conflict: the same key with a different request (DESIGN.md section 8)."""
+    """The idempotency conflict: the same key with a different request (docs/architecture.md, "HTTP contract")."""
 
     def __init__(self) -> None:
         super().__init__(
@@ -206,7 +206,7 @@ _DRF_MAP: dict[type[Exception], type[ApplicationError]] = {
 
 
 def exception_handler(exc: Exception, context: Mapping[str, Any]) -> Response:
-    """DRF EXCEPTION_HANDLER: render every error in the DESIGN.md section 8 shape."""
+    """DRF EXCEPTION_HANDLER: render every error in the shape of docs/architecture.md, "HTTP contract"."""
     # Whatever was written in the failed request must not be committed (DRF's rule:
     # only matters under ATOMIC_REQUESTS, which stays off; services own their transactions).
     from rest_framework.views import set_rollback  # late: rest_framework.views imports our auth classes

@@ -1,4 +1,4 @@
-"""Idempotency-key rules shared by every operation that takes a key (DESIGN.md section 8).
+"""Idempotency-key rules shared by every operation that takes a key (docs/architecture.md, "HTTP contract").
 
 A key is 1 to 255 printable ASCII characters; keys are scoped by wallet. The
 request hash is SHA-256 of the RFC 8785 canonical JSON of the normalized request.

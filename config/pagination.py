@@ -1,4 +1,4 @@
-"""List conventions (DESIGN.md section 8): ``limit`` 1..200 (default 50), ``offset`` >= 0.
+"""List conventions (docs/architecture.md, "HTTP contract"): ``limit`` 1..200 (default 50), ``offset`` >= 0.
 
 Lists answer ``{"items": [...], "total": N, "limit": L, "offset": O}``.
 """

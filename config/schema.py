@@ -1,4 +1,4 @@
-"""Shared OpenAPI records: the error shapes of DESIGN.md section 8."""
+"""Shared OpenAPI records: the error shapes of docs/architecture.md, "HTTP contract"."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Tollgate settings. Everything comes from the environment (12-factor).
 
-See DESIGN.md section 10 for the flags. With ``DATABASE_URL`` unset, the
+See docs/architecture.md, "Configuration", for the flags. With ``DATABASE_URL`` unset, the
 embedded PostgreSQL server under ``.data/postgres`` is used (and started if it
 is not running); ``make run`` and ``make test`` start and stop it.
 """
@@ -29,7 +29,7 @@ DEBUG = env.bool("DEBUG", default=False)
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "testserver", "[::1]"])
 PUBLIC_BASE_URL = env.str("PUBLIC_BASE_URL", default="http://127.0.0.1:8000")
 
-# Feature flags (DESIGN.md section 10).
+# Feature flags (docs/architecture.md, "Configuration").
 ENABLE_DOGFOOD_TOOL = env.bool("ENABLE_DOGFOOD_TOOL", default=False)
 ENABLE_PROOF_SURFACES = env.bool("ENABLE_PROOF_SURFACES", default=False)
 ENABLE_MCP_STREAMABLE_HTTP = env.bool("ENABLE_MCP_STREAMABLE_HTTP", default=not PRODUCTION)

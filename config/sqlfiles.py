@@ -1,6 +1,6 @@
 """Database functions kept as SQL files: one file per function under ``<app>/sql/``, loaded by migrations.
 
-The money core and the chain link are PostgreSQL functions (DESIGN.md section 5).
+The money core and the chain link are PostgreSQL functions (docs/architecture.md, "The SQL core").
 Each lives in one reviewed file, ``<app>/sql/<function>.sql``, that starts with a
 comment saying what the function guarantees and assumes and ends with its
 ``CREATE OR REPLACE FUNCTION``. A migration applies the file with

@@ -10,7 +10,7 @@ class McpgatewayConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        # Permits sits below the gateway (DESIGN.md section 3) and cannot import the tool registry;
+        # Permits sits below the gateway (docs/architecture.md, "The apps") and cannot import the tool registry;
         # the approval card asks for tool descriptions through this hook.
         from mcpgateway.models import Tool
         from permits import selectors

@@ -1,4 +1,4 @@
-"""MCP transports (DESIGN.md section 9), all on the same governed path.
+"""MCP transports (docs/architecture.md, "MCP transports"), all on the same governed path.
 
 * ``POST /mcp``: Streamable HTTP with JSON responses, for both protocol eras
   the official SDK speaks: the handshake revisions (initialize,

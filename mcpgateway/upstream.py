@@ -1,7 +1,7 @@
 """Client for the configured upstream MCP server over Streamable HTTP.
 
 The gateway dispatches ``tools/call`` with this client in phase 2 of the governed
-action (DESIGN.md section 6). It speaks HTTP/1.1 itself, over the standard
+action (docs/architecture.md, "The governed call"). It speaks HTTP/1.1 itself, over the standard
 library's sockets, rather than through the MCP SDK or a general HTTP client: the
 gateway must tell apart "the request never left this host" (refund) from "the
 request may have reached the upstream" (keep the charge, reconcile), and the

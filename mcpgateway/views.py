@@ -144,7 +144,7 @@ class ToolInvokeView(APIView):
         summary="Deprecated: invoke a tool over REST (same governed path as MCP tools/call)",
     )
     def post(self, request: Request, service_id: str) -> Response:
-        if not origin_allowed(request):  # an MCP endpoint, as every other (DESIGN.md section 9)
+        if not origin_allowed(request):  # an MCP endpoint, as every other (docs/architecture.md, "MCP transports")
             raise OriginNotAllowed()
         caller = principal(request)
         if services.tool_get(service_id) is None:

@@ -59,7 +59,8 @@ class Permit(models.Model):
 
     class Meta:
         db_table = "permits_permit"
-        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        # Console permissions a superuser grants (docs/architecture.md, "Tenancy and authority"; the
+        # groups in mcpgateway 0002).
         permissions = [
             ("revoke_permit", "Can revoke permits"),
         ]

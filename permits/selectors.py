@@ -1,4 +1,4 @@
-"""Authority reads, each scoped to what the caller may see (DESIGN.md section 4)."""
+"""Authority reads, each scoped to what the caller may see (docs/architecture.md, "Tenancy and authority")."""
 
 from __future__ import annotations
 
@@ -124,7 +124,7 @@ def policy_for_caller(principal: Principal, policy_id: str) -> PolicyBundle:
 def policy_for_change(principal: Principal, policy_id: str) -> PolicyBundle:
     """The policy ``policy_id`` if the caller may change it; the one rule for policy writes.
 
-    Authority flows down only (DESIGN.md section 4). The operator changes any policy.
+    Authority flows down only (docs/architecture.md, "Tenancy and authority"). The operator changes any policy.
     A wallet key changes a policy only when both its owner wallet and the level its rules
     were last set at (``authority_wallet_id``: the creator's wallet, or that of the last
     key that changed it) are the key's own wallet or below it: a policy set or changed

@@ -10,7 +10,7 @@ from permits.models import Permit
 
 
 class Outcome(models.TextChoices):
-    """Receipt outcomes (DESIGN.md section 6, the outcome table)."""
+    """Receipt outcomes (docs/architecture.md, "The outcome table")."""
 
     SUCCESS = "success"
     TOOL_ERROR = "tool_error"
@@ -65,7 +65,8 @@ class Receipt(models.Model):
 
     class Meta:
         db_table = "receipts_receipt"
-        # Console permissions a superuser grants (DESIGN.md section 4; the groups in mcpgateway 0002).
+        # Console permissions a superuser grants (docs/architecture.md, "Tenancy and authority"; the
+        # groups in mcpgateway 0002).
         permissions = [
             ("reconcile", "Can record reconciliation results and post owed refunds"),
         ]

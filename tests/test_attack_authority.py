@@ -99,7 +99,7 @@ def test_operator_policy_is_read_only_to_every_wallet_key(tenant: Tenant, operat
     policy_id = created.json()["policy_id"]
     assert created.json()["created_by_wallet_id"] == ""
     # The sponsor sees the policy on its wallet but cannot change it; to the agent below,
-    # a policy on its parent is out of reach altogether (404, DESIGN.md section 4).
+    # a policy on its parent is out of reach altogether (404, docs/architecture.md, "Tenancy and authority").
     for client, expected in ((tenant.sponsor_client, 403), (tenant.agent_client, 404)):
         r = client.patch(f"/v1/policies/{policy_id}", {"denied_tools": []}, format="json")
         assert r.status_code == expected, r.content

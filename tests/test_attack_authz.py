@@ -8,7 +8,7 @@ id-bearing operation without either fails ``test_every_id_bearing_operation_has_
 Each case aims tenant A's keys (sponsor and agent) at tenant B's objects
 (wallets, keys, permits, a permit request, a quote, a policy, a receipt with a
 refund owed), and A's agent key at its parent's and a sibling's objects. The
-expected answers follow DESIGN.md section 4: wallet-addressed operations on a
+expected answers follow docs/architecture.md, "Tenancy and authority": wallet-addressed operations on a
 wallet outside the caller's reach are 403 ``wallet_access_denied``;
 object-addressed reads are 404 ``not_found``; list filters naming a foreign
 object return nothing, and every unfiltered listing (audit events included)
@@ -465,7 +465,7 @@ def _verify_chain(a: Attacker, t: Target) -> list[Probe]:
 
 
 def _audit_events(a: Attacker, t: Target) -> list[Probe]:
-    # Reach is the subtree for every listing and filter (DESIGN.md section 4): a filter naming the
+    # Reach is the subtree for every listing and filter (docs/architecture.md, the reach rule): a filter naming the
     # parent's, a sibling's or another tenant's objects matches nothing.
     return [
         Probe(f"audit events ?{name}", "get", f"/v1/audit/events?{name}={value}", empty_list, allow_2xx=True)
@@ -669,7 +669,7 @@ CASES: dict[tuple[str, str], Builder] = {
 
 # Id-bearing operations deliberately without a cross-tenant case.
 ALLOW_LIST: dict[tuple[str, str], str] = {
-    ("get", "/v1/signing-keys/{key_id}"): "evidence signing keys are public by design (DESIGN.md section 7)",
+    ("get", "/v1/signing-keys/{key_id}"): "evidence signing keys are public by design (docs/architecture.md, Evidence)",
     ("get", "/mcp/tools/{service_id}"): "the tool catalog is global, not tenant-owned (tools are not per tenant)",
 }
 
@@ -787,7 +787,7 @@ def test_every_id_bearing_operation_has_a_case(schema):
 
 
 def test_cross_tenant_and_cross_wallet_matrix(world, schema):
-    """Every case, for every (attacker, target) pair: refused as DESIGN section 4 says, target unchanged."""
+    """Every case, for every (attacker, target) pair: refused as docs/architecture.md says, target unchanged."""
     failures: list[str] = []
     count = 0
     for attacker, target in world.pairs:

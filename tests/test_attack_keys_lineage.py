@@ -80,8 +80,8 @@ def test_a_key_cannot_rotate_any_key_above_it_in_its_lineage(tenant: Tenant) -> 
 
 def test_a_key_still_rotates_itself_what_it_minted_and_keys_of_its_wallet(tenant: Tenant) -> None:
     """The refusal is for keys the caller descends from only. A key rotates itself (its successor kept),
-    a key it minted, and another key of a wallet in its reach that it did not mint (DESIGN.md section 4:
-    a wallet key acts on its own wallet and its descendants, and may revoke that key as well)."""
+    a key it minted, and another key of a wallet in its reach that it did not mint (docs/architecture.md, the
+    reach rule: a wallet key acts on its own wallet and its descendants, and may revoke that key as well)."""
     agent_id = tenant.agent.wallet_id
     delegate = _mint(tenant.agent_client, agent_id)
     r = _rotate(tenant.agent_client, agent_id, delegate["key_id"])

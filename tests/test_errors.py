@@ -1,4 +1,4 @@
-"""The error model of DESIGN.md section 8."""
+"""The error model of docs/architecture.md, "HTTP contract"."""
 
 from __future__ import annotations
 

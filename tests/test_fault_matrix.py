@@ -1,7 +1,7 @@
 """Crash and fault matrix: the worker dies at each boundary of the governed action; the same key is retried.
 
 Whatever the boundary: at most one debit, at most one upstream call, and the final state is the one
-DESIGN.md section 6 gives (a death before the claim commits leaves nothing, so the retry runs the call;
+docs/architecture.md gives (a death before the claim commits leaves nothing, so the retry runs the call;
 a death after it leaves a claim that the sweep turns into delivery_uncertain, never a resend).
 Also: serialization failures and deadlocks are retried or answered 409 with the key released.
 """

@@ -1,4 +1,4 @@
-"""The governed path of tools/call (DESIGN.md sections 6 and 8): refusals, idempotency, quotes, allowances.
+"""The governed path of tools/call (docs/architecture.md): refusals, idempotency, quotes, allowances.
 
 MCP calls go through /mcp/messages (plain JSON-RPC, the same governed path); the
 deprecated REST invoke is used where the HTTP status matters.

@@ -1,4 +1,4 @@
-"""The MCP transports (DESIGN.md section 9): /mcp in both protocol eras, /mcp/public and /mcp/messages."""
+"""The MCP transports (docs/architecture.md): /mcp in both protocol eras, /mcp/public and /mcp/messages."""
 
 from __future__ import annotations
 

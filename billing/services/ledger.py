@@ -2,7 +2,7 @@
 ``ledger_debit``, ``ledger_refund``, and ``debit_call`` (the arguments of the database function
 ``billing_debit``, which the tool gateway's ``gateway_claim`` runs inside its phase-1 transaction).
 
-Money movements (DESIGN.md section 5). Each movement is one ledger
+Money movements (docs/architecture.md, "Money"). Each movement is one ledger
 transaction: a debit entry on the source account and a credit entry on the
 target account, summing to zero (the database checks the sum at commit). A
 wallet's ``balance`` changes only together with its entry, under its row lock,
@@ -441,7 +441,7 @@ def debit_call(
 
 
 def _debit(call: DebitCall, idempotency_key: str | None = None) -> DebitResult | None:
-    """One round trip: ``billing_debit`` (billing/migrations/0008) with ``call``'s arguments.
+    """One round trip: ``billing_debit`` (billing/sql/billing_debit.sql) with ``call``'s arguments.
 
     Returns the posted entries, or None when ``idempotency_key`` names a charge
     that committed while this call waited for the wallet's lock (a replay).
@@ -468,7 +468,7 @@ def ledger_debit(
     One call of the database function ``billing_debit``, the only copy of the
     spend rules: it takes the row locks (agent ancestors and the refill parent
     first, top down, then the wallet) and applies every spend control (see
-    billing/migrations/0008_debit_function.py). Raises ``WalletClosed``,
+    billing/sql/billing_debit.sql). Raises ``WalletClosed``,
     ``WalletFrozen``, ``WalletExpired``, ``BudgetExceeded``,
     ``DailyLimitExceeded`` (403) or ``InsufficientFunds`` (402); the caller's
     transaction must then roll back. ``VelocityLimitExceeded`` (a

@@ -75,7 +75,7 @@ def _no_open_calls(wallet: Wallet) -> dict[str, int]:
 
 # The calls through which a refund may still come back to a wallet, counted by name (calls in flight,
 # delivery_uncertain calls awaiting their reconciliation result, owed refunds). The gateway sits above
-# this app (DESIGN.md section 3) and registers the count (mcpgateway.apps); ``wallet_close`` reads it
+# this app (docs/architecture.md, "The apps") and registers the count (mcpgateway.apps); ``wallet_close`` reads it
 # under the wallet's lock.
 open_calls: Callable[[Wallet], dict[str, int]] = _no_open_calls
 

@@ -60,7 +60,7 @@ USER_AGENT = "tollgate-client/1.3.0"
 Amount = Decimal | int | str
 """Credits: a Decimal, an int or a decimal string (never a float: amounts have 8 exact places)."""
 
-# JSON-RPC error codes of the gateway's tools/call (DESIGN.md sections 6 and 8).
+# JSON-RPC error codes of the gateway's tools/call (docs/architecture.md, "The outcome table" and "HTTP contract").
 _RPC_INVALID_PARAMS = -32602
 _RPC_IN_PROGRESS = -32009
 _RPC_FORBIDDEN = -32001

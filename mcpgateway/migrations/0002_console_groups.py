@@ -1,4 +1,4 @@
-"""The console's roles as groups (DESIGN.md section 4: "Roles ship as groups").
+"""The console's roles as groups (docs/architecture.md, "Tenancy and authority": roles ship as groups).
 
 A superuser adds people to these groups (or grants the permissions one by one).
 Money-moving, revoking and reconciling need the custom permissions declared on the

@@ -1,4 +1,4 @@
-"""The tool gateway's writes: the governed call (DESIGN.md section 6), the tool registry and the sweeper.
+"""The tool gateway's writes: the governed call (docs/architecture.md), the tool registry and the sweeper.
 
 One module per idea: ``tools`` (the registry, and the process's cache of tool rows), ``call`` (a
 call's request and answer), ``lookup`` (what a call is decided on: one round trip, or the process's

@@ -293,7 +293,7 @@ def _finish(
     return receipt
 
 
-# gateway_finish (mcpgateway/migrations/0004): 8 arguments of its own, then audit_append's 15.
+# gateway_finish (mcpgateway/sql/gateway_finish.sql): 8 arguments of its own, then audit_append's 15.
 _FINISH_SQL = "SELECT gateway_finish(" + ", ".join(["%s"] * 23) + ")"
 
 

@@ -1,4 +1,4 @@
-"""The governed action (DESIGN.md section 6): the core of the gateway.
+"""The governed action (docs/architecture.md, "The governed call"): the core of the gateway.
 
 One logical action is one ``Action`` row, unique per (wallet, idempotency key)
 across every transport. It moves through three phases:

@@ -243,7 +243,7 @@ def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str 
     return permit
 
 
-_RESERVE_SQL = "SELECT permits_reserve(%s, %s, %s)"  # permits/migrations/0004
+_RESERVE_SQL = "SELECT permits_reserve(%s, %s, %s)"  # permits/sql/permits_reserve.sql
 
 
 def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = None) -> None:
