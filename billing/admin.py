@@ -26,7 +26,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from billing import services
+from billing import login_throttle, services
 from billing.exceptions import money_display
 from billing.models import (
     APIKey,
@@ -34,6 +34,7 @@ from billing.models import (
     ChargeIdempotency,
     KeyRotationLog,
     LedgerEntry,
+    LoginThrottle,
     ServicePrice,
     Wallet,
     WalletStatus,
@@ -786,3 +787,38 @@ class KeyRotationLogAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+
+@admin.register(LoginThrottle)
+class LoginThrottleAdmin(admin.ModelAdmin):
+    """The sign-ins locked now (billing.login_throttle): an account from one client, an account from
+    every client, or a client for every account, with the lockout level and its end. Read-only; the
+    "Unlock" action (``billing.unlock_login``) lifts a lock through ``login_throttle_unlock``, audited."""
+
+    list_display = ["scope", "account_label", "client", "level", "locked_until"]
+    list_filter = ["scope"]
+    search_fields = ["account_label", "client"]
+    ordering = ["-locked_until"]
+    actions = ["unlock_selected"]
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[LoginThrottle]:
+        return super().get_queryset(request).filter(locked_until__gt=login_throttle.clock())
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_unlock_login_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.unlock_login")
+
+    @admin.action(description="Unlock selected sign-ins", permissions=["unlock_login"])
+    def unlock_selected(self, request: HttpRequest, queryset: QuerySet[LoginThrottle]) -> None:
+        unlocked = login_throttle.login_throttle_unlock(
+            throttle_ids=list(queryset.values_list("pk", flat=True)), actor=_actor(request)
+        )
+        self.message_user(request, f"Unlocked {len(unlocked)} sign-in lockout(s).", messages.SUCCESS)

@@ -40,20 +40,17 @@ meanwhile) it would have had. Every request is charged exactly once.
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import random
 import time
 from collections.abc import Callable
-from functools import wraps
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
-from django.http import HttpRequest, HttpResponse, HttpResponseBase
-from django.template.response import TemplateResponse
+from django.http import HttpRequest, HttpResponse
 
 from audit.services import audit_record
 from billing.keys import hash_secret
@@ -337,70 +334,3 @@ class RateLimitMiddleware:
             )
         except Exception:  # the refusal itself must still be answered
             logger.exception("could not audit a rejected credential")
-
-
-def throttle_failed_logins(view: Callable[..., HttpResponseBase]) -> Callable[..., HttpResponseBase]:
-    """Limit failed password logins (the console and the approval pages) per client and per username.
-
-    Uses the buckets and cost of rejected API keys: each failed attempt costs
-    ``RATE_LIMIT_REJECTED_MULTIPLIER`` units of the client's bucket (shared with bad
-    API keys) and of a bucket for the username, so 12 failures a window lock both.
-    A locked attempt is answered 429 with a "retry in N s" page before the password
-    is checked (the right password is refused too until the window resets), and the
-    moment a bucket locks is audited (``auth.login_locked``). A successful login
-    (a redirect) costs nothing.
-
-    Each attempt is charged before its password is checked, and given back when it is refused
-    as locked or succeeds: attempts in flight together are each counted before any is
-    checked, so concurrency adds no attempts to the window's 12.
-    """
-
-    @wraps(view)
-    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
-        if request.method != "POST":
-            return view(request, *args, **kwargs)
-        window = settings.RATE_LIMIT_WINDOW_SECONDS
-        limit, cost = settings.RATE_LIMIT_REQUESTS, settings.RATE_LIMIT_REJECTED_MULTIPLIER
-        username = str(request.POST.get("username") or "")[:150]
-        user_digest = hashlib.sha256(username.strip().lower().encode()).hexdigest()[:32]
-        buckets = [f"client:{_client_address(request)}", f"login:{user_digest}"]
-        now = time.time()  # one window for the charge and its refund
-
-        def give_back() -> None:
-            for bucket in buckets:
-                bucket_charge(bucket, -cost, window, now=now)
-
-        charged = [bucket_charge(bucket, cost, window, now=now) for bucket in buckets]
-        if any(count > limit for count, _ in charged):
-            give_back()  # a locked attempt costs nothing
-            return _locked(request, max(reset for _, reset in charged))
-        try:
-            response = view(request, *args, **kwargs)
-        except BaseException:
-            give_back()  # not checked: not a failed attempt
-            raise
-        if response.status_code == 302:  # logged in: costs nothing
-            give_back()
-        elif any(limit - cost < count <= limit for count, _ in charged):  # the form came back: wrong credentials
-            _audit_lockout(request, username)
-        return response
-
-    return wrapped
-
-
-def _locked(request: HttpRequest, retry_after: int) -> HttpResponse:
-    response = TemplateResponse(request, "login_locked.html", {"retry_after": retry_after}, status=429)
-    response["Retry-After"] = str(retry_after)
-    return response
-
-
-def _audit_lockout(request: HttpRequest, username: str) -> None:
-    try:
-        audit_record(
-            event="auth.login_locked",
-            ok=False,
-            endpoint=request.path[:300],
-            detail={"client": _client_address(request), "username": username},
-        )
-    except Exception:  # the refusal itself must still be answered
-        logger.exception("could not audit a login lockout")

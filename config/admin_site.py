@@ -1,4 +1,4 @@
-"""The operator console's AdminSite: Django's, with failed logins throttled (billing.ratelimit) and
+"""The operator console's AdminSite: Django's, with failed logins throttled (billing.login_throttle) and
 crafted requests refused before any console view runs (``refuse_crafted_requests``)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
 
-from billing.ratelimit import throttle_failed_logins
+from billing.login_throttle import throttle_failed_logins
 from config.jsonbody import storable_text
 
 # Lookups no console filter offers: a typed pattern is a PostgreSQL error ("invalid regular

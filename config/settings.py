@@ -57,6 +57,22 @@ RATE_LIMIT_REQUESTS = env.int("RATE_LIMIT_REQUESTS", default=120)
 RATE_LIMIT_WINDOW_SECONDS = env.int("RATE_LIMIT_WINDOW_SECONDS", default=60)
 RATE_LIMIT_REJECTED_MULTIPLIER = 10
 
+# Failed sign-ins on the console and the approval pages (billing.login_throttle; docs/decisions.md,
+# Operator console): failures per sliding hour of one account from one client, of one account from
+# every client, and of one client for every account; each lockout lasts the next cool-off of the list,
+# and the count of lockouts starts again after LOGIN_LOCKOUT_RESET_HOURS without a failure or a lock.
+LOGIN_FAILURES_PER_CLIENT = env.int("LOGIN_FAILURES_PER_CLIENT", default=12)
+LOGIN_FAILURES_PER_ACCOUNT_PER_HOUR = env.int("LOGIN_FAILURES_PER_ACCOUNT_PER_HOUR", default=100)
+LOGIN_FAILURES_PER_ADDRESS_PER_HOUR = env.int("LOGIN_FAILURES_PER_ADDRESS_PER_HOUR", default=100)
+LOGIN_COOLOFF_MINUTES = [int(m) for m in env.list("LOGIN_COOLOFF_MINUTES", default=["1", "5", "15", "60"])]
+LOGIN_LOCKOUT_RESET_HOURS = env.float("LOGIN_LOCKOUT_RESET_HOURS", default=24.0)
+if min(LOGIN_FAILURES_PER_CLIENT, LOGIN_FAILURES_PER_ACCOUNT_PER_HOUR, LOGIN_FAILURES_PER_ADDRESS_PER_HOUR) < 1:
+    raise ImproperlyConfigured("LOGIN_FAILURES_PER_* must be at least 1.")
+if not LOGIN_COOLOFF_MINUTES or min(LOGIN_COOLOFF_MINUTES) < 1 or LOGIN_LOCKOUT_RESET_HOURS <= 0:
+    raise ImproperlyConfigured(
+        "LOGIN_COOLOFF_MINUTES must list whole minutes (at least 1); LOGIN_LOCKOUT_RESET_HOURS > 0."
+    )
+
 # Evidence signing key: a base64url Ed25519 private key (32 bytes) in the
 # environment, or a file outside the repository. `make run` generates the file.
 SIGNING_KEY_PRIVATE = env.str("SIGNING_KEY_PRIVATE", default="")
