@@ -16,7 +16,7 @@ imported, and:
 - the operation applies the file when the file still has the hash it records;
 - otherwise it applies nothing when the latest migration applying that file records the file's
   current hash (that migration applies it: an older migration's body is gone, so a database
-  migrated from scratch gets each file once, from its latest migration);
+  migrated from scratch gets only the file's current body, from the migrations that record it);
 - otherwise the file changed without a migration, and migrating fails (:class:`SqlFileChanged`).
 
 Function bodies are not checked against the catalogue while they are created
