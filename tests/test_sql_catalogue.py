@@ -26,8 +26,6 @@ INVARIANT_TRIGGERS = {
     ("billing", "billing_ledger_transaction_balanced"): ("billing_ledger_transaction_balanced", "billing_ledger_entry"),
 }
 
-LATEST_BILLING = "0020_ledger_triggers_from_sql_files"
-
 
 def records_of(app_label: str, name: str) -> list[sqlfiles.SqlFileRecord]:
     return [r for r in sqlfiles.sql_file_records() if (r.app_label, r.name) == (app_label, name)]
@@ -129,22 +127,24 @@ def test_migrating_a_file_changed_without_a_migration_fails(edited):
 
 @pytest.mark.django_db(transaction=True)
 def test_migrating_applies_the_file_and_refuses_one_changed_without_a_migration(tmp_path):
-    """billing 0020 run again on this database: the real path of a deployment that migrates."""
-    executor, name = MigrationExecutor(connection), "billing_ledger_entry_immutable"
-    before, latest = ("billing", "0019_refill_threshold_counts_the_children"), ("billing", LATEST_BILLING)
+    """The latest migration of a trigger's file run again on this database, as a deployment migrates."""
+    name = "billing_ledger_entry_immutable"
+    (latest,) = [r for r in records_of("billing", name) if r.latest]
+    graph = MigrationExecutor(connection).loader.graph
+    (before,) = [p.key for p in graph.node_map[latest.migration].parents if p.key[0] == "billing"]
     try:
-        executor.migrate([before])
+        MigrationExecutor(connection).migrate([before])
         with connection.cursor() as cursor:
-            cursor.execute("ALTER TABLE billing_ledger_entry DISABLE TRIGGER billing_ledger_entry_immutable")
+            cursor.execute(f"ALTER TABLE billing_ledger_entry DISABLE TRIGGER {name}")
         with pytest.MonkeyPatch.context() as monkeypatch:
             edit_copy(tmp_path, monkeypatch, "billing", name, lambda text: text.replace("(%", "(!%"))
             with pytest.raises(SqlFileChanged, match=rf"^billing/sql/{name}\.sql changed without a migration"):
-                MigrationExecutor(connection).migrate([latest])
+                MigrationExecutor(connection).migrate([latest.migration])
         assert sqlfiles.sql_database_differences(connection) == [
             f"billing/sql/{name}.sql: trigger {name} on billing_ledger_entry is disabled (D)"
         ]
     finally:
-        MigrationExecutor(connection).migrate([latest])
+        MigrationExecutor(connection).migrate(graph.leaf_nodes())
     assert sqlfiles.sql_database_differences(connection) == []
 
 
