@@ -1,7 +1,10 @@
-"""`make test`: lint, type-check and run the whole suite on real PostgreSQL.
+"""`make test`: lint, type-check, check the migrations and run the whole suite on real PostgreSQL.
 
 With ``DATABASE_URL`` unset the embedded server is started for the run and
-stopped afterwards (unless it was already running). Extra arguments go to pytest.
+stopped afterwards (unless it was already running). ``makemigrations --check``
+fails the run when the models have changes no migration records; it runs once
+the server is up, as it reads the database's migration history. Extra arguments
+go to pytest.
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def main(argv: list[str]) -> int:
         step("mypy", [str(BIN / "mypy"), "."], env)
         if embedded:
             env["DATABASE_URL"] = pg.start()
+        step("makemigrations", [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"], env)
         step("pytest", [str(BIN / "pytest"), *argv], env)
     finally:
         if embedded and not was_running:

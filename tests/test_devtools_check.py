@@ -1,4 +1,4 @@
-"""``make test`` (devtools.check) leaves the embedded PostgreSQL server as it found it."""
+"""``make test`` (devtools.check) checks the migrations and leaves the embedded PostgreSQL server as it found it."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ class FakeServer:
 
     def __init__(self, running: bool) -> None:
         self.running, self.stopped = running, False
+        self.commands: dict[str, tuple[list[str], str | None, bool]] = {}  # step -> command, DATABASE_URL, up
 
     def running_url(self) -> str | None:
         return "postgresql://embedded" if self.running else None
@@ -34,6 +35,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Any:
 
         def step(title: str, cmd: list[str], env: dict[str, str]) -> None:
             steps.append(title)
+            fake.commands[title] = (cmd, env.get("DATABASE_URL"), fake.running)
             if title == "mypy":
                 fake.start()
             if title == failing:
@@ -50,7 +52,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Any:
 def test_a_server_the_run_started_is_stopped_even_when_mypy_started_it(server):
     fake, steps = server(running=False)
     assert check.main([]) == 0
-    assert steps == ["ruff check", "ruff format", "mypy", "pytest"]
+    assert steps == ["ruff check", "ruff format", "mypy", "makemigrations", "pytest"]
     assert fake.stopped
     assert not fake.running
 
@@ -76,3 +78,21 @@ def test_with_database_url_the_embedded_server_is_left_alone(server, monkeypatch
     monkeypatch.setenv("DATABASE_URL", "postgresql://elsewhere/db")
     assert check.main([]) == 0
     assert not fake.stopped
+
+
+def test_makemigrations_check_runs_before_pytest_against_the_running_server(server):
+    fake, steps = server(running=False)
+    assert check.main([]) == 0
+    assert steps.index("makemigrations") < steps.index("pytest")
+    cmd, database_url, server_running = fake.commands["makemigrations"]
+    assert cmd[1:] == ["manage.py", "makemigrations", "--check", "--dry-run"]
+    assert database_url == "postgresql://embedded"
+    assert server_running
+
+
+def test_models_without_a_migration_fail_the_run_before_pytest(server):
+    fake, steps = server(running=False, failing="makemigrations")
+    with pytest.raises(SystemExit):
+        check.main([])
+    assert "pytest" not in steps
+    assert fake.stopped

@@ -1,20 +1,14 @@
-"""Audit events are append-only in PostgreSQL too: UPDATE and DELETE raise.
+"""Audit events are append-only in PostgreSQL too: UPDATE and DELETE raise
+(audit/sql/audit_event_immutable.sql).
 
-TRUNCATE (test database flushes) is not a row operation and is unaffected.
+TRUNCATE (test database flushes) is not a row operation and is unaffected. The SQL
+was inline here until audit 0008 moved it to the file, unchanged; this migration
+applies the file as 0008 does.
 """
 
 from django.db import migrations
 
-CREATE = """
-CREATE FUNCTION audit_event_immutable() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    RAISE EXCEPTION 'audit events are immutable (% refused)', TG_OP USING ERRCODE = 'integrity_constraint_violation';
-END;
-$$;
-CREATE TRIGGER audit_event_immutable
-    BEFORE UPDATE OR DELETE ON audit_event
-    FOR EACH ROW EXECUTE FUNCTION audit_event_immutable();
-"""
+from config.sqlfiles import run_sql_file
 
 DROP = """
 DROP TRIGGER IF EXISTS audit_event_immutable ON audit_event;
@@ -23,9 +17,15 @@ DROP FUNCTION IF EXISTS audit_event_immutable();
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
         ("audit", "0002_signing_keys"),
     ]
 
-    operations = [migrations.RunSQL(CREATE, DROP)]
+    operations = [
+        run_sql_file(
+            "audit",
+            "audit_event_immutable",
+            sha256="a7bfc34390e8cc36be6b148c567228492e695193311f82bf44cd062fcd8f1613",
+            reverse_sql=DROP,
+        ),
+    ]

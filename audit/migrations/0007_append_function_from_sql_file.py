@@ -9,4 +9,6 @@ from config.sqlfiles import run_sql_file
 class Migration(migrations.Migration):
     dependencies = [("audit", "0006_remove_auditevent_audit_wallet")]
 
-    operations = [run_sql_file("audit", "audit_append")]
+    operations = [
+        run_sql_file("audit", "audit_append", sha256="69e4b826e70edb6f0e300185ec814809c0f1ce44baf0459f87ff257e55104343")
+    ]

@@ -21,6 +21,7 @@ class Migration(migrations.Migration):
         run_sql_file(
             "billing",
             "billing_charge",
+            sha256="05b3aec5f00b4a5641076160a3f1f3864d83e1e5141e8b9578172a9f64796da5",
             reverse_sql=(
                 "DROP FUNCTION IF EXISTS billing_charge(text, text, text, text, numeric, numeric, text, text, text, "
                 "timestamptz, text[], numeric, numeric, text, text, jsonb, text, text, text, text, timestamptz, jsonb, "

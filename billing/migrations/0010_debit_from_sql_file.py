@@ -14,4 +14,11 @@ PREVIOUS = importlib.import_module("billing.migrations.0008_debit_function").DEB
 class Migration(migrations.Migration):
     dependencies = [("billing", "0009_charge_function")]
 
-    operations = [run_sql_file("billing", "billing_debit", reverse_sql=PREVIOUS)]
+    operations = [
+        run_sql_file(
+            "billing",
+            "billing_debit",
+            sha256="9058c430dfb487e70634b8a462987ac094030e4b0870c32ab26812f3b5977efd",
+            reverse_sql=PREVIOUS,
+        )
+    ]

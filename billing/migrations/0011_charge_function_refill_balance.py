@@ -12,4 +12,8 @@ from config.sqlfiles import run_sql_file
 class Migration(migrations.Migration):
     dependencies = [("billing", "0010_debit_from_sql_file")]
 
-    operations = [run_sql_file("billing", "billing_charge")]
+    operations = [
+        run_sql_file(
+            "billing", "billing_charge", sha256="20ddc9c8e4a2e32481e564a7fefe8d8ca8a297df0f584d427df9fce8c101a0b5"
+        )
+    ]

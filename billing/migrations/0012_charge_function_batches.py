@@ -10,4 +10,8 @@ from config.sqlfiles import run_sql_file
 class Migration(migrations.Migration):
     dependencies = [("billing", "0011_charge_function_refill_balance")]
 
-    operations = [run_sql_file("billing", "billing_charge")]
+    operations = [
+        run_sql_file(
+            "billing", "billing_charge", sha256="1201ccfd96b18bb26c97e23ec140562b0f6524f13ab42c9ab90829b4a728b790"
+        )
+    ]

@@ -19,5 +19,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_SIGNATURE};", reverse_sql=migrations.RunSQL.noop),
-        run_sql_file("billing", "billing_charge", reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};"),
+        run_sql_file(
+            "billing",
+            "billing_charge",
+            sha256="76cbaace79ffff6bb9dada3bc1f6ce7628c4fa03cdccfb449c84cc5520fc206a",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};",
+        ),
     ]

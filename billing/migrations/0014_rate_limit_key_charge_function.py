@@ -14,7 +14,10 @@ class Migration(migrations.Migration):
         run_sql_file(
             "billing",
             "billing_rate_limit_key_charge",
+            sha256="06c1fed6bd1c3adef321336eff9f5445254bf473a1d2e4de146e52e46a3255ba",
             reverse_sql="DROP FUNCTION IF EXISTS billing_rate_limit_key_charge(text, text, bigint, text);",
         ),
-        run_sql_file("billing", "billing_charge"),
+        run_sql_file(
+            "billing", "billing_charge", sha256="8e21ee0a5cadd1b93269d779fa34e9a02e488c4616ab3f98c5fe6bc0b0c7bc06"
+        ),
     ]

@@ -19,5 +19,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_SIGNATURE};", reverse_sql=migrations.RunSQL.noop),
-        run_sql_file("billing", "billing_charge", reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};"),
+        run_sql_file(
+            "billing",
+            "billing_charge",
+            sha256="7db5effeff7585c46a492c167f6bd6c0920fbb4fec2b704988255796845475f6",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};",
+        ),
     ]

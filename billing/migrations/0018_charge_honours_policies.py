@@ -18,7 +18,19 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
-        run_sql_file("billing", "billing_daily_cap_over", reverse_sql=f"DROP FUNCTION IF EXISTS {CAP_OVER};"),
-        run_sql_file("permits", "permits_charge_policies", reverse_sql=f"DROP FUNCTION IF EXISTS {CHARGE_POLICIES};"),
-        run_sql_file("billing", "billing_charge"),
+        run_sql_file(
+            "billing",
+            "billing_daily_cap_over",
+            sha256="141a5c525e1f5966e1815050e84fa3a4bf50c25e347b5013c5ba159ea7d56aa2",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {CAP_OVER};",
+        ),
+        run_sql_file(
+            "permits",
+            "permits_charge_policies",
+            sha256="a133b8b76adf4902b97b4d8e9b09b18c12049fa131190acadf21b7c53ceedc66",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {CHARGE_POLICIES};",
+        ),
+        run_sql_file(
+            "billing", "billing_charge", sha256="bfc5d745d241d6dafe8855729b654d3bdfd09caca8669636f5bd9272c02b7a5a"
+        ),
     ]

@@ -9,4 +9,8 @@ from config.sqlfiles import run_sql_file
 class Migration(migrations.Migration):
     dependencies = [("billing", "0018_charge_honours_policies")]
 
-    operations = [run_sql_file("billing", "billing_debit")]
+    operations = [
+        run_sql_file(
+            "billing", "billing_debit", sha256="0bbf577c2a887f9e45fe11d5c3a7f86b3ae3035d5a09d8df28d8c4ee36123c4c"
+        )
+    ]

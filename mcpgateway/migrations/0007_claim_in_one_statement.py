@@ -25,5 +25,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(_old.DROP, reverse_sql=_old.CLAIM),
-        run_sql_file("mcpgateway", "gateway_claim", reverse_sql=f"DROP FUNCTION IF EXISTS {NEW_SIGNATURE};"),
+        run_sql_file(
+            "mcpgateway",
+            "gateway_claim",
+            sha256="6ee9ce248d84f07116f4d2f46e6bb3db5f089115b20bbe6111368cff4609fc79",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {NEW_SIGNATURE};",
+        ),
     ]

@@ -13,4 +13,11 @@ PREVIOUS = importlib.import_module("mcpgateway.migrations.0004_finish_function")
 class Migration(migrations.Migration):
     dependencies = [("mcpgateway", "0007_claim_in_one_statement")]
 
-    operations = [run_sql_file("mcpgateway", "gateway_finish", reverse_sql=PREVIOUS)]
+    operations = [
+        run_sql_file(
+            "mcpgateway",
+            "gateway_finish",
+            sha256="e95668733e3c014dd3f4cbb6d261f3ccd9a1e141364de9e9afacc10326e2b3c1",
+            reverse_sql=PREVIOUS,
+        )
+    ]

@@ -24,7 +24,17 @@ class Migration(migrations.Migration):
     dependencies = [("mcpgateway", "0008_finish_from_sql_file"), ("permits", "0007_reserve_checks_every_signed_column")]
 
     operations = [
-        run_sql_file("mcpgateway", "gateway_tool_version", reverse_sql="DROP FUNCTION IF EXISTS gateway_tool_version(text);"),
+        run_sql_file(
+            "mcpgateway",
+            "gateway_tool_version",
+            sha256="802def8ee59aecf5111f448837a38cac2791688a7ae0897d1890644ae2f58267",
+            reverse_sql="DROP FUNCTION IF EXISTS gateway_tool_version(text);",
+        ),
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_SIGNATURE};", reverse_sql=migrations.RunSQL.noop),
-        run_sql_file("mcpgateway", "gateway_claim", reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};"),
+        run_sql_file(
+            "mcpgateway",
+            "gateway_claim",
+            sha256="b5c82b246928d8e95ebdccd8c319a8308e277bfddaaa4a6af5ffde25ff07b0bf",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};",
+        ),
     ]

@@ -19,5 +19,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_SIGNATURE};", reverse_sql=migrations.RunSQL.noop),
-        run_sql_file("mcpgateway", "gateway_claim", reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};"),
+        run_sql_file(
+            "mcpgateway",
+            "gateway_claim",
+            sha256="02bda3ab207ad0fcac3bb6ef533e8b9380491a5bd165731c421f8849a685bf92",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};",
+        ),
     ]

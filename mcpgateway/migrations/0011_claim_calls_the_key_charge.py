@@ -11,4 +11,8 @@ class Migration(migrations.Migration):
         ("billing", "0014_rate_limit_key_charge_function"),
     ]
 
-    operations = [run_sql_file("mcpgateway", "gateway_claim")]
+    operations = [
+        run_sql_file(
+            "mcpgateway", "gateway_claim", sha256="00e29f0f069657433df56b39e7f84cbf8d45b8e5d46816a638ccd78efd7ae759"
+        )
+    ]

@@ -18,5 +18,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_SIGNATURE};", reverse_sql=migrations.RunSQL.noop),
-        run_sql_file("mcpgateway", "gateway_claim", reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};"),
+        run_sql_file(
+            "mcpgateway",
+            "gateway_claim",
+            sha256="aba2800a59e5ae855ad67faeb892b91c486c56f0782331f7f6c96ada54b4111f",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};",
+        ),
     ]

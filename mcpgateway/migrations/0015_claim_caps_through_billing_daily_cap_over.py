@@ -12,4 +12,8 @@ class Migration(migrations.Migration):
         ("billing", "0018_charge_honours_policies"),
     ]
 
-    operations = [run_sql_file("mcpgateway", "gateway_claim")]
+    operations = [
+        run_sql_file(
+            "mcpgateway", "gateway_claim", sha256="d06745208f0079dc4f0d6583936f03ef6172e166f0d571ddcd56f10e75a473ff"
+        )
+    ]

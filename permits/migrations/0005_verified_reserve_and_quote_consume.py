@@ -15,10 +15,13 @@ class Migration(migrations.Migration):
     dependencies = [("permits", "0004_reserve_function")]
 
     operations = [
-        migrations.RunSQL("DROP FUNCTION IF EXISTS permits_reserve(text, numeric, timestamptz);", reverse_sql=OLD_RESERVE),
+        migrations.RunSQL(
+            "DROP FUNCTION IF EXISTS permits_reserve(text, numeric, timestamptz);", reverse_sql=OLD_RESERVE
+        ),
         run_sql_file(
             "permits",
             "permits_reserve",
+            sha256="fc3759c20b7ac7a80bbd2967a7e4071b3126b5f4073153063fb900dc163e82bd",
             reverse_sql=(
                 "DROP FUNCTION IF EXISTS permits_reserve(text, numeric, timestamptz, numeric, integer, timestamptz, "
                 "text);"
@@ -27,6 +30,7 @@ class Migration(migrations.Migration):
         run_sql_file(
             "permits",
             "permits_quote_consume",
+            sha256="4ca55f9aba50822db9270a91ccb7462b1eb4351db2c95e64bff65119875cb05e",
             reverse_sql=(
                 "DROP FUNCTION IF EXISTS permits_quote_consume(text, text, text, numeric, text, text, timestamptz);"
             ),

@@ -11,6 +11,9 @@ class Migration(migrations.Migration):
 
     operations = [
         run_sql_file(
-            "permits", "permits_policies_version", reverse_sql="DROP FUNCTION IF EXISTS permits_policies_version(text[]);"
+            "permits",
+            "permits_policies_version",
+            sha256="9563d9bc5a4ae70963675b8479a4af28470a12afb624b81304778d8341774e0d",
+            reverse_sql="DROP FUNCTION IF EXISTS permits_policies_version(text[]);",
         ),
     ]

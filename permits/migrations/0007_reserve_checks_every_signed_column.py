@@ -15,5 +15,10 @@ class Migration(migrations.Migration):
 
     operations = [
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS};", reverse_sql=migrations.RunSQL.noop),
-        run_sql_file("permits", "permits_reserve", reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};"),
+        run_sql_file(
+            "permits",
+            "permits_reserve",
+            sha256="93378de0408a11da13ffe3a28938cb1eb3950a079f948cc87ad2258e9df1f8ef",
+            reverse_sql=f"DROP FUNCTION IF EXISTS {SIGNATURE};",
+        ),
     ]
