@@ -29,7 +29,7 @@ from mcpgateway.models import Action, ActionState
 from mcpgateway.services import claim as claiming
 from mcpgateway.services import finish as finishing
 from mcpgateway.services import lookup
-from mcpgateway.upstream import CallResult
+from mcpgateway.upstream.client import CallResult
 from permits.models import Permit, Quote
 from permits.services import (
     permit_revoke,
