@@ -10,8 +10,8 @@ from django.utils import timezone
 from audit import keystore
 from audit.models import SigningKey, SigningKeyState
 from audit.services import signing_key_ensure
-from mcpgateway import health
 from mcpgateway.upstream.client import UpstreamError
+from publicsite import health
 from tests.upstream_server import free_port, running_demo_upstream
 
 pytestmark = pytest.mark.django_db

@@ -26,7 +26,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from mcpgateway.discovery import LOCAL_TOOLS
+from publicsite.discovery import LOCAL_TOOLS
 
 logger = logging.getLogger("tollgate.health")
 
