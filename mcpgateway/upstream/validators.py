@@ -3,17 +3,29 @@
 from __future__ import annotations
 
 import json
-import threading
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Final
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs in the environment; its package imports the submodules
 
+from common.cache import BoundedCache
 from mcpgateway.upstream.http import _describe
 
-_validator_cache: dict[str, jsonschema.protocols.Validator | str] = {}
-"""Compiled validators, and the reason (a string) for schemas that cannot be one, by canonical JSON."""
-_validator_lock = threading.Lock()
+VALIDATOR_CACHE_LIMIT: Final = 1024
+
+schema_validators: BoundedCache[tuple[str, str], Any] = BoundedCache(
+    "upstream.schema_validators", max_entries=VALIDATOR_CACHE_LIMIT
+)
+"""The process's one cache of compiled schema validators, keyed by (use, the schema's canonical JSON).
+
+``use`` tells validators built differently for one schema apart: ``"output"`` for the outputSchema
+validators here. A value is a compiled validator, or the reason (a string) why the schema is none.
+"""
+
+
+def schema_key(schema: Any) -> str:
+    """The schema's canonical JSON (sorted keys, no spaces): what ``schema_validators`` is keyed by."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
 
 
 def _output_validator(schema: Mapping[str, Any] | None) -> jsonschema.protocols.Validator | None:
@@ -25,8 +37,8 @@ def _output_validator(schema: Mapping[str, Any] | None) -> jsonschema.protocols.
     """
     if schema is None:
         return None
-    fingerprint = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
-    cached = _validator_cache.get(fingerprint)
+    key = ("output", schema_key(schema))
+    cached = schema_validators.get(key)
     if isinstance(cached, str):
         raise ValueError(cached)
     if cached is not None:
@@ -40,10 +52,7 @@ def _output_validator(schema: Mapping[str, Any] | None) -> jsonschema.protocols.
         entry = f"invalid output_schema: {exc.message}"[:300]
     except Exception as exc:  # not a schema at all (a number, a ``$schema`` that is not a string)
         entry = f"invalid output_schema: {_describe(exc)}"
-    with _validator_lock:
-        if len(_validator_cache) > 1024:
-            _validator_cache.clear()
-        _validator_cache[fingerprint] = entry
+    schema_validators.set(key, entry)
     if isinstance(entry, str):
         raise ValueError(entry)
     return entry
