@@ -41,8 +41,10 @@ from django.utils import timezone
 
 from audit.canonical import b64url_decode_strict, b64url_encode
 from audit.evidence_core import key_id_for_public_key, private_key_from_seed, raw_public_key
+from common.cache import BoundedCache
 
-_cache: dict[str, Ed25519PrivateKey] = {}
+# Private keys by kid, once read from the environment or the key file (a kid names one key forever).
+_cache: BoundedCache[str, Ed25519PrivateKey] = BoundedCache("audit.private_keys", max_entries=1_000)
 _lock = threading.Lock()
 _test_dir: Path | None = None
 
@@ -105,7 +107,7 @@ def env_key() -> KeyMaterial | None:
         raise ImproperlyConfigured(
             "SIGNING_KEY_PRIVATE must be an unpadded base64url 32-byte Ed25519 private key"
         ) from exc
-    _cache.setdefault(key.kid, key.private_key)
+    _cache.set(key.kid, key.private_key)
     return key
 
 
@@ -126,7 +128,7 @@ def file_keys() -> list[KeyMaterial]:
             key = material(private_key_from_seed(b64url_decode_strict(str(entry["private_key"]))))
         except (KeyError, ValueError) as exc:
             raise ImproperlyConfigured(f"unreadable entry in the signing key file {key_file_path()}") from exc
-        _cache.setdefault(key.kid, key.private_key)
+        _cache.set(key.kid, key.private_key)
         out.append(key)
     return out
 
@@ -183,5 +185,5 @@ def generate_and_store() -> KeyMaterial:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
             raise
-    _cache[key.kid] = key.private_key
+    _cache.set(key.kid, key.private_key)
     return key

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Required, TypedDict, Unpack
@@ -26,6 +25,7 @@ from audit.canonical import check_round_trip, event_bytes, iso_utc
 from audit.evidence_core import chain_hash
 from audit.exceptions import SigningKeyRetired, SigningKeyUnavailable
 from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, SigningKey, SigningKeyState
+from common.cache import BoundedCache
 from config import fastsql
 from config.ids import new_id
 from config.middleware import get_request_id
@@ -232,28 +232,24 @@ def alert_raise(
 # The active kid is cached for a moment only: after a rotation another process may sign with the
 # just-retired key for up to ACTIVE_KID_TTL seconds, and that signature still verifies.
 ACTIVE_KID_TTL = 2.0
-_active: tuple[float, str | None] = (0.0, None)
-_active_lock = threading.Lock()
+_active: BoundedCache[str, str] = BoundedCache("audit.active_kid", max_entries=1, ttl=ACTIVE_KID_TTL)
 
 
 def active_kid() -> str | None:
-    """The active key's id (cached for ``ACTIVE_KID_TTL`` seconds per process)."""
-    global _active
-    now = time.monotonic()
-    fetched_at, kid = _active
-    if kid is not None and now - fetched_at < ACTIVE_KID_TTL:
+    """The active key's id (cached for ``ACTIVE_KID_TTL`` seconds per process; no active key is not cached)."""
+    kid = _active.get("active")
+    if kid is not None:
         return kid
+    read_at = time.monotonic()
     kid = SigningKey.objects.filter(state=SigningKeyState.ACTIVE).values_list("key_id", flat=True).first()
-    with _active_lock:
-        _active = (now, kid)
+    if kid is not None:
+        _active.set("active", kid, read_at=read_at)
     return kid
 
 
 def forget_active_kid() -> None:
     """Drop the cached active kid (called after a rotation in this process)."""
-    global _active
-    with _active_lock:
-        _active = (0.0, None)
+    _active.clear()
 
 
 def _activate(key: keystore.KeyMaterial) -> None:

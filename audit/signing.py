@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -31,6 +30,7 @@ from audit.evidence_core import (
 from audit.exceptions import SigningKeyUnavailable
 from audit.models import SigningKey
 from audit.services import active_kid, signing_key_ensure
+from common.cache import BoundedCache
 from config.jsonbody import storable_text
 
 logger = logging.getLogger("tollgate.audit")
@@ -88,9 +88,10 @@ def sign_statement(statement: Mapping[str, Any]) -> SignedStatement:
 
 
 # A kid names one public key forever (it is derived from it), so a found key can be cached for
-# good. (The active kid is cached for a moment only: ``audit.services.active_kid``.)
-_public_keys: dict[str, str] = {}
-_cache_lock = threading.Lock()
+# good; only keys found in the table are cached, and the bound only keeps a flood of them finite.
+# (The active kid is cached for a moment only: ``audit.services.active_kid``.)
+PUBLIC_KEY_CACHE_SIZE = 1_000
+_public_keys: BoundedCache[str, str] = BoundedCache("audit.public_keys", max_entries=PUBLIC_KEY_CACHE_SIZE)
 
 
 def _keys_for(kid: Any) -> dict[str, str]:
@@ -106,8 +107,7 @@ def _keys_for(kid: Any) -> dict[str, str]:
             # offline verifiers refuse such a key (kid_key_mismatch); so does the service (unknown kid).
             logger.error("signing key %s: the stored public key is not the one its kid names; not used", kid)
             return {}
-        with _cache_lock:
-            _public_keys[kid] = public
+        _public_keys.set(kid, public)
     return {kid: public}
 
 
@@ -126,10 +126,7 @@ def verify_statement(
         return VerificationResult(True, None, kid)
     result = verify_statement_with_keys(statement, signature, _keys_for(kid), expected_type=expected_type)
     if result.valid and memo is not None:
-        with _cache_lock:
-            _verified[memo] = None
-            if len(_verified) > VERIFIED_MEMO_SIZE:
-                _verified.pop(next(iter(_verified)))
+        _verified.set(memo, True)
     return result
 
 
@@ -138,7 +135,9 @@ def verify_statement(
 # time. Any change to the statement or the signature is a different entry and is verified afresh;
 # kids never change their key, and retired keys still verify. Oldest entries go first.
 VERIFIED_MEMO_SIZE = 20_000
-_verified: dict[tuple[str, str, bytes], None] = {}
+_verified: BoundedCache[tuple[str, str, bytes], bool] = BoundedCache(
+    "audit.verified_statements", max_entries=VERIFIED_MEMO_SIZE
+)
 
 
 def _verified_memo(statement: Any, signature: Any) -> tuple[str, str, bytes] | None:

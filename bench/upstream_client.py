@@ -52,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 from governed_call import free_port, wait_http  # noqa: E402
 
-from mcpgateway.upstream import UpstreamClient  # noqa: E402
+from mcpgateway.upstream.client import UpstreamClient  # noqa: E402
 
 ARGUMENTS = {"a": 1, "b": 2}
 WARMUP = 200

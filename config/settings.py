@@ -109,6 +109,7 @@ INSTALLED_APPS = [
     "permits",
     "receipts",
     "mcpgateway",
+    "publicsite",
     "metrics",
 ]
 
@@ -279,7 +280,7 @@ SPECTACULAR_SETTINGS = {
         "drf_spectacular.hooks.postprocess_schema_enums",
         "config.schema.postprocess_alternatives",
         # Plain views (documents, pages, /health, the MCP transports) described in /openapi.json.
-        "mcpgateway.discovery.openapi_documents_hook",
+        "publicsite.discovery.openapi_documents_hook",
     ],
 }
 
@@ -297,7 +298,7 @@ LOGGING = {
     },
 }
 
-# --- Discovery, health, readiness check and tool catalogs (mcpgateway.site) ---------------------
+# --- Discovery, health, readiness check and tool catalogs (publicsite) ----------------------------
 # Spec, Authentication point 7: tool catalogs are public in development, keyed on production-like
 # deployments.
 TOOL_CATALOG_REQUIRES_KEY = env.bool("TOOL_CATALOG_REQUIRES_KEY", default=PRODUCTION)

@@ -4,7 +4,7 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
 
-from mcpgateway import views as gateway_views
+from publicsite import site as site_views
 
 admin.site.site_header = "Tollgate operator console"
 admin.site.site_title = "Tollgate"
@@ -15,7 +15,7 @@ admin.site.index_title = "Operations"
 urlpatterns = [
     path("", include("mcpgateway.urls")),
     path("", include("billing.urls")),
-    path("health", gateway_views.health, name="health"),
+    path("health", site_views.liveness, name="health"),
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
     path("redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
@@ -23,7 +23,7 @@ urlpatterns = [
     path("", include("audit.urls")),
     path("", include("permits.urls")),
     path("", include("receipts.urls")),
-    path("", include("mcpgateway.site_urls")),
+    path("", include("publicsite.urls")),
     path("", include("metrics.urls")),
 ]
 

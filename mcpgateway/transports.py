@@ -51,7 +51,7 @@ from config.jsonbody import JSONBodyError, check_storable, loads_bounded, storab
 from mcpgateway import services
 from mcpgateway.models import Action, McpSession, Tool
 from mcpgateway.services.sweeper import session_cutoff
-from mcpgateway.upstream import UNSUPPORTED_PROTOCOL_VERSION
+from mcpgateway.upstream.protocol import UNSUPPORTED_PROTOCOL_VERSION
 from permits.models import Permit
 
 logger = logging.getLogger("tollgate.mcp")

@@ -1,12 +1,10 @@
-"""Gateway HTTP surface: liveness, the tool catalog and the deprecated REST invoke."""
+"""Gateway HTTP surface: the tool catalog and the deprecated REST invoke."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpRequest, JsonResponse
-from django.views.decorators.http import require_GET
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -27,13 +25,6 @@ from mcpgateway.serializers import (
     ToolPageResponse,
 )
 from mcpgateway.transports import DEPRECATION, OriginNotAllowed, origin_allowed, tool_definitions
-
-
-@require_GET
-def health(request: HttpRequest) -> JsonResponse:
-    """Liveness only: the process answers. Dependency truth is ``/health/dependencies``."""
-    return JsonResponse({"status": "ok", "service": "tollgate", "version": settings.SERVICE_VERSION})
-
 
 # Security requirement objects: either key header, or none ({}: anonymous allowed).
 OPTIONAL_KEY: list[dict[str, list[str]]] = [{"APIKeyHeader": []}, {"BearerAuth": []}, {}]

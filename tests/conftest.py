@@ -39,17 +39,13 @@ def _rate_limit_clock(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _forget_signing_caches() -> Iterator[None]:
-    """Tests flush and recreate signing keys; the per-process key caches must not outlive them."""
-    from audit import services, signing
+def _clear_process_caches() -> Iterator[None]:
+    """Tests flush and recreate rows (signing keys, permits, prices); no per-process cache may outlive them."""
+    from common.cache import clear_all
 
-    services.forget_active_kid()
-    signing._public_keys.clear()
-    signing._verified.clear()
+    clear_all()
     yield
-    services.forget_active_kid()
-    signing._public_keys.clear()
-    signing._verified.clear()
+    clear_all()
 
 
 def client_for(secret: str | None) -> APIClient:

@@ -12,7 +12,7 @@ from django.conf import settings
 from billing.services import tool_price_set
 from config.ids import new_id
 from mcpgateway import services
-from mcpgateway.upstream import UpstreamClient
+from mcpgateway.upstream.client import UpstreamClient
 from tests import factories
 from tests.conftest import Tenant
 from tests.upstream_server import FaultUpstream

@@ -414,7 +414,7 @@ def test_a_wallet_that_refused_a_batch_runs_alone_whatever_its_group(monkeypatch
         return {"code": "ok"}
 
     monkeypatch.setattr(charging, "_charge_row", run_alone)
-    monkeypatch.setitem(charging._unbatched, "agt_refills", time.monotonic() + 60)
+    charging._unbatched.set("agt_refills", True)
     for group in ("agt_refills", "agt_refills key_a 7", "agt_refills key_b 8"):
         assert charging._charge_row_grouped("agt_refills", group, [group]) == {"code": "ok"}
     assert alone == [["agt_refills"], ["agt_refills key_a 7"], ["agt_refills key_b 8"]]

@@ -29,7 +29,7 @@ from mcpgateway.models import Action, ActionState
 from mcpgateway.services import claim as claiming
 from mcpgateway.services import finish as finishing
 from mcpgateway.services import lookup
-from mcpgateway.upstream import CallResult
+from mcpgateway.upstream.client import CallResult
 from permits.models import Permit, Quote
 from permits.services import (
     permit_revoke,
@@ -386,16 +386,17 @@ def test_a_refusal_decided_on_cached_rows_is_never_recorded(fault, tenant):
     that the table does not show) is decided again on fresh rows, and the call goes through."""
     caller = setup_caller(tenant, balance=10)
     assert "result" in caller.rpc("echo", {}).json()
-    cached = lookup._permits[caller.permit_id]
+    cached = lookup._permits.get(caller.permit_id)
+    assert cached is not None
     stale = Permit.from_db(
         "default",
         [f.attname for f in Permit._meta.concrete_fields],
         [getattr(cached, f.attname) for f in Permit._meta.concrete_fields],
     )
     stale.status = "revoked"
-    lookup._permits[caller.permit_id] = stale
+    lookup._permits.set(caller.permit_id, stale)
     assert "result" in caller.rpc("echo", {}).json()
-    assert lookup._permits[caller.permit_id].status == "active"  # read again, and cached again
+    assert getattr(lookup._permits.get(caller.permit_id), "status", None) == "active"  # read again, and cached again
     assert balance(tenant) == 6
 
 

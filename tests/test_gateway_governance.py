@@ -664,7 +664,7 @@ def test_a_call_whose_session_negotiation_outlasts_its_send_deadline_is_not_sent
     """The sweeper gives a claim up after a fixed time that covers one call sent at once. A call whose
     upstream session took longer to negotiate is not sent at all (refunded), never sent after the
     sweep may have declared it lost."""
-    from mcpgateway.upstream import UpstreamClient
+    from mcpgateway.upstream.client import UpstreamClient
 
     settings.UPSTREAM_CONNECT_TIMEOUT = 0.05
     settings.SWEEP_MARGIN_SECONDS = 0.1  # a send deadline 0.1 s after the claim

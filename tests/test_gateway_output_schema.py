@@ -23,7 +23,8 @@ from audit.models import Alert, AuditEvent
 from billing.models import LedgerEntry, Wallet
 from mcpgateway import services
 from mcpgateway.models import Action, Tool
-from mcpgateway.upstream import UpstreamClient, output_schema_problem
+from mcpgateway.upstream.client import UpstreamClient
+from mcpgateway.upstream.validators import output_schema_problem
 from permits.models import Permit
 from receipts.models import Receipt
 from tests.conftest import Tenant

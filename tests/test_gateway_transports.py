@@ -354,7 +354,7 @@ def test_initialize_checks_the_message_and_a_session_keeps_only_short_client_inf
 
 
 def test_an_upstream_result_whose_meta_is_not_an_object_is_an_invalid_response():
-    from mcpgateway.upstream import _invalid_call_result
+    from mcpgateway.upstream.protocol import _invalid_call_result
 
     assert _invalid_call_result({"content": [], "_meta": "x"}) == "result._meta is not an object"
     assert _invalid_call_result({"content": [], "_meta": [["a", 1]]}) == "result._meta is not an object"

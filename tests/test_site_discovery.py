@@ -32,10 +32,10 @@ PATH_TOKEN = re.compile(r"^/[^\s]*$")
 def reload_urlconf() -> None:
     """Rebuild the URLconf from the current settings (the flags are read at import)."""
     import config.urls
-    import mcpgateway.site_urls
     import mcpgateway.urls
+    import publicsite.urls
 
-    importlib.reload(mcpgateway.site_urls)
+    importlib.reload(publicsite.urls)
     importlib.reload(mcpgateway.urls)
     importlib.reload(config.urls)
     clear_url_caches()
@@ -157,7 +157,7 @@ def test_manifest_members(anon_client):
 
 def test_manifest_lists_exactly_the_routed_paths(anon_client):
     """The endpoint lists are the live URLconf: every /v1 route is listed, nothing unrouted is."""
-    from mcpgateway.discovery import routes
+    from publicsite.discovery import routes
 
     m = anon_client.get("/.well-known/agent.json").json()
     listed = {e["path"] for e in m["services"]["agent_billing"]["endpoints"]}

@@ -10,8 +10,8 @@ from django.utils import timezone
 from audit import keystore
 from audit.models import SigningKey, SigningKeyState
 from audit.services import signing_key_ensure
-from mcpgateway import health
-from mcpgateway.upstream import UpstreamError
+from mcpgateway.upstream.client import UpstreamError
+from publicsite import health
 from tests.upstream_server import free_port, running_demo_upstream
 
 pytestmark = pytest.mark.django_db
@@ -200,7 +200,7 @@ def test_an_upstream_failure_is_reported_without_its_free_text(
 ):
     """Anonymous callers learn which request failed and how (class, HTTP status, JSON-RPC code), not the
     exception's or the upstream's text, which can name internal hosts; the log keeps the full reason."""
-    from mcpgateway.upstream import UpstreamClient
+    from mcpgateway.upstream.client import UpstreamClient
 
     def fails(self):
         raise error
@@ -215,7 +215,7 @@ def test_an_upstream_failure_is_reported_without_its_free_text(
 
 
 def test_a_transport_failure_is_reported_by_its_class(anon_client, signing_key, monkeypatch):
-    from mcpgateway.upstream import UpstreamClient
+    from mcpgateway.upstream.client import UpstreamClient
 
     def fails(self):
         try:

@@ -12,8 +12,8 @@ from django.test import override_settings
 
 from audit.models import AuditEvent
 from billing.models import LedgerEntry
-from mcpgateway import preflight
-from mcpgateway.preflight import FetchRefused, HttpxFetcher, launch_preflight_run
+from publicsite import preflight
+from publicsite.preflight import FetchRefused, HttpxFetcher, launch_preflight_run
 
 pytestmark = pytest.mark.django_db
 

@@ -34,7 +34,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from pydantic import Field
 
-from mcpgateway.upstream import IDEMPOTENCY_META_KEY, CallResult, UpstreamClient, UpstreamError
+from mcpgateway.upstream.client import CallResult, UpstreamClient, UpstreamError
+from mcpgateway.upstream.protocol import IDEMPOTENCY_META_KEY
 from tests import upstream_server
 from tests.upstream_server import (
     CLIENT_CAPABILITIES_META_KEY,

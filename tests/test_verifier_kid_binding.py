@@ -123,6 +123,7 @@ def test_the_service_refuses_a_stored_key_its_kid_does_not_derive() -> None:
     from audit import signing
     from audit.evidence_core import sign_canonical
     from audit.services import signing_key_ensure
+    from common.cache import clear_all
 
     kid = signing_key_ensure().key_id
     honest = signing.sign_statement({"type": "receipt", "receipt_id": "rcpt_honest"})
@@ -130,8 +131,7 @@ def test_the_service_refuses_a_stored_key_its_kid_does_not_derive() -> None:
     public = b64url_encode(attacker.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw))
     with connection.cursor() as cursor:
         cursor.execute("UPDATE audit_signing_key SET public_key = %s WHERE key_id = %s", [public, kid])
-    signing._public_keys.clear()
-    signing._verified.clear()
+    clear_all()
     forged = {"type": "receipt", "receipt_id": "rcpt_forged", "kid": kid}
     result = signing.verify_statement(forged, sign_canonical(attacker, canonical_bytes(forged)))
     assert (result.valid, result.reason) == (False, "unknown_kid")

@@ -22,7 +22,6 @@ import dataclasses
 import functools
 import json
 import threading
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -50,6 +49,7 @@ from billing.services.ledger import (
     to_money,
 )
 from billing.services.wallets import wallet_freeze_for_velocity
+from common.cache import BoundedCache
 from config import dbretry, fastsql
 from config.errors import (
     IdempotencyKeyInProgress,
@@ -558,7 +558,9 @@ class _QueuedCharge:
 
 _charge_queues: dict[str, list[_QueuedCharge]] = {}  # batch group -> charges waiting while a batch of it runs
 _charge_queues_lock = threading.Lock()
-_unbatched: dict[str, float] = {}  # wallet id -> monotonic time until which its charges run alone
+# Wallets whose charges run alone (for UNBATCHED_SECONDS after a refusal); bounded: a wallet dropped
+# early batches again and, if refused again, is put back.
+_unbatched: BoundedCache[str, bool] = BoundedCache("billing.unbatched", max_entries=10_000, ttl=UNBATCHED_SECONDS)
 
 
 def _charge_row_grouped(wallet_id: str, group: str, params: list[Any]) -> dict[str, Any]:
@@ -570,11 +572,8 @@ def _charge_row_grouped(wallet_id: str, group: str, params: list[Any]) -> dict[s
     ``CHARGE_BATCH_MAX``) as one batch in its own thread and connection, and hands the rest on.
     Answers and errors reach each charge's own thread. Assumes autocommit (no atomic block).
     """
-    until = _unbatched.get(wallet_id)
-    if until is not None:
-        if time.monotonic() < until:
-            return _charge_row(params)
-        _unbatched.pop(wallet_id, None)
+    if _unbatched.get(wallet_id):
+        return _charge_row(params)
     mine = _QueuedCharge(params)
     with _charge_queues_lock:
         waiting = _charge_queues.get(group)
@@ -633,7 +632,7 @@ def _charge_rows(wallet_id: str, calls: list[list[Any]]) -> Sequence[dict[str, A
             return _charge_rows_together(calls)
         except DatabaseError as exc:
             if getattr(exc.__cause__, "sqlstate", None) == _BATCH_REFUSED:
-                _unbatched[wallet_id] = time.monotonic() + UNBATCHED_SECONDS
+                _unbatched.set(wallet_id, True)
     answers: list[dict[str, Any] | Exception] = []
     for params in calls:
         try:

@@ -14,7 +14,7 @@ from django.utils import timezone
 from config import metrics
 from mcpgateway.models import Action, Tool
 from mcpgateway.services.call import CallRequest
-from mcpgateway.upstream import CallResult, UpstreamClient
+from mcpgateway.upstream.client import CallResult, UpstreamClient
 
 # --- Upstream client (one per process) -------------------------------------------------
 

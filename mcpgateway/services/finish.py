@@ -26,7 +26,7 @@ from config.faults import fault_point
 from config.ids import new_id
 from mcpgateway.models import Action, ActionState
 from mcpgateway.services.call import OUTCOME_STATUS, CallRequest, request_document
-from mcpgateway.upstream import CallResult
+from mcpgateway.upstream.client import CallResult
 from permits.models import Permit
 from permits.services import permit_release
 from receipts.models import Outcome

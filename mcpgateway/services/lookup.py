@@ -10,6 +10,7 @@ import functools
 from dataclasses import dataclass
 from decimal import Decimal
 
+from common.cache import BoundedCache
 from config import fastsql
 from mcpgateway.models import Action
 from mcpgateway.services.call import CallRequest
@@ -85,10 +86,10 @@ def _lookup(req: CallRequest) -> _Found:
 # read afresh). Only what the claim re-checks is used from here: a refusal decided on cached rows is never
 # recorded (the call is decided again on fresh ones), and balances, spend and the permit's allowance are
 # only ever read under the claim's locks.
-_prices: dict[str, Decimal] = {}
-_permits: dict[str, Permit] = {}
-_policies: dict[str, tuple[str, list[PolicyBundle]]] = {}
-CACHE_LIMIT = 10_000  # entries per cache; a full cache starts again empty
+CACHE_LIMIT = 10_000  # entries per cache; past it the oldest entry goes (common.cache)
+_prices: BoundedCache[str, Decimal] = BoundedCache("gateway.prices", max_entries=CACHE_LIMIT)
+_permits: BoundedCache[str, Permit] = BoundedCache("gateway.permits", max_entries=CACHE_LIMIT)
+_policies: BoundedCache[str, tuple[str, list[PolicyBundle]]] = BoundedCache("gateway.policies", max_entries=CACHE_LIMIT)
 
 
 class _Stale(Exception):
@@ -121,9 +122,6 @@ def _remember(req: CallRequest, found: _Found) -> None:
     wallet = req.principal.key.wallet
     if found.cached or wallet is None or found.price is None or found.permit is None:
         return
-    for cache in (_prices, _permits, _policies):
-        if len(cache) >= CACHE_LIMIT:
-            cache.clear()
-    _prices[req.tool] = found.price
-    _permits[req.permit_id] = found.permit
-    _policies[wallet.wallet_id] = (found.policies_version, found.policies)
+    _prices.set(req.tool, found.price)
+    _permits.set(req.permit_id, found.permit)
+    _policies.set(wallet.wallet_id, (found.policies_version, found.policies))

@@ -19,7 +19,7 @@ from billing.models import ServiceCategory
 from config import fastsql
 from mcpgateway.argschema import arguments_validator
 from mcpgateway.models import Tool, ToolSource
-from mcpgateway.upstream import output_schema_problem
+from mcpgateway.upstream.validators import output_schema_problem
 
 logger = logging.getLogger("tollgate.gateway")
 SERVICE_ID_MAX_LENGTH: int = Tool._meta.get_field("service_id").max_length  # type: ignore[assignment]

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
 from mcpgateway import services
-from mcpgateway.upstream import UpstreamClient, UpstreamError
+from mcpgateway.upstream.client import UpstreamClient, UpstreamError
 
 
 class Command(BaseCommand):

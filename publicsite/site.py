@@ -2,8 +2,8 @@
 
 JSON endpoints are DRF views with ``@extend_schema``; text documents and the
 dashboard are plain Django views that describe themselves for ``/openapi.json``
-through :func:`mcpgateway.discovery.advertise`. Every path list in these
-documents comes from the live URLconf (see :mod:`mcpgateway.discovery`).
+through :func:`publicsite.discovery.advertise`. Every path list in these
+documents comes from the live URLconf (see :mod:`publicsite.discovery`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.urls import reverse
 from django.utils import timezone
-from django.views.decorators.http import require_safe
+from django.views.decorators.http import require_GET, require_safe
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import serializers
 from rest_framework.request import Request
@@ -31,8 +31,8 @@ from config.authentication import AllowAnyone, optional_principal, principal
 from config.errors import NotFound, json_error
 from config.pagination import parse_body, parse_query
 from config.schema import error_responses
-from mcpgateway import discovery, health, preflight
-from mcpgateway.discovery import DocumentSpec, advertise
+from publicsite import discovery, health, preflight
+from publicsite.discovery import DocumentSpec, advertise
 
 DOCS_DIR = Path(__file__).resolve().parent / "docs"
 DISCOVERY = ["discovery"]
@@ -663,3 +663,9 @@ def landing(request: HttpRequest) -> HttpResponse:
             "links": {title.lower().replace(" ", "_"): href for title, href, _ in LANDING_LINKS},
         }
     )
+
+
+@require_GET
+def liveness(request: HttpRequest) -> JsonResponse:
+    """Liveness only: the process answers. Dependency truth is ``/health/dependencies``."""
+    return JsonResponse({"status": "ok", "service": "tollgate", "version": settings.SERVICE_VERSION})

@@ -1,6 +1,6 @@
 """Routes of the discovery documents, health, readiness check, dashboard and (when enabled) proof surfaces.
 
-Included from the root URLconf with ``path("", include("mcpgateway.site_urls"))``.
+Included from the root URLconf with ``path("", include("publicsite.urls"))``.
 The proof surfaces are mounted only when ``ENABLE_PROOF_SURFACES`` is true when
 this module is imported; :func:`site_urlpatterns` builds either variant.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.urls import URLPattern, path
 
-from mcpgateway import site
+from publicsite import site
 
 
 def site_urlpatterns(*, proof_surfaces: bool) -> list[URLPattern]:

@@ -70,67 +70,70 @@ Guarantees:
   thread-safe (a connection carries one exchange at a time) and negotiation
   (probe, handshake) happens under a lock, once per forgotten era or expired
   session however many threads notice it.
-
-The wire (``_Pool``, ``_Response``): HTTP/1.1 over ``http://`` and ``https://``
-(certificates verified against the system trust store and certifi's, with SNI),
-persistent connections bounded by ``max_connections``, bodies framed by
-Content-Length, chunked transfer coding (extensions and trailers read and
-ignored) or the end of the connection, ``Connection: close`` and HTTP/1.0
-answers honoured. No proxy settings from the environment, no redirects followed,
-no content codings (``Accept-Encoding: identity``).
 """
 
 from __future__ import annotations
 
-import base64
-import codecs
-import contextlib
 import hashlib
 import json
 import logging
 import os
-import re
-import select
-import socket
 import ssl
 import threading
 import time
-import uuid
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, Final, Literal
-from urllib.parse import quote, unquote, urlsplit
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs in the environment; its package imports the submodules
 
-from config.jsonbounds import JSONBodyError, loads_bounded, unstorable
+from mcpgateway.upstream.http import (
+    RequestNotSent,
+    TransportError,
+    _check_header,
+    _check_value,
+    _describe,
+    _IncompleteReply,
+    _InvalidReply,
+    _Origin,
+    _Pool,
+    _Response,
+    _tokens,
+)
+from mcpgateway.upstream.protocol import (
+    ACCEPT,
+    CLIENT_CAPABILITIES_META_KEY,
+    CLIENT_INFO_META_KEY,
+    IDEMPOTENCY_HEADER,
+    IDEMPOTENCY_META_KEY,
+    METHOD_HEADER,
+    NAME_HEADER,
+    PARAM_HEADER_PREFIX,
+    PROTOCOL_VERSION_HEADER,
+    PROTOCOL_VERSION_META_KEY,
+    SERVER_INFO_META_KEY,
+    SESSION_HEADER,
+    STATELESS_PROTOCOL_VERSIONS,
+    SUPPORTED_PROTOCOL_VERSIONS,
+    UNSUPPORTED_PROTOCOL_VERSION,
+    USER_AGENT,
+    _encode_header_value,
+    _invalid_call_result,
+    _load_message,
+    _match_response,
+    _new_request_id,
+    _not_complete,
+    _param_header_lines,
+    _storable,
+    _supported_versions,
+    _valid_discover_result,
+)
+from mcpgateway.upstream.sse import _bounded_chunks, _ignore, _sse_events
+from mcpgateway.upstream.validators import _output_validator
 
 logger = logging.getLogger(__name__)
-
-IDEMPOTENCY_META_KEY: Final = "io.tollgate/idempotency-key"
-IDEMPOTENCY_HEADER: Final = "Idempotency-Key"
-SESSION_HEADER: Final = "Mcp-Session-Id"
-PROTOCOL_VERSION_HEADER: Final = "MCP-Protocol-Version"
-METHOD_HEADER: Final = "Mcp-Method"
-NAME_HEADER: Final = "Mcp-Name"
-PARAM_HEADER_PREFIX: Final = "Mcp-Param-"
-ACCEPT: Final = "application/json, text/event-stream"
-USER_AGENT: Final = "tollgate-upstream/1"
-
-PROTOCOL_VERSION_META_KEY: Final = "io.modelcontextprotocol/protocolVersion"
-CLIENT_INFO_META_KEY: Final = "io.modelcontextprotocol/clientInfo"
-CLIENT_CAPABILITIES_META_KEY: Final = "io.modelcontextprotocol/clientCapabilities"
-SERVER_INFO_META_KEY: Final = "io.modelcontextprotocol/serverInfo"
-"""Where a stateless-era result (``server/discover``'s too) names the server."""
-UNSUPPORTED_PROTOCOL_VERSION: Final = -32022
-"""JSON-RPC error code of the stateless revision: the request's protocol version is not served; ``data.supported``."""
-
-SUPPORTED_PROTOCOL_VERSIONS: Final[tuple[str, ...]] = ("2025-11-25", "2025-06-18", "2025-03-26")
-"""Handshake revisions this client speaks, newest first; the first is offered in ``initialize``."""
-STATELESS_PROTOCOL_VERSIONS: Final[tuple[str, ...]] = ("2026-07-28",)
-"""Stateless (per-request envelope) revisions this client speaks, oldest to newest; the last is probed first."""
 
 Era = Literal["auto", "handshake"]
 
@@ -240,14 +243,6 @@ class UpstreamError(Exception):
         self.error = error
 
 
-class _InvalidReply(Exception):
-    """The upstream answered completely, but not with a valid JSON-RPC response for our id."""
-
-
-class _IncompleteReply(Exception):
-    """The answer stopped (stream end, total timeout) before our response arrived."""
-
-
 class _NotStateless(Exception):
     """The ``server/discover`` probe was answered with no evidence of a stateless-era server; ``error`` if any."""
 
@@ -306,7 +301,21 @@ class _Negotiated:
         return params
 
 
-_TOTAL_TIMEOUT_REASON: Final = "total timeout passed before the response arrived"
+_OWN_HEADERS: Final = frozenset(
+    {
+        "accept",
+        "content-length",
+        "content-type",
+        "idempotency-key",
+        "mcp-method",
+        "mcp-name",
+        "mcp-protocol-version",
+        "mcp-session-id",
+        "transfer-encoding",
+    }
+)
+"""Headers each request sets itself; the same names (and ``Mcp-Param-*``) in the ``headers`` argument are dropped."""
+_PARAM_HEADER_PREFIX_LOWER: Final = PARAM_HEADER_PREFIX.lower()
 
 
 class UpstreamClient:
@@ -919,83 +928,8 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forget_inherited_connections)
 
 
-# -- helpers -------------------------------------------------------------------------------------
-
-
-def _new_request_id() -> str:
-    return f"tg-{uuid.uuid4().hex}"
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc)
-    return f"{type(exc).__name__}: {text}"[:300] if text else type(exc).__name__
-
-
 def _dict_or_empty(value: Any) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
-
-
-def _same_id(a: Any, b: Any) -> bool:
-    """JSON-RPC ids match only with the same JSON type (``1`` is not ``"1"``, ``true`` is not ``1``)."""
-    return type(a) is type(b) and a == b
-
-
-def _load_message(raw: bytes | str, what: str) -> Any:
-    """A JSON message within ``config.jsonbounds``' nesting and number bounds, else ``_InvalidReply``:
-    what could not be stored, hashed or signed unchanged is no answer the gateway can keep."""
-    try:
-        return loads_bounded(raw)
-    except JSONBodyError as exc:
-        raise _InvalidReply(f"{what} is outside the JSON this gateway keeps: {exc}") from exc
-    except ValueError as exc:
-        raise _InvalidReply(f"{what} is not JSON") from exc
-
-
-def _storable(message: dict[str, Any]) -> dict[str, Any]:
-    """``message``, unless a string in it (a key or a value) holds NUL or a lone surrogate (``_InvalidReply``)."""
-    found = unstorable(message)
-    if found is not None:
-        where, problem, _ = found
-        path = "/".join(str(part) for part in where)[:200]
-        raise _InvalidReply(f"answer holds text that cannot be stored at '{path}': {problem}")
-    return message
-
-
-def _match_response(message: Any, rid: str | int) -> dict[str, Any]:
-    """``message`` if it is a JSON-RPC 2.0 response for ``rid`` with exactly one well-formed result or error."""
-    if not isinstance(message, dict):
-        raise _InvalidReply("not a JSON-RPC object")
-    if message.get("jsonrpc") != "2.0":
-        raise _InvalidReply("jsonrpc member is not '2.0'")
-    if "id" not in message or not _same_id(message["id"], rid):
-        # A JSON-RPC error with id null answers a message the peer could not read;
-        # it still tells us nothing about our request, so it is not a response to it.
-        raise _InvalidReply(f"response id {message.get('id')!r} does not match request id {rid!r}")
-    has_result, has_error = "result" in message, "error" in message
-    if has_result == has_error:
-        raise _InvalidReply("response must carry exactly one of result and error")
-    if has_result and not isinstance(message["result"], dict):
-        raise _InvalidReply("result is not an object")
-    if has_error:
-        error = message["error"]
-        if not isinstance(error, dict) or not isinstance(error.get("code"), int) or isinstance(error["code"], bool):
-            raise _InvalidReply("error is not an object with an integer code")
-        if not isinstance(error.get("message"), str):
-            raise _InvalidReply("error.message is not a string")
-    return message
-
-
-def _invalid_call_result(result: dict[str, Any]) -> str | None:
-    """Why ``result`` is not a well-formed CallToolResult, or ``None`` when it is."""
-    if not isinstance(result.get("content"), list):
-        return "result.content is not a list"
-    if "isError" in result and not isinstance(result["isError"], bool):
-        return "result.isError is not a boolean"
-    if result.get("structuredContent") is not None and not isinstance(result["structuredContent"], dict):
-        return "result.structuredContent is not an object"
-    if result.get("_meta") is not None and not isinstance(result["_meta"], dict):
-        return "result._meta is not an object"
-    return None
 
 
 def _result_of(answer: _Answer, method: str) -> dict[str, Any]:
@@ -1030,933 +964,8 @@ def _refuses_era(state: _Negotiated, status: int, message: dict[str, Any] | None
     return bool(state.envelope) and message is None and status in (400, 404, 405)
 
 
-def _not_complete(result: dict[str, Any]) -> str | None:
-    """Why a stateless-era result is not final (its ``resultType`` is not ``"complete"``), or ``None``."""
-    result_type = result.get("resultType", "complete")
-    if result_type == "complete":
-        return None
-    shown = repr(result_type) if isinstance(result_type, str) else f"of type {type(result_type).__name__}"
-    return f"resultType {shown[:60]} is not 'complete': only a complete result can be relayed"
-
-
-def _supported_versions(error: dict[str, Any] | None) -> list[str] | None:
-    """``data.supported`` of a ``-32022`` error, or ``None`` (another error, or data the SDK would not parse)."""
-    if error is None or error.get("code") != UNSUPPORTED_PROTOCOL_VERSION:
-        return None
-    data = error.get("data")
-    if not isinstance(data, dict) or not isinstance(data.get("requested"), str):
-        return None
-    supported = data.get("supported")
-    if not isinstance(supported, list) or not all(isinstance(version, str) for version in supported):
-        return None
-    return supported
-
-
-_CAPABILITY_OBJECTS: Final = (
-    "experimental",
-    "logging",
-    "prompts",
-    "resources",
-    "tools",
-    "completions",
-    "extensions",
-    "tasks",
-)
-
-
-def _valid_discover_result(result: dict[str, Any]) -> bool:
-    """Whether ``result`` is a ``server/discover`` result as the official SDK parses one.
-
-    ``supportedVersions`` a list of strings and ``capabilities`` an object (its
-    known members objects when present) are required; ``instructions`` a string,
-    ``resultType`` a string, ``ttlMs`` an integer (a negative one is floored, not
-    refused), ``cacheScope`` public or private and ``_meta`` an object, when
-    present. Unknown members are ignored.
-    """
-    versions = result.get("supportedVersions")
-    if not isinstance(versions, list) or not all(isinstance(version, str) for version in versions):
-        return False
-    capabilities = result.get("capabilities")
-    if not isinstance(capabilities, dict):
-        return False
-    if any(
-        capabilities.get(name) is not None and not isinstance(capabilities[name], dict) for name in _CAPABILITY_OBJECTS
-    ):
-        return False
-    if result.get("instructions") is not None and not isinstance(result["instructions"], str):
-        return False
-    if not isinstance(result.get("resultType", "complete"), str):
-        return False
-    ttl = result.get("ttlMs", 0)
-    if isinstance(ttl, bool) or not (isinstance(ttl, int) or (isinstance(ttl, float) and ttl.is_integer())):
-        return False
-    if result.get("cacheScope", "private") not in ("public", "private"):
-        return False
-    return result.get("_meta") is None or isinstance(result["_meta"], dict)
-
-
-_PLAIN_HEADER_VALUE: Final = re.compile(r"[\x20-\x7e]*")
-_BASE64_SENTINEL: Final = re.compile(r"=\?base64\?.*\?=")
-
-
-def _encode_header_value(value: str) -> str:
-    """``value`` as the stateless revision carries it in ``Mcp-Name`` and ``Mcp-Param-*``.
-
-    Printable ASCII without leading or trailing whitespace travels as is; anything
-    else (and a value that looks like the sentinel) as ``=?base64?<UTF-8, base64>?=``.
-    """
-    if _PLAIN_HEADER_VALUE.fullmatch(value) and value == value.strip() and not _BASE64_SENTINEL.fullmatch(value):
-        return value
-    return f"=?base64?{base64.b64encode(value.encode('utf-8')).decode('ascii')}?="
-
-
-# JSON Schema 2020-12 keywords whose values are schema positions, by shape; only ``properties`` keeps
-# a position reachable by a plain property path (the official SDK's walk, so that both ends agree).
-_SUBSCHEMA_ONE: Final = frozenset(
-    {
-        "items",
-        "contains",
-        "unevaluatedItems",
-        "additionalProperties",
-        "propertyNames",
-        "unevaluatedProperties",
-        "not",
-        "if",
-        "then",
-        "else",
-        "contentSchema",
-    }
-)
-_SUBSCHEMA_LIST: Final = frozenset({"allOf", "anyOf", "oneOf", "prefixItems"})
-_SUBSCHEMA_MAP: Final = frozenset({"patternProperties", "dependentSchemas", "$defs", "definitions"})
-_X_MCP_HEADER: Final = "x-mcp-header"
-
-
-def _param_header_map(schema: Any) -> list[tuple[tuple[str, ...], str]]:
-    """The (argument path, header token) pairs that ``x-mcp-header`` annotations declare in an inputSchema.
-
-    Empty when there are none, and when any annotation is invalid (off a plain
-    ``properties`` path, not a header token, on a property that is not a string,
-    integer or boolean, or a token repeated case-insensitively): a conforming
-    client then sends no ``Mcp-Param-*`` header and the server checks none.
-    """
-    found: list[tuple[tuple[str, ...], str]] = []
-    seen: set[str] = set()
-    stack: list[tuple[tuple[str, ...] | None, Any]] = [((), schema)]
-    while stack:
-        path, node = stack.pop()
-        if not isinstance(node, dict):
-            continue
-        if _X_MCP_HEADER in node:
-            token = node[_X_MCP_HEADER]
-            if (
-                not path
-                or not isinstance(token, str)
-                or not _HEADER_NAME.fullmatch(token)
-                or node.get("type") not in ("string", "integer", "boolean")
-                or token.lower() in seen
-            ):
-                return []
-            seen.add(token.lower())
-            found.append((path, token))
-        for keyword, value in node.items():
-            if keyword == "properties" and isinstance(value, dict):
-                stack.extend(((*path, name) if path is not None else None, sub) for name, sub in value.items())
-            elif keyword in _SUBSCHEMA_ONE:
-                stack.append((None, value))
-            elif keyword in _SUBSCHEMA_LIST and isinstance(value, list):
-                stack.extend((None, sub) for sub in value)
-            elif keyword in _SUBSCHEMA_MAP and isinstance(value, dict):
-                stack.extend((None, sub) for sub in value.values())
-    return found
-
-
-def _param_header_lines(schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> str:
-    """``Mcp-Param-<token>`` header lines for the arguments ``schema`` marks with ``x-mcp-header``.
-
-    An argument that is absent, null or not a string, number or boolean gets no
-    header; booleans are ``true``/``false``, values that are not plain printable
-    ASCII are base64-wrapped (``_encode_header_value``).
-    """
-    lines = ""
-    for path, token in _param_header_map(schema):
-        value: Any = arguments
-        for key in path:
-            value = value.get(key) if isinstance(value, Mapping) else None
-        if isinstance(value, bool):
-            rendered = "true" if value else "false"
-        elif isinstance(value, str | int | float):
-            try:
-                rendered = str(value)
-            except ValueError:  # an integer beyond the interpreter's digit limit has no rendering
-                continue
-        else:
-            continue
-        lines += f"{PARAM_HEADER_PREFIX}{token}: {_encode_header_value(rendered)}\r\n"
-    return lines
-
-
-_validator_cache: dict[str, jsonschema.protocols.Validator | str] = {}
-"""Compiled validators, and the reason (a string) for schemas that cannot be one, by canonical JSON."""
-_validator_lock = threading.Lock()
-
-
-def _output_validator(schema: Mapping[str, Any] | None) -> jsonschema.protocols.Validator | None:
-    """A validator for ``schema`` (draft from ``$schema``, else 2020-12); ``ValueError`` if the schema is invalid.
-
-    Checking and compiling a schema costs milliseconds; validators (and the reasons why a schema
-    is none) are cached by the schema's canonical JSON (a tool's outputSchema changes only when the
-    registry is synced).
-    """
-    if schema is None:
-        return None
-    fingerprint = json.dumps(schema, sort_keys=True, separators=(",", ":"), default=str)
-    cached = _validator_cache.get(fingerprint)
-    if isinstance(cached, str):
-        raise ValueError(cached)
-    if cached is not None:
-        return cached
-    entry: jsonschema.protocols.Validator | str
-    try:
-        cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-        cls.check_schema(schema)
-        entry = cls(schema)
-    except jsonschema.exceptions.SchemaError as exc:
-        entry = f"invalid output_schema: {exc.message}"[:300]
-    except Exception as exc:  # not a schema at all (a number, a ``$schema`` that is not a string)
-        entry = f"invalid output_schema: {_describe(exc)}"
-    with _validator_lock:
-        if len(_validator_cache) > 1024:
-            _validator_cache.clear()
-        _validator_cache[fingerprint] = entry
-    if isinstance(entry, str):
-        raise ValueError(entry)
-    return entry
-
-
-def output_schema_problem(schema: Any) -> str | None:
-    """Why ``call_tool`` would refuse ``schema`` as its ``output_schema``; None if it would not.
-
-    ``call_tool`` raises ``ValueError(f"invalid output_schema: {why}")``; this returns ``why``. None
-    for no schema. Cheap after the first time for a given schema (cached as the validators are).
-    """
-    try:
-        _output_validator(schema)
-    except ValueError as exc:
-        return str(exc).removeprefix("invalid output_schema: ")
-    return None
-
-
-def _ignore(chunk: bytes) -> None:
-    """An ``on_chunk`` for bodies whose hash nobody keeps."""
-
-
-def _bounded_chunks(chunks: Iterator[bytes], max_bytes: int, on_chunk: Callable[[bytes], None]) -> Iterator[bytes]:
-    """The response body in chunks, each passed to ``on_chunk`` first; ``_InvalidReply`` past ``max_bytes``.
-
-    The consumer stops pulling once it has its answer (an SSE event), so an answer
-    that has arrived is never discarded; a JSON body counts as arrived when its end
-    has been read. The total timeout is the wire's (``_Response``).
-    """
-    total = 0
-    for chunk in chunks:
-        on_chunk(chunk)
-        total += len(chunk)
-        if total > max_bytes:
-            raise _InvalidReply(f"response larger than {max_bytes} bytes")
-        yield chunk
-
-
-@dataclass(frozen=True)
-class _SSEEvent:
-    event: str
-    data: str
-
-
-_LINE_END = re.compile(r"\r\n|\r|\n")
-
-
-def _sse_lines(chunks: Iterator[bytes]) -> Iterator[str]:
-    """Split a UTF-8 byte stream into SSE lines (CRLF, CR or LF), across chunk boundaries."""
-    decoder = codecs.getincrementaldecoder("utf-8")()
-    pending = ""
-    for chunk in chunks:
-        pending += decoder.decode(chunk)
-        start = 0
-        for match in _LINE_END.finditer(pending):
-            if match.group() == "\r" and match.end() == len(pending):
-                break  # maybe the first half of a CRLF split across chunks
-            yield pending[start : match.start()]
-            start = match.end()
-        pending = pending[start:]
-    pending += decoder.decode(b"", final=True)
-    start = 0
-    for match in _LINE_END.finditer(pending):
-        yield pending[start : match.start()]
-        start = match.end()
-    if start < len(pending):
-        yield pending[start:]
-
-
-def _sse_events(chunks: Iterator[bytes]) -> Iterator[_SSEEvent]:
-    """Dispatch SSE events (WHATWG rules for ``event`` and ``data``; ``id``/``retry``/comments ignored)."""
-    event_type = ""
-    data: list[str] = []
-    for line in _sse_lines(chunks):
-        if not line:
-            if data:
-                yield _SSEEvent(event=event_type or "message", data="\n".join(data))
-            event_type, data = "", []
-            continue
-        if line.startswith(":"):
-            continue
-        name, _, value = line.partition(":")
-        value = value.removeprefix(" ")
-        if name == "data":
-            data.append(value)
-        elif name == "event":
-            event_type = value
-
-
-# -- the wire: HTTP/1.1 over a pool of kept-alive sockets ----------------------------------------
-#
-# The exception classes name the failure in ``CallResult.reason`` (``_describe``). Every one
-# raised before the first request byte is handed to the socket is a ``RequestNotSent``; that
-# is the whole of the "not sent" judgement, so nothing else may subclass it.
-
-
-class TransportError(Exception):
-    """The HTTP exchange failed before a complete response; the class name opens the reported reason."""
-
-
-class RequestNotSent(TransportError):
-    """Raised only before the first byte of the request reached the socket: the upstream saw nothing."""
-
-
-class UnsupportedProtocol(RequestNotSent):
-    """The URL is not ``http://`` or ``https://`` with a host and a valid port."""
-
-
-class ConnectError(RequestNotSent):
-    """Name resolution, the TCP connect or the TLS handshake (certificate verification included) failed."""
-
-
-class ConnectTimeout(RequestNotSent):
-    """The TCP connect or the TLS handshake took longer than the connect timeout."""
-
-
-class PoolTimeout(RequestNotSent):
-    """Every connection stayed busy for the whole pool timeout."""
-
-
-class ClientClosed(RequestNotSent):
-    """The client had been closed."""
-
-
-class WriteError(TransportError):
-    """Writing the request failed; part of it may have reached the upstream."""
-
-
-class WriteTimeout(TransportError):
-    """Writing the request took longer than the write timeout; part of it may have reached the upstream."""
-
-
-class ReadError(TransportError):
-    """Reading the response failed (connection reset, TLS error)."""
-
-
-class ReadTimeout(TransportError):
-    """No response byte arrived within the read timeout."""
-
-
-class RemoteProtocolError(TransportError):
-    """The upstream closed the connection before a complete response, or broke HTTP/1.1 framing."""
-
-
-_HEAD_END: Final = re.compile(rb"\n\r?\n")
-_TOKEN: Final = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_HEADER_NAME: Final = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_HEADER_VALUE: Final = re.compile(r"[\t\x20-\x7e]*")
-_CHUNK_SIZE: Final = re.compile(rb"[0-9A-Fa-f]{1,16}")
-_OWN_HEADERS: Final = frozenset(
-    {
-        "accept",
-        "content-length",
-        "content-type",
-        "idempotency-key",
-        "mcp-method",
-        "mcp-name",
-        "mcp-protocol-version",
-        "mcp-session-id",
-        "transfer-encoding",
-    }
-)
-"""Headers each request sets itself; the same names (and ``Mcp-Param-*``) in the ``headers`` argument are dropped."""
-_PARAM_HEADER_PREFIX_LOWER: Final = PARAM_HEADER_PREFIX.lower()
-_MAX_HEAD_BYTES: Final = 64 * 1024
-_MAX_LINE_BYTES: Final = 8 * 1024
-_RECV_BYTES: Final = 64 * 1024
-_DRAIN_GRACE: Final = 0.002
-_DRAIN_BYTES: Final = 64 * 1024
-
-
-def _check_value(value: str) -> str:
-    """``value`` if it can be sent as a header value (printable ASCII and tabs), else ``ValueError``."""
-    if not _HEADER_VALUE.fullmatch(value):
-        raise ValueError("header value is not printable ASCII")
-    return value
-
-
-def _check_header(name: str, value: str) -> str:
-    """The header line ``name: value`` (without CRLF), or ``ValueError`` if it cannot be sent."""
-    if not _HEADER_NAME.fullmatch(name):
-        raise ValueError(f"invalid header name {name!r}")
-    return f"{name}: {_check_value(value)}"
-
-
 def _session_lines(session: UpstreamSession) -> str:
     lines = f"{PROTOCOL_VERSION_HEADER}: {_check_value(session.protocol_version)}\r\n"
     if session.session_id is not None:
         lines += f"{SESSION_HEADER}: {_check_value(session.session_id)}\r\n"
     return lines
-
-
-def _tokens(value: str) -> set[str]:
-    return {token.strip().lower() for token in value.split(",")}
-
-
-@dataclass(frozen=True)
-class _Origin:
-    """Where requests go, parsed once from the URL; ``error`` is set for a URL no request can use."""
-
-    tls: bool = False
-    host: str = ""
-    port: int = 0
-    target: str = "/"
-    host_header: str = ""
-    authorization: str = ""
-    error: str | None = None
-
-    @classmethod
-    def parse(cls, url: str) -> _Origin:
-        try:
-            parts = urlsplit(url)
-            port = parts.port
-            scheme = parts.scheme.lower()
-            if scheme not in ("http", "https"):
-                return cls(error=f"Request URL has an unsupported protocol '{scheme}://'")
-            host = parts.hostname
-            if not host:
-                return cls(error="Request URL is missing a host")
-            tls = scheme == "https"
-            default_port = 443 if tls else 80
-            port = port or default_port
-            host_header = f"[{host}]" if ":" in host else host.encode("idna").decode("ascii")
-            if port != default_port:
-                host_header += f":{port}"
-        except ValueError as exc:  # UnicodeError included (a host IDNA cannot encode)
-            return cls(error=f"invalid URL: {exc}")
-        target = quote(parts.path or "/", safe="/%:@!$&'()*+,;=-._~")
-        if parts.query:
-            target += "?" + quote(parts.query, safe="/?%:@!$&'()*+,;=-._~")
-        authorization = ""
-        if parts.username is not None:
-            credentials = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
-            authorization = "Basic " + base64.b64encode(credentials.encode()).decode("ascii")
-        return cls(tls=tls, host=host, port=port, target=target, host_header=host_header, authorization=authorization)
-
-
-_default_context: ssl.SSLContext | None = None
-_default_context_lock = threading.Lock()
-
-
-def _default_ssl_context() -> ssl.SSLContext:
-    """The verifying client context: the system trust store plus certifi's bundle when installed.
-
-    Built once per process (loading the bundles costs milliseconds); an ``SSLContext``
-    may wrap sockets from several threads.
-    """
-    global _default_context
-    with _default_context_lock:
-        if _default_context is None:
-            context = ssl.create_default_context()
-            try:
-                import certifi
-            except ImportError:
-                pass
-            else:
-                context.load_verify_locations(cafile=certifi.where())
-            context.set_alpn_protocols(["http/1.1"])
-            _default_context = context
-        return _default_context
-
-
-if hasattr(select, "poll"):
-
-    def _readable(sock: socket.socket) -> bool:
-        poller = select.poll()
-        poller.register(sock, select.POLLIN)
-        return bool(poller.poll(0))
-
-else:  # pragma: no cover - platforms without poll(); select() is limited to low descriptors
-
-    def _readable(sock: socket.socket) -> bool:
-        return bool(select.select([sock], [], [], 0)[0])
-
-
-class _Connection:
-    """One socket to the upstream and the bytes read from it but not yet consumed."""
-
-    __slots__ = ("buffer", "idle_since", "sock", "timeout")
-
-    def __init__(self, sock: socket.socket) -> None:
-        self.sock = sock
-        self.buffer = bytearray()
-        self.idle_since = 0.0
-        self.timeout = sock.gettimeout()
-
-    def _set_timeout(self, timeout: float) -> None:
-        if timeout != self.timeout:  # each settimeout() is a system call
-            self.sock.settimeout(timeout)
-            self.timeout = timeout
-
-    def send(self, data: bytes, timeout: float) -> None:
-        """Write all of ``data`` within ``timeout`` seconds (``sendall``'s timeout covers the whole write)."""
-        try:
-            self._set_timeout(timeout)
-            self.sock.sendall(data)
-        except TimeoutError as exc:
-            raise WriteTimeout(str(exc) or "timed out") from exc
-        except OSError as exc:
-            raise WriteError(str(exc) or type(exc).__name__) from exc
-
-    def recv(self, timeout: float) -> bytes:
-        """The next bytes from the socket (``b""`` at the end of the stream), waiting at most ``timeout``."""
-        try:
-            self._set_timeout(timeout)
-            return self.sock.recv(_RECV_BYTES)
-        except TimeoutError as exc:
-            raise ReadTimeout(str(exc) or "timed out") from exc
-        except OSError as exc:
-            raise ReadError(str(exc) or type(exc).__name__) from exc
-
-    def reusable(self, now: float, expiry: float) -> bool:
-        """Whether an idle connection can carry the next request.
-
-        An idle socket that is readable has been closed by the peer (or holds bytes
-        nobody asked for): a request written to it would be lost or misread, so it
-        is not reused. Nor is one idle for longer than ``expiry``.
-        """
-        if self.buffer or now - self.idle_since > expiry:
-            return False
-        sock = self.sock
-        try:
-            if isinstance(sock, ssl.SSLSocket) and sock.pending():
-                return False
-            return not _readable(sock)
-        except (OSError, ValueError):
-            return False
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):
-            self.sock.close()
-
-
-class _Pool:
-    """Kept-alive connections to one origin, shared by threads; at most ``max_connections`` open at once.
-
-    A connection is held by one exchange at a time. Idle connections are reused
-    newest first, after ``_Connection.reusable`` says yes.
-    """
-
-    def __init__(
-        self,
-        origin: _Origin,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        write_timeout: float,
-        pool_timeout: float,
-        max_connections: int,
-        keepalive_expiry: float,
-        ssl_context: ssl.SSLContext | None,
-    ) -> None:
-        if max_connections < 1:
-            raise ValueError("max_connections must be at least 1")
-        self.origin = origin
-        self.read_timeout = read_timeout
-        self.write_timeout = write_timeout
-        self._connect_timeout = connect_timeout
-        self._pool_timeout = pool_timeout
-        self._max = max_connections
-        self._keepalive_expiry = keepalive_expiry
-        self._ssl_context = ssl_context
-        self._cond = threading.Condition(threading.Lock())
-        self._idle: list[_Connection] = []
-        self._open = 0  # idle, busy and being opened
-        self._closed = False
-
-    def request(self, head: bytes, body: bytes, deadline: float | None, *, close: bool) -> _Response:
-        """Send one request on a pooled or new connection and read the response head.
-
-        Raises ``RequestNotSent`` when nothing was written (unusable URL, closed
-        client, pool wait, connect), another ``TransportError`` once a byte may
-        have left, and ``_IncompleteReply`` when ``deadline`` passes before the head
-        arrived. Never resends, on any connection. The caller must ``close()`` the
-        response. ``close`` says the request asked the server to close the connection.
-        """
-        if self.origin.error is not None:
-            raise UnsupportedProtocol(self.origin.error)
-        response = _Response(self, self._acquire(), deadline, keep_alive=not close)
-        try:
-            response.send(head + body)  # one write: the head and a small body leave in one segment
-            response.read_head()
-        except BaseException:
-            response.discard()
-            raise
-        return response
-
-    def _acquire(self) -> _Connection:
-        stale: list[_Connection] = []
-        try:
-            with self._cond:
-                deadline: float | None = None
-                while True:
-                    if self._closed:
-                        raise ClientClosed("the upstream client is closed")
-                    now = time.monotonic()
-                    while self._idle:
-                        conn = self._idle.pop()
-                        if conn.reusable(now, self._keepalive_expiry):
-                            return conn
-                        stale.append(conn)
-                        self._open -= 1
-                    if self._open < self._max:
-                        self._open += 1
-                        break
-                    if deadline is None:
-                        deadline = now + self._pool_timeout
-                    if now >= deadline:
-                        raise PoolTimeout(f"no connection came free within {self._pool_timeout} s")
-                    self._cond.wait(deadline - now)
-        finally:
-            for conn in stale:
-                conn.close()
-        try:
-            return self._connect()
-        except BaseException:
-            self._forget_one()
-            raise
-
-    def _connect(self) -> _Connection:
-        origin = self.origin
-        try:
-            sock = socket.create_connection((origin.host, origin.port), timeout=self._connect_timeout)
-        except TimeoutError as exc:
-            raise ConnectTimeout(str(exc) or "timed out") from exc
-        except (OSError, ValueError) as exc:  # socket.gaierror is an OSError
-            raise ConnectError(str(exc) or type(exc).__name__) from exc
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if origin.tls:
-                context = self._ssl_context or _default_ssl_context()
-                sock = context.wrap_socket(sock, server_hostname=origin.host)  # handshake, under the connect timeout
-        except TimeoutError as exc:
-            sock.close()
-            raise ConnectTimeout(str(exc) or "timed out") from exc
-        except (OSError, ValueError) as exc:  # ssl.SSLError (certificate verification too) is an OSError
-            sock.close()
-            raise ConnectError(str(exc) or type(exc).__name__) from exc
-        return _Connection(sock)
-
-    def release(self, conn: _Connection, reusable: bool) -> None:
-        """Take back ``conn``: into the idle list when ``reusable`` (and the pool is open), else close it."""
-        if reusable:
-            conn.idle_since = time.monotonic()
-            with self._cond:
-                if not self._closed:
-                    self._idle.append(conn)
-                    self._cond.notify()
-                    return
-        conn.close()
-        self._forget_one()
-
-    def _forget_one(self) -> None:
-        with self._cond:
-            self._open -= 1
-            self._cond.notify()
-
-    def close(self) -> None:
-        """Close the idle connections and refuse new requests; busy ones close when released."""
-        with self._cond:
-            self._closed = True
-            idle, self._idle = self._idle, []
-            self._open -= len(idle)
-            self._cond.notify_all()
-        for conn in idle:
-            conn.close()
-
-    def after_fork(self) -> None:
-        """In a forked child: drop the parent's connections (closing only this process's descriptors)."""
-        self._cond = threading.Condition(threading.Lock())
-        idle, self._idle = self._idle, []
-        self._open = 0
-        for conn in idle:
-            conn.close()
-
-
-class _Response:
-    """One exchange on a connection: the parsed response head, then the body as chunks.
-
-    ``headers`` maps lower-case names to values (repeated fields joined with ", ").
-    The body is framed by chunked transfer coding, Content-Length or the end of the
-    connection (RFC 9112 section 6.3). ``close()`` returns the connection to the pool
-    only when the body was read to its end, nothing followed it, neither side asked
-    to close and the answer was HTTP/1.1; otherwise the socket is closed.
-    """
-
-    status: int
-    headers: dict[str, str]
-
-    def __init__(self, pool: _Pool, conn: _Connection, deadline: float | None, *, keep_alive: bool) -> None:
-        self._pool = pool
-        self._conn: _Connection | None = conn
-        self._deadline = deadline
-        self._grace: float | None = None
-        self._keep_alive = keep_alive
-        self._chunked = False
-        self._length: int | None = None
-        self._state = "head"  # head, ready, body, complete, broken
-        self._body: Iterator[bytes] | None = None
-
-    # -- reading ---------------------------------------------------------------------------------
-
-    def send(self, data: bytes) -> None:
-        assert self._conn is not None
-        self._conn.send(data, self._pool.write_timeout)
-
-    def _recv(self) -> bytes:
-        """One read, bounded by the read timeout, the total deadline (``_IncompleteReply``) and the drain grace."""
-        assert self._conn is not None
-        timeout, by_deadline = self._pool.read_timeout, False
-        if self._deadline is not None or self._grace is not None:
-            now = time.monotonic()
-            if self._deadline is not None:
-                left = self._deadline - now
-                if left <= 0:
-                    raise _IncompleteReply(_TOTAL_TIMEOUT_REASON)
-                if left < timeout:
-                    timeout, by_deadline = left, True
-            if self._grace is not None:
-                left = self._grace - now
-                if left <= 0:
-                    raise ReadTimeout("nothing more arrived")
-                if left < timeout:
-                    timeout, by_deadline = left, False
-        try:
-            return self._conn.recv(timeout)
-        except ReadTimeout:
-            if by_deadline:
-                raise _IncompleteReply(_TOTAL_TIMEOUT_REASON) from None
-            raise
-
-    def read_head(self) -> None:
-        """Read and parse the status line and header fields, skipping interim (1xx) responses."""
-        assert self._conn is not None
-        buf = self._conn.buffer
-        while True:
-            match = _HEAD_END.search(buf)
-            while match is None:
-                if len(buf) > _MAX_HEAD_BYTES:
-                    raise RemoteProtocolError(f"response head larger than {_MAX_HEAD_BYTES} bytes")
-                data = self._recv()
-                if not data:
-                    if buf:
-                        raise RemoteProtocolError("Server disconnected in the middle of the response head.")
-                    raise RemoteProtocolError("Server disconnected without sending a response.")
-                searched = max(0, len(buf) - 2)
-                buf += data
-                match = _HEAD_END.search(buf, searched)
-            lines = bytes(buf[: match.start()]).split(b"\n")
-            del buf[: match.end()]
-            status_line = lines[0].rstrip(b"\r")
-            version, _, rest = status_line.partition(b" ")
-            code = rest[:3]
-            if (
-                version not in (b"HTTP/1.1", b"HTTP/1.0")
-                or len(code) != 3
-                or not code.isdigit()
-                or code < b"100"
-                or rest[3:4] not in (b"", b" ")
-            ):
-                raise RemoteProtocolError(f"malformed status line {status_line[:100]!r}")
-            status = int(code)
-            if status >= 200:
-                break
-            if status == 101:
-                raise RemoteProtocolError("unexpected 101 Switching Protocols")
-        self.status = status
-        self.headers = headers = _parse_fields(lines[1:])
-        if version == b"HTTP/1.0" or ("connection" in headers and "close" in _tokens(headers["connection"])):
-            self._keep_alive = False
-        if status in (204, 304):
-            self._length = 0
-        elif "transfer-encoding" in headers:
-            self._chunked = headers["transfer-encoding"].rsplit(",", 1)[-1].strip().lower() == "chunked"
-            if not self._chunked or "content-length" in headers:
-                self._keep_alive = False  # close-delimited, or framing a proxy could read otherwise
-        elif "content-length" in headers:
-            values = {value.strip() for value in headers["content-length"].split(",")}
-            value = values.pop()
-            if values or not (value.isascii() and value.isdigit()) or len(value) > 18:
-                raise RemoteProtocolError(f"invalid Content-Length {headers['content-length'][:40]!r}")
-            self._length = int(value)
-        else:
-            self._keep_alive = False  # the body ends when the server closes the connection
-        self._state = "ready"
-
-    def iter_chunks(self) -> Iterator[bytes]:
-        """The body's bytes as they arrive (one iterator per response; stopping early is allowed)."""
-        if self._body is None:
-            self._body = self._read_body()
-        return self._body
-
-    def _read_body(self) -> Iterator[bytes]:
-        self._state = "body"
-        try:
-            if self._chunked:
-                yield from self._chunked_body()
-            elif self._length is not None:
-                yield from self._sized_body(self._length)
-            else:
-                yield from self._close_delimited_body()
-        except BaseException:
-            self._state = "broken"
-            raise
-        self._state = "complete"
-
-    def _sized_body(self, length: int) -> Iterator[bytes]:
-        assert self._conn is not None
-        buf = self._conn.buffer
-        remaining = length
-        while remaining:
-            if buf:
-                if len(buf) <= remaining:
-                    piece = bytes(buf)
-                    buf.clear()
-                else:
-                    piece = bytes(buf[:remaining])
-                    del buf[:remaining]
-            else:
-                piece = self._recv()
-                if not piece:
-                    raise RemoteProtocolError(
-                        "peer closed connection without sending complete message body "
-                        f"(received {length - remaining} of {length} bytes)"
-                    )
-                if len(piece) > remaining:
-                    buf += piece[remaining:]  # more than was announced: kept, so the connection is not reused
-                    piece = piece[:remaining]
-            remaining -= len(piece)
-            yield piece
-
-    def _chunked_body(self) -> Iterator[bytes]:
-        while True:
-            line = self._line()
-            size = line.split(b";", 1)[0].strip(b" \t")  # chunk extensions are ignored
-            if not _CHUNK_SIZE.fullmatch(size):
-                raise RemoteProtocolError(f"malformed chunk size line {line[:100]!r}")
-            if size.strip(b"0") == b"":
-                break
-            yield from self._sized_body(int(size, 16))
-            if self._line():
-                raise RemoteProtocolError("chunk data not followed by CRLF")
-        trailer_bytes = 0
-        while line := self._line():  # trailer fields are read and ignored
-            trailer_bytes += len(line)
-            if trailer_bytes > _MAX_HEAD_BYTES:
-                raise RemoteProtocolError(f"trailer fields larger than {_MAX_HEAD_BYTES} bytes")
-
-    def _line(self) -> bytes:
-        """One line of chunked framing (CRLF or LF), without its end."""
-        assert self._conn is not None
-        buf = self._conn.buffer
-        searched = 0
-        while (end := buf.find(b"\n", searched)) < 0:
-            if len(buf) > _MAX_LINE_BYTES:
-                raise RemoteProtocolError("chunked framing line too long")
-            data = self._recv()
-            if not data:
-                raise RemoteProtocolError("peer closed connection without sending complete message body")
-            searched = len(buf)
-            buf += data
-        line = bytes(buf[:end])
-        del buf[: end + 1]
-        return line[:-1] if line.endswith(b"\r") else line
-
-    def _close_delimited_body(self) -> Iterator[bytes]:
-        assert self._conn is not None
-        buf = self._conn.buffer
-        if buf:
-            piece = bytes(buf)
-            buf.clear()
-            yield piece
-        while data := self._recv():
-            yield data
-
-    # -- ending ----------------------------------------------------------------------------------
-
-    def close(self) -> None:
-        """Give the connection back: to the pool if the exchange ended cleanly (see the class docstring)."""
-        conn = self._conn
-        if conn is None:
-            return
-        reusable = self._keep_alive and self._finish() and not conn.buffer
-        self._conn = None
-        self._pool.release(conn, reusable)
-
-    def discard(self) -> None:
-        """Close the connection whatever its state (the exchange failed)."""
-        conn, self._conn = self._conn, None
-        if conn is not None:
-            self._pool.release(conn, False)
-
-    def _finish(self) -> bool:
-        """Whether the body has been read to its end, reading on briefly if the consumer stopped early.
-
-        A consumer stops at our SSE event; the server usually ends the stream right
-        after it, and reading that end (at most ``_DRAIN_BYTES`` within
-        ``_DRAIN_GRACE`` seconds) keeps the connection for the next call.
-        """
-        if self._state in ("ready", "body"):
-            self._grace = time.monotonic() + _DRAIN_GRACE
-            drained = 0
-            try:
-                for piece in self.iter_chunks():
-                    drained += len(piece)
-                    if drained > _DRAIN_BYTES:
-                        return False
-            except Exception:
-                return False
-        return self._state == "complete"
-
-
-def _parse_fields(lines: list[bytes]) -> dict[str, str]:
-    """Header fields from the lines of a response head (CRLF or LF; obsolete line folding unfolded)."""
-    headers: dict[str, str] = {}
-    last: str | None = None
-    for raw in lines:
-        line = raw[:-1] if raw.endswith(b"\r") else raw
-        if line[:1] in (b" ", b"\t"):
-            if last is None:
-                raise RemoteProtocolError("response head starts with a continuation line")
-            headers[last] = headers[last] + " " + line.strip(b" \t").decode("latin-1")
-            continue
-        name, colon, value = line.partition(b":")
-        if not colon or not _TOKEN.fullmatch(name):
-            raise RemoteProtocolError(f"malformed header line {line[:100]!r}")
-        key = name.decode("ascii").lower()
-        text = value.strip(b" \t").decode("latin-1")
-        headers[key] = f"{headers[key]}, {text}" if key in headers else text
-        last = key
-    return headers

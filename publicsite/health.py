@@ -26,7 +26,7 @@ from django.core.cache import cache
 from django.db import connection
 from django.utils import timezone
 
-from mcpgateway.discovery import LOCAL_TOOLS
+from publicsite.discovery import LOCAL_TOOLS
 
 logger = logging.getLogger("tollgate.health")
 
@@ -123,7 +123,7 @@ def check_upstream(url: str, *, timeout: float) -> dict[str, Any]:
     reports the upstream down, as it would fail a dispatch; ``ping`` is a
     ``server/discover`` in the stateless era.
     """
-    from mcpgateway.upstream import UpstreamClient, UpstreamError
+    from mcpgateway.upstream.client import UpstreamClient, UpstreamError
 
     if not url:
         return {"status": NOT_CONFIGURED, "latency_ms": None, "error": "UPSTREAM_MCP_URL is not set"}

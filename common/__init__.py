@@ -1,0 +1,1 @@
+"""Shared building blocks that import no app (docs/decisions.md, Foundation); apps import them, never the reverse."""
