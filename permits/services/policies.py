@@ -150,9 +150,17 @@ def _policy_snapshot(policy: PolicyBundle) -> dict[str, Any]:
 
 @transaction.atomic(durable=True)
 def policy_create(
-    *, wallet: Wallet, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **rules: Any
+    *,
+    wallet: Wallet,
+    actor_key_id: str = "",
+    actor_wallet_id: str = "",
+    actor: str = "",
+    endpoint: str = "/v1/policies",
+    **rules: Any,
 ) -> PolicyBundle:
     """Attach a policy bundle to ``wallet``; it applies to the wallet and every wallet below it.
+
+    ``endpoint`` is where the change came from, as audited (the console passes its own page's path).
 
     ``actor_wallet_id`` is the wallet of the creating key (empty for the operator): it
     records the level the policy was set at, which decides who may change it later
@@ -181,7 +189,7 @@ def policy_create(
         tenant_id=wallet.tenant_id,
         wallet_id=wallet.wallet_id,
         key_id=actor_key_id or None,
-        endpoint="/v1/policies",
+        endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
             "rules": _policy_snapshot(policy),
@@ -194,7 +202,13 @@ def policy_create(
 
 @transaction.atomic(durable=True)
 def policy_update(
-    *, policy_id: str, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **changes: Any
+    *,
+    policy_id: str,
+    actor_key_id: str = "",
+    actor_wallet_id: str = "",
+    actor: str = "",
+    endpoint: str = "/v1/policies/{policy_id}",
+    **changes: Any,
 ) -> PolicyBundle:
     """Change some rules of a policy bundle; bumps its version. Locks the row first.
 
@@ -237,7 +251,7 @@ def policy_update(
         tenant_id=policy.tenant_id,
         wallet_id=policy.wallet_id,
         key_id=actor_key_id or None,
-        endpoint="/v1/policies/{policy_id}",
+        endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
             "before": before,
