@@ -141,3 +141,13 @@ class AncestorKeyRotation(PermissionDeniedError):
         "would revoke the caller's own key and leave its successor minted by a revoked key. Rotate it with a "
         "key above it, or revoke it."
     )
+
+
+class WalletLimitRaiseDenied(PermissionDeniedError):
+    """A wallet key tried to raise a limit of its own wallet, or to set a wallet below it above its own limit."""
+
+    code = "wallet_limit_raise_denied"
+    message = (
+        "A wallet key may lower its own wallet's limits but never raise them, and may not set a wallet "
+        "below it above its own limits; the operator or a key of a wallet above may."
+    )

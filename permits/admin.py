@@ -12,7 +12,15 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
+from billing.admin import (
+    ServiceSavedAdmin,
+    confirmation_page,
+    console_actor,
+    console_log,
+    has_perm,
+    money_display,
+    revocation_reason_form,
+)
 from permits import services
 from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
 from permits.services.policies import policy_rules_problems
@@ -58,13 +66,16 @@ class PermitAdmin(ReadOnlyAdmin):
                 p.expires_at,
             ],
             confirm_label="Yes, revoke them",
+            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
+        reason = form.cleaned_data["reason"]
         count = 0
         for permit in queryset.exclude(status=PermitStatus.REVOKED):
-            services.permit_revoke(permit_id=permit.permit_id, reason="operator_console", actor=console_actor(request))
+            services.permit_revoke(permit_id=permit.permit_id, reason=reason, actor=console_actor(request))
             count += 1
+            console_log(request, permit, f"Revoked the permit: {reason}")
         self.message_user(request, f"Revoked {count} permit(s).", messages.SUCCESS)
         return None
 
@@ -152,9 +163,13 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         if rules.get("denied_tools") is None:
             rules["denied_tools"] = []
         if change:
-            updated = services.policy_update(policy_id=obj.policy_id, actor=console_actor(request), **rules)
+            updated = services.policy_update(
+                policy_id=obj.policy_id, actor=console_actor(request), endpoint=request.path, **rules
+            )
         else:
-            updated = services.policy_create(wallet=form.cleaned_data["wallet"], actor=console_actor(request), **rules)
+            updated = services.policy_create(
+                wallet=form.cleaned_data["wallet"], actor=console_actor(request), endpoint=request.path, **rules
+            )
         obj.pk = updated.pk
         obj.policy_id = updated.policy_id
         obj._state.adding = False

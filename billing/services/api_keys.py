@@ -295,7 +295,13 @@ def _revoke(key: APIKey, reason: str) -> bool:
 
 @transaction.atomic(durable=True)
 def api_key_rotate(
-    *, wallet: Wallet, key_id: str, revoke_old: bool = True, reason: str = "rotation", actor_key_id: str = ""
+    *,
+    wallet: Wallet,
+    key_id: str,
+    revoke_old: bool = True,
+    reason: str = "rotation",
+    actor_key_id: str = "",
+    actor: str = "",
 ) -> IssuedKey:
     """Create a successor for ``key_id``; optionally revoke the old key in the same transaction.
 
@@ -346,8 +352,14 @@ def api_key_rotate(
         tenant_id=wallet.tenant_id,
         wallet_id=wallet.wallet_id,
         key_id=actor_key_id or None,
-        endpoint="/v1/api-keys/rotate",
-        detail={"old_key_id": old.key_id, "new_key_id": issued.key.key_id, "old_revoked": revoke_old},
+        endpoint=None if actor else "/v1/api-keys/rotate",  # the console passes its actor, the API its key
+        detail={
+            "old_key_id": old.key_id,
+            "new_key_id": issued.key.key_id,
+            "old_revoked": revoke_old,
+            "reason": reason,
+            **({"actor": actor} if actor else {}),
+        },
     )
     return issued
 
