@@ -326,8 +326,11 @@ def test_a_second_user_confirms_in_the_console_and_it_applies(tenant: Tenant) ->
     assert proposal.changes == {"human_approval_required": False, "name": "relaxed"}
     confirmer = _user(groups=("Approver admin",))
     console = _console(confirmer)
-    listing = console.get("/admin/permits/policychangeproposal/").content.decode()
+    listing = console.get("/admin/permits/policychangeproposal/?status__exact=pending").content.decode()
     assert proposal.proposal_id in listing
+    detail = console.get(f"/admin/permits/policychangeproposal/{proposal.proposal_id}/change/")
+    assert detail.status_code == 200
+    assert _actor(proposer) in detail.content.decode()
     page = console.post(
         "/admin/permits/policychangeproposal/",
         {"action": "confirm_selected", "_selected_action": [proposal.proposal_id]},
