@@ -50,6 +50,11 @@ MCP_SESSION_TTL_SECONDS = env.float("MCP_SESSION_TTL_SECONDS", default=86400.0)
 MCP_SESSIONS_PER_KEY = env.int("MCP_SESSIONS_PER_KEY", default=100)
 if MCP_SESSIONS_PER_KEY < 1:
     raise ImproperlyConfigured("MCP_SESSIONS_PER_KEY must be at least 1.")
+# A proposal relaxing a policy's human approval waits this long for a second person's confirmation
+# (docs/decisions.md, "Operator console"); then it expires and cannot be confirmed.
+POLICY_PROPOSAL_TTL_HOURS = env.float("POLICY_PROPOSAL_TTL_HOURS", default=72.0)
+if not 0 < POLICY_PROPOSAL_TTL_HOURS <= 24 * 365:
+    raise ImproperlyConfigured("POLICY_PROPOSAL_TTL_HOURS must be above 0 and at most a year.")
 
 # Rate limits (spec, Limits). Adjustable only so that benchmarks can measure
 # throughput; the defaults are the contract.
