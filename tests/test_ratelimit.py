@@ -186,3 +186,54 @@ def test_database_windows_authenticate_and_charge_in_one_statement(tenant, backe
     else:
         assert len(touching_keys) == 1
         assert window_writes == []
+
+
+# -- per wallet line (issue 27, item 3) ------------------------------------------------------------
+
+
+def test_an_agent_minting_keys_for_itself_does_not_multiply_its_limit(tenant) -> None:
+    """Two keys of one wallet share the wallet's 120: before, they got 239 requests in a window."""
+    r = tenant.agent_client.post("/v1/api-keys", {"wallet_id": tenant.agent.wallet_id, "name": "twin"}, format="json")
+    assert r.status_code == 201, r.content  # 1
+    twin = client_for(r.json()["secret"])
+    clients = (tenant.agent_client, twin)
+    statuses = [clients[i % 2].get("/v1/me/permits").status_code for i in range(130)]
+    assert statuses.count(200) == 119, statuses
+    assert statuses[119:] == [429] * 11
+    r = twin.get("/v1/me/permits")
+    assert r.status_code == 429
+    assert r["X-RateLimit-Remaining"] == "0"
+    # Another wallet line of the tenant, and the sponsor's own key, keep their allowance.
+    assert tenant.sponsor_client.get("/v1/me/permits")["X-RateLimit-Remaining"] == "119"
+
+
+def test_child_wallets_with_keys_share_their_agents_limit(tenant) -> None:
+    """An agent cannot multiply its limit through child wallets: a child's keys count against the agent's line;
+    a sibling agent's line is its own."""
+    from billing.ratelimit import bucket_charge
+    from tests import factories
+
+    child_a = factories.make_wallet(tenant.agent, "child-a")
+    child_b = factories.make_wallet(tenant.agent, "child-b")
+    clients = [tenant.agent_client] + [client_for(factories.make_key(w).secret) for w in (child_a, child_b)]
+    statuses = [clients[i % 3].get("/v1/me/permits").status_code for i in range(150)]
+    assert statuses.count(200) == 120, statuses
+    assert statuses[120:] == [429] * 30
+    assert bucket_charge(f"wallet:{tenant.agent.wallet_id}", 0, 60)[0] == 150
+    assert bucket_charge(f"wallet:{child_a.wallet_id}", 0, 60)[0] == 0  # the line is the agent's
+    sibling = factories.make_wallet(tenant.sponsor, "sibling")
+    r = client_for(factories.make_key(sibling).secret).get("/v1/me/permits")
+    assert r.status_code == 200
+    assert r["X-RateLimit-Remaining"] == "119"
+
+
+def test_the_wallet_bucket_refuses_a_fresh_key_of_a_full_wallet(tenant) -> None:
+    """The refusal applies when either bucket is over: a key with its own window empty is refused too."""
+    from tests import factories
+
+    for _ in range(120):
+        assert tenant.agent_client.get("/v1/me/permits").status_code == 200
+    fresh = client_for(factories.make_key(tenant.agent).secret)
+    r = fresh.get("/v1/me/permits")
+    assert r.status_code == 429
+    assert r.json()["detail"]["error"] == "rate_limited"
