@@ -65,7 +65,6 @@ from django.utils.cache import get_conditional_response
 
 from audit.services import audit_record
 from billing.keys import hash_secret
-from billing.models import WalletType
 from billing.selectors import api_key_authenticate_charging
 from config import metrics
 from config.authentication import credential_from_headers, resolve_credential
@@ -111,16 +110,13 @@ def _client_address(request: HttpRequest) -> str:
 def wallet_line_bucket(key: APIKey) -> str | None:
     """The rate-limit bucket of a wallet key's line, ``wallet:<id>`` (None for an operator key).
 
-    The line is the key's wallet, or for a child wallet its agent parent (children have no
-    children): every key of an agent and of its child wallets shares one allowance. The same rule
-    as ``billing_rate_limit_key_charge`` (billing/sql), which charges it with the database backend;
+    The line is the key's wallet, or for a child wallet its agent parent (``Wallet.line_id``):
+    every key of an agent and of its child wallets shares one allowance. The same rule as
+    ``billing_rate_limit_key_charge`` (billing/sql), which charges it with the database backend;
     this copy serves the cache backend, which has no SQL.
     """
     wallet = key.wallet
-    if wallet is None:
-        return None
-    line = wallet.parent_id if wallet.wallet_type == WalletType.CHILD else wallet.wallet_id
-    return f"wallet:{line}"
+    return None if wallet is None else f"wallet:{wallet.line_id}"
 
 
 _UPSERT = (
