@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('mcpgateway', '0002_console_groups'),
-        ('billing', '0021_ledger_triggers_from_sql_files'),
+        ('billing', '0022_rate_limit_charges_the_wallet_line'),
     ]
 
     operations = [
