@@ -5,6 +5,7 @@ tests/test_console_browser.py; here the rules behind them, attacked as each call
 
 from __future__ import annotations
 
+import itertools
 import json
 import threading
 from decimal import Decimal
@@ -147,34 +148,52 @@ def test_a_limit_under_the_days_spend_says_so_and_applies_from_the_next_charge(t
 
 
 @pytest.mark.django_db(transaction=True)
-def test_concurrent_lowering_and_raising_each_judged_on_the_locked_row(tenant: Tenant) -> None:
-    """The agent's own lowering and its sponsor's raise race; the agent's check runs on the row it locked,
-    so whatever the order the agent never ends above a limit it could not set itself."""
-    wallet_settings_change(wallet=tenant.agent, changes={"daily_limit": D(50)})
-    results: dict[str, int] = {}
-    barrier = threading.Barrier(2)
+def test_an_agent_racing_its_sponsors_lowering_never_ends_above_it(tenant: Tenant) -> None:
+    """The sponsor lowers the agent's daily limit from 50 to 10 while the agent sets 40 (a lowering of the 50
+    it read). The agent's rule is judged on the row it locked: run after the sponsor's change, 40 is a raise
+    of 10 and is refused; run before it, the sponsor's 10 follows. Whatever the order, the limit ends at 10."""
+    for _ in range(3):
+        wallet_settings_change(wallet=tenant.agent, changes={"daily_limit": D(50)})
+        results = _race(
+            {
+                "sponsor": lambda: _patch(tenant.sponsor_client, tenant.agent.wallet_id, daily_limit="10"),
+                "agent": lambda: _patch(tenant.agent_client, tenant.agent.wallet_id, daily_limit="40"),
+            }
+        )
+        assert results["sponsor"].status_code == 200
+        assert results["agent"].status_code in (200, 403)
+        assert _refresh(tenant.agent).daily_limit == D(10)
+        # Each audited change's "before" is the value it replaced.
+        events = AuditEvent.objects.filter(event="wallet.settings_changed", wallet_id=tenant.agent.wallet_id)
+        changes = [e.detail["changes"]["daily_limit"] for e in events.order_by("seq")]
+        for earlier, later in itertools.pairwise(changes):
+            assert later["before"] == earlier["after"]
 
-    def run(name: str, client: Any, value: str) -> None:
+
+def _race(calls: dict[str, Any]) -> dict[str, Any]:
+    """Run each call in its own thread, released together; their results by name."""
+    results: dict[str, Any] = {}
+    barrier = threading.Barrier(len(calls))
+
+    def run(name: str) -> None:
         try:
             barrier.wait()
-            results[name] = _patch(client, tenant.agent.wallet_id, daily_limit=value).status_code
+            results[name] = calls[name]()
         finally:
             connection.close()
 
-    threads = [
-        threading.Thread(target=run, args=("sponsor", tenant.sponsor_client, "80")),
-        threading.Thread(target=run, args=("agent", tenant.agent_client, "40")),
-    ]
+    threads = [threading.Thread(target=run, args=(name,)) for name in calls]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    assert results == {"sponsor": 200, "agent": 200}
-    events = AuditEvent.objects.filter(event="wallet.settings_changed", wallet_id=tenant.agent.wallet_id)
-    # Two audited changes chained one on the other: the second's "before" is the first's "after".
-    first, second = [e.detail["changes"]["daily_limit"] for e in events.order_by("seq")][-2:]
-    assert second["before"] == first["after"]
-    assert _refresh(tenant.agent).daily_limit == D(second["after"])
+    return results
+
+
+def test_the_patch_is_documented_as_an_extension(anon_client: Any) -> None:
+    operation = anon_client.get("/openapi.json").json()["paths"]["/v1/billing/wallets/{wallet_id}"]["patch"]
+    assert operation["x-tollgate-extension"] is True
+    assert operation["operationId"] == "billing_wallets_update_settings"
 
 
 def test_console_settings_page_needs_its_permission_and_writes_history(tenant: Tenant) -> None:
