@@ -37,8 +37,10 @@ EVENT_FILTERS = ("event", "wallet_id", "key_id", "tool", "endpoint", "policy_dec
 
 # The columns and the detail keys that name the object an event is about, for the ``object_id`` filter.
 # The detail lookups are JSON containment (``detail @> {"policy_id": ...}``), which the GIN index
-# ``audit_detail_path_ops`` answers; so is the ``actor`` filter (``detail @> {"actor": ...}``).
-OBJECT_ID_COLUMNS = ("wallet_id", "key_id", "request_id", "policy_decision_id", "event_id")
+# ``audit_detail_path_ops`` answers; so is the ``actor`` filter (``detail @> {"actor": ...}``). Only
+# indexed columns take part, so every branch of the OR is an index scan: ``key_id`` (the acting key)
+# and ``policy_decision_id`` have their own filters, and a key the event is about is in its detail.
+OBJECT_ID_COLUMNS = ("wallet_id", "request_id", "event_id")
 OBJECT_ID_DETAIL_KEYS = (
     "policy_id",
     "permit_id",
