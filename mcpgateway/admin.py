@@ -118,6 +118,26 @@ class ToolPriceAdmin(ServiceSavedAdmin):
             billing_services.tool_price_remove(tool=row.tool, actor=console_actor(request))
 
 
+@admin.register(ToolPriceChange)
+class ToolPriceChangeAdmin(admin.ModelAdmin):
+    """Every price change of every tool (``tool_price_set`` / ``tool_price_remove``), read-only."""
+
+    list_display = ["changed_at", "tool", "old_credits", "new_credits", "removed", "actor"]
+    list_filter = ["removed"]
+    search_fields = ["tool", "actor", "actor_key_id"]
+    ordering = ["-changed_at", "-id"]
+    date_hierarchy = "changed_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
 @admin.register(Tool)
 class ToolAdmin(ServiceSavedAdmin):
     list_display = ["service_id", "category", "source", "enabled", "price", "synced_at"]

@@ -258,6 +258,11 @@ def test_a_price_changes_from_its_page_with_history_and_never_unpriced() -> None
     tool_page = client.get(f"/admin/mcpgateway/tool/{quote('notes.append')}/change/").content.decode()
     assert "/admin/billing/toolprice/notes.append/change/" in tool_page
     assert "/admin/billing/toolprice/notes.append/change/" in client.get("/admin/billing/toolprice/").content.decode()
+    # Every change is listed, read-only.
+    changes = client.get("/admin/billing/toolpricechange/").content.decode()
+    assert f"admin:{user.username}" in changes
+    assert client.get(f"/admin/billing/toolpricechange/{change.pk}/change/").status_code == 200
+    assert client.post("/admin/billing/toolpricechange/add/", {}).status_code == 403
 
 
 def test_manage_py_writes_the_same_history_and_quotes_keep_their_price(tenant: Tenant) -> None:
