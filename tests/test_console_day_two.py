@@ -94,6 +94,10 @@ def test_an_agent_lowers_its_own_limits_but_never_raises_them(tenant: Tenant) ->
         D(100),
         None,
     )
+    # The sponsor's own key is held to the same rule on its own wallet; the operator is not.
+    wallet_settings_change(wallet=tenant.sponsor, changes={"daily_limit": D(1000)})
+    assert _patch(tenant.sponsor_client, tenant.sponsor.wallet_id, daily_limit="1001").status_code == 403
+    assert _patch(tenant.sponsor_client, tenant.sponsor.wallet_id, daily_limit="900").status_code == 200
 
 
 def test_an_agent_never_sets_its_child_above_its_own_line_nor_reaches_siblings_or_parents(tenant: Tenant) -> None:
