@@ -39,7 +39,7 @@ import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import Any
 from urllib.parse import unquote
 
@@ -154,7 +154,23 @@ def _regex(pattern: str) -> Any:
 
 # --- the run: one validation of one instance ----------------------------------------------------------
 
-_Error = tuple[tuple[str | int, ...], str]  # path, message
+_Error = tuple[tuple[str | int, ...], Any]  # path, message (a callable: rendered only for the error answered)
+
+
+def _say(template: str, *values: Any) -> str:
+    """``template`` with each ``{}`` replaced by the brief repr of a value (an error message, when answered)."""
+    return template.format(*(brief(v) for v in values))
+
+
+def _literal(text: str) -> str:
+    """``text`` as a literal part of a ``_say`` template."""
+    return text.replace("{", "{{").replace("}", "}}")
+
+
+def _text(message: Any) -> str:
+    return str(message()) if callable(message) else str(message)
+
+
 _Check = Callable[[Any, "_Run"], "_Error | None"]
 
 
@@ -299,7 +315,7 @@ class _Compiler:
         node = _Node(len(self.nodes))
         self.nodes.append(node)
         if schema is False:
-            node.any.append(lambda value, run: ((), f"False schema does not allow {brief(value)}"))
+            node.any.append(lambda value, run: ((), lambda: f"False schema does not allow {brief(value)}"))
         elif schema is not True:
             self.by_id[id(schema)] = node
             self._keywords(node, schema)
@@ -351,7 +367,7 @@ class _Compiler:
                 t = type(value)
                 if t in allowed or (integral and t is float and value.is_integer()):
                     return None
-                return ((), f"{brief(value)} is not of type {joined}")
+                return ((), lambda: f"{brief(value)} is not of type {joined}")
 
             node.any.append(check_type)
 
@@ -396,7 +412,7 @@ class _Compiler:
 
             def check_not(value: Any, run: _Run, negated: _Node = negated) -> Any:
                 if _judge(negated, value, run) is None:
-                    return ((), f"{brief(value)} should not be valid under the 'not' schema")
+                    return ((), lambda: f"{brief(value)} should not be valid under the 'not' schema")
                 return None
 
             node.any.append(check_not)
@@ -456,9 +472,12 @@ class _Compiler:
                     if _judge(c, item, run) is None:
                         matches += 1
                         if most is not None and matches > most:
-                            return ((), f"Too many items match the given schema (expected at most {most})")
+                            return ((), lambda: f"Too many items match the given schema (expected at most {most})")
                 if matches < least:
-                    return ((), f"{brief(value)} does not contain enough items valid under the 'contains' schema")
+                    return (
+                        (),
+                        partial(_say, "{} does not contain enough items valid under the 'contains' schema", value),
+                    )
                 return None
 
             self._add(node, (list,), check_contains)
@@ -498,8 +517,15 @@ class _Compiler:
                         if closed:
                             if pattern_names:
                                 listed = ", ".join(repr(p) for p in pattern_names)
-                                return ((), f"{brief(key)} does not match any of the regexes: {listed[:BRIEF_LENGTH]}")
-                            return ((), f"Additional properties are not allowed ({brief(key)} was unexpected)")
+                                return (
+                                    (),
+                                    partial(
+                                        _say,
+                                        "{} does not match any of the regexes: " + _literal(listed[:BRIEF_LENGTH]),
+                                        key,
+                                    ),
+                                )
+                            return ((), partial(_say, "Additional properties are not allowed ({} was unexpected)", key))
                         if extra is not None:
                             error = _judge(extra, item, run)
                             if error is not None:
@@ -513,7 +539,7 @@ class _Compiler:
             def check_required(value: dict[str, Any], run: _Run) -> Any:
                 for name in required:
                     if name not in value:
-                        return ((), f"{brief(name)} is a required property")
+                        return ((), partial(_say, "{} is a required property", name))
                 return None
 
             self._add(node, (dict,), check_required)
@@ -528,7 +554,10 @@ class _Compiler:
                 for key in value:
                     error = _judge(names, key, run)
                     if error is not None:
-                        return ((), f"property name {brief(key)}: {error[1]}")
+                        return (
+                            (),
+                            partial(_say, "property name {}: " + _literal(_text(error[1])), key),
+                        )
                 return None
 
             self._add(node, (dict,), check_names)
@@ -551,7 +580,7 @@ class _Compiler:
                     if name in value:
                         for each in wanted:
                             if each not in value:
-                                return ((), f"{brief(each)} is a dependency of {brief(name)}")
+                                return ((), partial(_say, "{} is a dependency of {}", each, name))
                 for name, sub in schemas.items():
                     if name in value:
                         error = _judge(sub, value, run)
@@ -629,12 +658,12 @@ def _equality_check(values: list[Any], *, one_of: bool) -> _Check:
     def check(value: Any, run: _Run) -> Any:
         if keys is not None:
             if type(value) in (list, dict) or _scalar_key(value) not in keys:
-                return ((), message(value))
+                return ((), lambda: message(value))
             return None
         wanted = run.consts.get(id(values))
         if wanted is None:
             wanted = run.consts[id(values)] = {run.canon(v) for v in values}
-        return None if run.canon(value) in wanted else ((), message(value))
+        return None if run.canon(value) in wanted else ((), lambda: message(value))
 
     return check
 
@@ -651,14 +680,18 @@ def _length_check(limit: int, *, at_least: bool, says: str) -> _Check:
         size = len(value)
         if size >= limit if at_least else size <= limit:
             return None
-        return ((), f"{brief(value)} {says}")
+        return ((), lambda: f"{brief(value)} {says}")
 
     return check
 
 
 def _pattern_check(program: Any, pattern: str) -> _Check:
     def check(value: str, run: _Run) -> Any:
-        return None if program.search(value) is not None else ((), f"{brief(value)} does not match {brief(pattern)}")
+        return (
+            None
+            if program.search(value) is not None
+            else ((), lambda: f"{brief(value)} does not match {brief(pattern)}")
+        )
 
     return check
 
@@ -670,7 +703,7 @@ def _unique(value: list[Any], run: _Run) -> Any:
     for item in value:
         key = canon(item)
         if key in seen:
-            return ((), f"{brief(value)} has non-unique elements")
+            return ((), lambda: f"{brief(value)} has non-unique elements")
         seen.add(key)
     return None
 
@@ -685,7 +718,7 @@ def _multiple_of(divisor: int | float) -> _Check:
                 failed = (Fraction(value) / Fraction(divisor)).denominator != 1
         else:
             failed = bool(value % divisor)
-        return ((), f"{brief(value)} is not a multiple of {divisor}") if failed else None
+        return ((), lambda: f"{brief(value)} is not a multiple of {divisor}") if failed else None
 
     return check
 
@@ -704,7 +737,7 @@ def _bound(keyword: str, limit: int | float, *, exclusive: bool) -> _Check:
             failed = value <= limit if exclusive else value < limit
         else:
             failed = value >= limit if exclusive else value > limit
-        return ((), f"{brief(value)} is {says}") if failed else None
+        return ((), lambda: f"{brief(value)} is {says}") if failed else None
 
     return check
 
@@ -744,7 +777,7 @@ def _combinator(keyword: str, branches: list[_Node]) -> _Check:
         if valid == 1:
             return None
         if valid > 1:
-            return ((), f"{brief(value)} is valid under more than one of the given schemas")
+            return ((), lambda: f"{brief(value)} is valid under more than one of the given schemas")
         return _best(value, errors, "is not valid under any of the given schemas")
 
     return check_one
@@ -756,7 +789,7 @@ def _best(value: Any, errors: list[_Error], summary: str) -> _Error:
     at_deepest = [e for e in errors if len(e[0]) == deepest]
     if deepest and len(at_deepest) == 1:
         return at_deepest[0]
-    return ((), f"{brief(value)} {summary}")
+    return ((), lambda: f"{brief(value)} {summary}")
 
 
 # --- the compiled schema -------------------------------------------------------------------------------
@@ -783,31 +816,32 @@ class ArgumentsSchema:
             return Verdict(ArgumentError((), message, "arguments_too_complex"), run.steps)
         if error is None:
             return Verdict(None, run.steps)
-        return Verdict(ArgumentError(error[0], error[1], "invalid_arguments"), run.steps)
+        return Verdict(ArgumentError(error[0], _text(error[1]), "invalid_arguments"), run.steps)
 
 
 def _size_problem(value: Any, *, max_nodes: int, max_items: int) -> ArgumentError | None:
     """The first bound ``value`` passes, found by a walk that stops there (never reading further)."""
     stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
-    nodes = 0
+    nodes = 1
     while stack:
         current, path = stack.pop()
-        nodes += 1
+        size = len(current) if type(current) in (list, dict) else 0
+        if not size:
+            continue
+        if size > max_items:
+            what = "items" if type(current) is list else "properties"
+            return ArgumentError(path, f"More than {max_items} {what}.", "arguments_too_large")
+        nodes += size
         if nodes > max_nodes:
             return ArgumentError((), f"The arguments hold more than {max_nodes} values.", "arguments_too_large")
-        t = type(current)
-        if t is list or t is dict:
-            if len(current) > max_items:
-                what = "items" if t is list else "properties"
-                return ArgumentError(path, f"More than {max_items} {what}.", "arguments_too_large")
-            if nodes + len(current) > max_nodes:
-                return ArgumentError((), f"The arguments hold more than {max_nodes} values.", "arguments_too_large")
-            if t is list:
-                stack.extend(((item, (*path, i)) for i, item in enumerate(current) if type(item) in (list, dict)))
-                nodes += sum(1 for item in current if type(item) not in (list, dict))
-            else:
-                stack.extend(((item, (*path, k)) for k, item in current.items() if type(item) in (list, dict)))
-                nodes += sum(1 for item in current.values() if type(item) not in (list, dict))
+        if type(current) is list:
+            for i, item in enumerate(current):
+                if type(item) is list or type(item) is dict:
+                    stack.append((item, (*path, i)))
+        else:
+            for k, item in current.items():
+                if type(item) is list or type(item) is dict:
+                    stack.append((item, (*path, k)))
     return None
 
 

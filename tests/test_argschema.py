@@ -10,6 +10,8 @@ stays within a small constant times the number of values in them.
 from __future__ import annotations
 
 import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
@@ -21,6 +23,9 @@ from mcpgateway import services
 from mcpgateway.argschema import SchemaUnusable, input_schema_problem, schema_compile
 from mcpgateway.models import Action
 from tests.gateway_helpers import register_tools, setup_caller
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from argument_validation import KB100, RECURSIVE_ANYOF, WORST_CASES, _branching_tree
 
 CATASTROPHIC = "^(a+)+$"
 HOSTILE = "a" * 40 + "b"
@@ -89,6 +94,12 @@ def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None) -> None
             "'12a' does not match '^\\\\d{3}$'",
         ),
         ({"properties": {"s": {"pattern": "é"}}}, {"s": "café"}, {"s": "cafe"}, "'cafe' does not match 'é'"),
+        (
+            {"patternProperties": {"^a{2}$": {}}, "additionalProperties": False},
+            {"aa": 1},
+            {"b": 1},
+            "'b' does not match any of the regexes: '^a{2}$'",
+        ),
         (
             {"properties": {"a": {}}, "additionalProperties": False},
             {"a": 1},
@@ -366,163 +377,7 @@ def test_a_recursive_ref_that_descends_into_the_arguments_is_usable() -> None:
 
 
 # --- worst cases: work linear in the arguments ------------------------------------------------------------
-
-KB100 = 100_000
-
-
-def _fill(make: Any) -> Any:
-    """``make(n)`` with the largest n whose JSON stays within about 100 KB."""
-    n = 1
-    while len(json.dumps(make(n * 2))) <= KB100:
-        n *= 2
-    lo, hi = n, n * 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if len(json.dumps(make(mid))) <= KB100 else (lo, mid)
-    return make(lo)
-
-
-def _nested(depth: int, leaf: Any, key: str = "a") -> Any:
-    value = leaf
-    for _ in range(depth):
-        value = {key: value}
-    return value
-
-
-def _branching_tree(depth: int) -> Any:
-    return _nested(depth, {}, key="a")
-
-
-RECURSIVE_ANYOF = {
-    "$defs": {
-        "n": {
-            "anyOf": [
-                {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["never"]},
-                {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["nor"]},
-                {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}},
-            ]
-        }
-    },
-    "type": "array",
-    "items": {"$ref": "#/$defs/n"},
-}
-
-# keyword: (schema, about 100 KB of arguments that make it work hardest)
-WORST_CASES: dict[str, tuple[Any, Any]] = {
-    # 8,000 mixed strings and integers took jsonschema 15 s of CPU: nothing sorts, every pair is compared.
-    "uniqueItems": (
-        {"type": "array", "uniqueItems": True},
-        _fill(lambda n: [str(i) if i % 2 else i for i in range(n)]),
-    ),
-    "uniqueItems objects": (
-        {"uniqueItems": True},
-        _fill(lambda n: [{"k": i, "v": [i, {"x": None}]} for i in range(n)]),
-    ),
-    "uniqueItems nested": (
-        {"$defs": {"u": {"type": "array", "uniqueItems": True, "items": {"$ref": "#/$defs/u"}}}, "$ref": "#/$defs/u"},
-        _fill(lambda n: [[[[i, j]] for j in range(4)] for i in range(n)]),
-    ),
-    "enum": (
-        {"items": {"enum": [[1, {"a": 2}], {"b": [3]}, "c", 4.5]}},
-        _fill(lambda n: [[1, {"a": i}] for i in range(n)]),
-    ),
-    "const": (
-        {"items": {"const": {"a": [1, 2, 3], "b": {"c": None}}}},
-        _fill(lambda n: [{"a": [1, 2, i], "b": {"c": None}} for i in range(n)]),
-    ),
-    "type": ({"items": {"type": ["integer", "null"]}}, _fill(lambda n: [1.0] * n)),
-    "multipleOf": ({"items": {"multipleOf": 0.01}}, _fill(lambda n: [10**15 + i for i in range(n)])),
-    "minimum/maximum": ({"items": {"minimum": 0, "exclusiveMaximum": 10**9}}, _fill(lambda n: [i for i in range(n)])),
-    "minLength/maxLength": ({"items": {"minLength": 1, "maxLength": 10**6}}, _fill(lambda n: ["é" * n])),
-    "pattern": ({"items": {"pattern": CATASTROPHIC}}, _fill(lambda n: ["a" * n + "b"])),
-    "items/prefixItems": (
-        {"prefixItems": [{"type": "integer"}] * 50, "items": {"type": "integer"}},
-        _fill(lambda n: list(range(n))),
-    ),
-    "additionalItems": (
-        {"$schema": D7, "items": [{}], "additionalItems": {"type": "integer"}},
-        _fill(lambda n: list(range(n))),
-    ),
-    "contains": ({"contains": {"type": "string"}, "minContains": 2, "maxContains": 10**6}, _fill(lambda n: [0] * n)),
-    "minItems/maxItems": ({"minItems": 1, "maxItems": 10**6}, _fill(lambda n: [0] * n)),
-    "properties": (
-        {"properties": {f"p{i}": {"type": "integer"} for i in range(50)}},
-        _fill(lambda n: {f"p{i}": i for i in range(n)}),
-    ),
-    "patternProperties": (
-        {"patternProperties": {"^(a+)+$": {"type": "integer"}, "b": {}}, "additionalProperties": False},
-        _fill(lambda n: {"a" * (i % 40 + 1) + "b" * (i // 40): i for i in range(n)}),
-    ),
-    "additionalProperties": (
-        {"additionalProperties": {"type": "integer"}},
-        _fill(lambda n: {f"k{i}": i for i in range(n)}),
-    ),
-    "required": ({"items": {"required": ["a", "b", "c"]}}, _fill(lambda n: [{"a": 1, "b": 2, "c": 3}] * n)),
-    "minProperties/maxProperties": (
-        {"minProperties": 1, "maxProperties": 10**6},
-        _fill(lambda n: {f"k{i}": 0 for i in range(n)}),
-    ),
-    "propertyNames": (
-        {"propertyNames": {"pattern": CATASTROPHIC}},
-        _fill(lambda n: {"a" * (i % 40 + 1) + str(i): 0 for i in range(n)}),
-    ),
-    "dependentRequired": (
-        {"dependentRequired": {"a": ["b", "c"]}, "additionalProperties": {}},
-        _fill(lambda n: {"a": 1, "b": 1, "c": 1, **{f"k{i}": i for i in range(n)}}),
-    ),
-    "dependentSchemas": (
-        {"items": {"dependentSchemas": {"a": {"required": ["b"]}}}},
-        _fill(lambda n: [{"a": 1, "b": 2}] * n),
-    ),
-    "dependencies": (
-        {"$schema": D7, "items": {"dependencies": {"a": ["b"], "b": {"required": ["a"]}}}},
-        _fill(lambda n: [{"a": 1, "b": 2}] * n),
-    ),
-    "allOf": (
-        {"items": {"allOf": [{"type": "integer"}, {"minimum": 0}, {"maximum": 10**9}]}},
-        _fill(lambda n: list(range(n))),
-    ),
-    "anyOf (recursive)": (RECURSIVE_ANYOF, _fill(lambda n: [_branching_tree(60) for _ in range(n)])),
-    "oneOf (recursive)": (
-        {
-            "$defs": {
-                "n": {
-                    "oneOf": [
-                        {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}, "required": ["x"]},
-                        {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}},
-                    ]
-                }
-            },
-            "items": {"$ref": "#/$defs/n"},
-        },
-        _fill(lambda n: [_branching_tree(60) for _ in range(n)]),
-    ),
-    "not (recursive)": (
-        {
-            "$defs": {"n": {"not": {"not": {"type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}}}}},
-            "items": {"$ref": "#/$defs/n"},
-        },
-        _fill(lambda n: [_branching_tree(60) for _ in range(n)]),
-    ),
-    "if/then/else (recursive)": (
-        {
-            "$defs": {
-                "n": {
-                    "if": {"properties": {"a": {"$ref": "#/$defs/n"}}},
-                    "then": {"properties": {"a": {"$ref": "#/$defs/n"}}},
-                    "else": {"properties": {"a": {"$ref": "#/$defs/n"}}},
-                }
-            },
-            "items": {"$ref": "#/$defs/n"},
-        },
-        _fill(lambda n: [_branching_tree(60) for _ in range(n)]),
-    ),
-    "$ref": (
-        {"$defs": {"i": {"$ref": "#/$defs/j"}, "j": {"type": "integer"}}, "items": {"$ref": "#/$defs/i"}},
-        _fill(lambda n: list(range(n))),
-    ),
-    "boolean schemas": ({"items": True, "contains": False, "minContains": 0}, _fill(lambda n: [0] * n)),
-}
+# The cases live with their benchmark (bench/argument_validation.py), which times them.
 
 
 @pytest.mark.parametrize("keyword", list(WORST_CASES))
