@@ -181,3 +181,47 @@ def test_the_official_sdk_client_gets_the_refusal_on_mcp(tmp_path: Any) -> None:
         assert "does not resolve" in error.message
         assert not Action.objects.exists()
         assert upstream.count("tools/call") == 0
+
+
+@pytest.mark.django_db
+def test_the_console_tool_page_shows_the_reason_to_a_staff_user_who_may_view_tools(settings: Any) -> None:
+    from tests.test_console_permissions import staff
+
+    settings.UPSTREAM_CONNECT_TIMEOUT = 1
+    with BadSchemaUpstream(overrides={"inputSchema": DANGLING}) as upstream:
+        register_upstream(upstream.url, price="2")
+    client, _ = staff("mcpgateway.view_tool")
+    page = client.get("/admin/mcpgateway/tool/echo/change/")
+    assert page.status_code == 200
+    assert "the $ref &#x27;#/$defs/missing&#x27; does not resolve" in page.content.decode()
+    listing = client.get("/admin/mcpgateway/tool/").content.decode()
+    assert "inputschema usable" in listing.lower()
+    # Viewing is all the permission allows: the reason is the sync's, not the console's, to change.
+    r = client.post("/admin/mcpgateway/tool/echo/change/", {"category": "search", "enabled": "on"})
+    assert r.status_code == 403
+    assert Tool.objects.get(service_id="echo").input_schema_problem
+
+
+@pytest.mark.django_db
+def test_the_arguments_are_validated_once_per_call(settings: Any, tenant: Tenant, monkeypatch: Any) -> None:
+    """Once on the fresh path, and once when a call decided on the cache is decided again on fresh rows."""
+    from mcpgateway.argschema import ArgumentsSchema
+
+    settings.UPSTREAM_CONNECT_TIMEOUT = 1
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}}
+    with BadSchemaUpstream(overrides={"inputSchema": schema}) as upstream:
+        settings.UPSTREAM_MCP_URL = upstream.url
+        register_upstream(upstream.url, price="2")
+        caller = setup_caller(tenant)
+        calls = []
+        original = ArgumentsSchema.check
+
+        def counted(self: Any, arguments: Any, **limits: Any) -> Any:
+            calls.append(arguments)
+            return original(self, arguments, **limits)
+
+        monkeypatch.setattr(ArgumentsSchema, "check", counted)
+        for n, arguments in enumerate([{"n": "x"}, {"n": 1}, {"n": 2}, {"n": "y"}]):  # fresh, fresh, cached, cached
+            caller.rpc("echo", arguments, key=f"once-{n}")
+            assert len(calls) == n + 1, calls
+        assert Action.objects.filter(idempotency_key__startswith="once-").count() == 2
