@@ -221,7 +221,8 @@ def test_the_arguments_are_validated_once_per_call(settings: Any, tenant: Tenant
             return original(self, arguments, **limits)
 
         monkeypatch.setattr(ArgumentsSchema, "check", counted)
-        for n, arguments in enumerate([{"n": "x"}, {"n": 1}, {"n": 2}, {"n": "y"}]):  # fresh, fresh, cached, cached
+        attempts: list[dict[str, Any]] = [{"n": "x"}, {"n": 1}, {"n": 2}, {"n": "y"}]
+        for n, arguments in enumerate(attempts):  # fresh, fresh, cached, cached
             caller.rpc("echo", arguments, key=f"once-{n}")
             assert len(calls) == n + 1, calls
         assert Action.objects.filter(idempotency_key__startswith="once-").count() == 2
