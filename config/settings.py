@@ -54,7 +54,7 @@ if MCP_SESSIONS_PER_KEY < 1:
 # Bounds on a tool call's arguments, checked before they are validated against the tool's inputSchema
 # (mcpgateway.argschema): values in all, items per array or entries per object, and the steps the
 # validation may take. Past any of them the call is refused (422) before anything is accepted or charged.
-TOOL_ARGUMENT_MAX_NODES = env.int("TOOL_ARGUMENT_MAX_NODES", default=100_000)
+TOOL_ARGUMENT_MAX_NODES = env.int("TOOL_ARGUMENT_MAX_NODES", default=50_000)
 TOOL_ARGUMENT_MAX_ITEMS = env.int("TOOL_ARGUMENT_MAX_ITEMS", default=10_000)
 TOOL_ARGUMENT_MAX_STEPS = env.int("TOOL_ARGUMENT_MAX_STEPS", default=200_000)
 for _name in ("TOOL_ARGUMENT_MAX_NODES", "TOOL_ARGUMENT_MAX_ITEMS", "TOOL_ARGUMENT_MAX_STEPS"):
