@@ -84,8 +84,9 @@ def governed_call(req: CallRequest) -> CallAnswer:
     """Run one logical tools/call through permit -> meter -> dispatch -> receipt, at most once.
 
     Raises before acceptance (nothing written): ``RequestValidationError``
-    (unknown or unpriced tool, arguments that break the inputSchema),
-    ``IdempotencyKeyReused`` (422) and ``IdempotencyKeyInProgress`` (409).
+    (unknown or unpriced tool, arguments that break the inputSchema or its bounds, validated once),
+    ``ToolSchemaUnusable`` (422: the tool's inputSchema cannot be used), ``IdempotencyKeyReused``
+    (422) and ``IdempotencyKeyInProgress`` (409).
 
     A call whose tool, price, permit and policies the process has cached is decided on those
     and claimed without reading them again (the claim compares what can have changed); any
