@@ -66,6 +66,16 @@ PERMIT_REQUESTS_PENDING_PER_WALLET = env.int("PERMIT_REQUESTS_PENDING_PER_WALLET
 if PERMIT_REQUESTS_PENDING_PER_WALLET < 1:
     raise ImproperlyConfigured("PERMIT_REQUESTS_PENDING_PER_WALLET must be at least 1.")
 
+# Bounds on a tool call's arguments, checked before they are validated against the tool's inputSchema
+# (mcpgateway.argschema): values in all, items per array or entries per object, and the steps the
+# validation may take. Past any of them the call is refused (422) before anything is accepted or charged.
+TOOL_ARGUMENT_MAX_NODES = env.int("TOOL_ARGUMENT_MAX_NODES", default=50_000)
+TOOL_ARGUMENT_MAX_ITEMS = env.int("TOOL_ARGUMENT_MAX_ITEMS", default=10_000)
+TOOL_ARGUMENT_MAX_STEPS = env.int("TOOL_ARGUMENT_MAX_STEPS", default=200_000)
+for _name in ("TOOL_ARGUMENT_MAX_NODES", "TOOL_ARGUMENT_MAX_ITEMS", "TOOL_ARGUMENT_MAX_STEPS"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1.")
+
 # Rate limits (spec, Limits). Adjustable only so that benchmarks can measure
 # throughput; the defaults are the contract.
 RATE_LIMIT_REQUESTS = env.int("RATE_LIMIT_REQUESTS", default=120)

@@ -140,7 +140,7 @@ class ToolPriceChangeAdmin(admin.ModelAdmin):
 
 @admin.register(Tool)
 class ToolAdmin(ServiceSavedAdmin):
-    list_display = ["service_id", "category", "source", "enabled", "price", "synced_at"]
+    list_display = ["service_id", "category", "source", "enabled", "price", "schema_usable", "synced_at"]
     list_filter = ["source", "enabled", "category"]
     search_fields = ["service_id", "description"]
     fields = [
@@ -151,6 +151,7 @@ class ToolAdmin(ServiceSavedAdmin):
         "enabled",
         "source",
         "input_schema",
+        "input_schema_problem",
         "output_schema",
         "annotations",
         "synced_at",
@@ -163,6 +164,7 @@ class ToolAdmin(ServiceSavedAdmin):
         "description",
         "source",
         "input_schema",
+        "input_schema_problem",
         "output_schema",
         "annotations",
         "synced_at",
@@ -189,6 +191,10 @@ class ToolAdmin(ServiceSavedAdmin):
             label,
             price_history_table(obj.service_id, limit=5),
         )
+
+    @admin.display(description="inputSchema usable", boolean=True)
+    def schema_usable(self, obj: Tool) -> bool:
+        return not obj.input_schema_problem
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tools come from sync_tools
