@@ -144,6 +144,12 @@ def test_a_limit_under_the_days_spend_says_so_and_applies_from_the_next_charge(t
     assert "already spent today" in r.json()["notices"][0]
     event = AuditEvent.objects.get(event="wallet.settings_changed", wallet_id=tenant.agent.wallet_id)
     assert event.detail["notices"]
+    # A budget under the lifetime spend says so too; a limit of 0 on a wallet that spent nothing is no notice.
+    r = _patch(tenant.sponsor_client, tenant.agent.wallet_id, budget="1")
+    assert "lifetime spend" in r.json()["notices"][0]
+    fresh = factories.make_wallet(tenant.sponsor, "fresh")
+    assert _patch(tenant.sponsor_client, fresh.wallet_id, daily_limit="0", budget="0").json()["notices"] == []
+    assert _patch(tenant.sponsor_client, tenant.agent.wallet_id, budget=None).status_code == 200
     r = charge(tenant.agent_client, tenant.agent.wallet_id, service_category="compute", units="1")
     assert (r.status_code, r.json()["detail"]["error"]) == (403, "daily_limit_exceeded")
     # Raised again (by the sponsor), the next charge goes through: the debit reads the limit at charge time.

@@ -525,15 +525,15 @@ def wallet_settings_change(
     notices = []
     if "daily_limit" in changed and locked.daily_limit is not None:
         today = spend_windows([locked.wallet_id])[locked.wallet_id].today
-        if today >= locked.daily_limit:
+        if today > 0 and today >= locked.daily_limit:
             notices.append(
-                f"The daily limit {money(locked.daily_limit)} is under what the wallet has already spent today "
+                f"The daily limit {money(locked.daily_limit)} is at or under what the wallet has already spent today "
                 f"({money(today)}): it applies from the next charge, which is refused until 00:00 UTC."
             )
-    if "budget" in changed and locked.budget is not None and locked.total_spent >= locked.budget:
+    if "budget" in changed and locked.budget is not None and 0 < locked.total_spent >= locked.budget:
         notices.append(
-            f"The budget {money(locked.budget)} is under the wallet's lifetime spend ({money(locked.total_spent)}): "
-            "it applies from the next charge, which is refused."
+            f"The budget {money(locked.budget)} is at or under the wallet's lifetime spend "
+            f"({money(locked.total_spent)}): it applies from the next charge, which is refused."
         )
     diff = {
         name: {"before": _setting_shown(before[name]), "after": _setting_shown(getattr(locked, name))}
