@@ -52,12 +52,12 @@ from django.core.cache import cache
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 
+from access.keys import hash_secret
 from audit.services import audit_record
-from billing.keys import hash_secret
+from billing.authentication import credential_from_headers, resolve_credential
 from billing.selectors import api_key_authenticate_charging
-from config import metrics
-from config.authentication import credential_from_headers, resolve_credential
-from config.errors import InvalidAPIKey, RateLimited, json_error
+from common import metrics
+from common.errors import InvalidAPIKey, RateLimited, json_error
 
 if TYPE_CHECKING:
     from billing.models import APIKey

@@ -16,9 +16,9 @@ from django.db import transaction
 from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import ServiceCategory, Wallet
-from config.errors import RequestValidationError
-from config.ids import new_id
-from config.jsonbody import check_storable
+from common.errors import RequestValidationError
+from common.ids import new_id
+from common.jsonbody import check_storable
 from permits.models import PolicyBundle
 from permits.selectors import check_policy_level
 from permits.services.approval import approval_lock, requires_approval, revoke_unapproved
