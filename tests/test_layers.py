@@ -150,7 +150,7 @@ def test_the_figures_registry_holds_each_app_once():
 @pytest.mark.django_db(transaction=True)
 def test_the_sign_in_lockouts_move_to_access_with_their_rows_and_grants():
     """billing 0022 moves LoginThrottle in state only: a lockout row written before it is still there,
-    and a group granted ``billing.unlock_login`` before it holds ``access.unlock_login`` after it."""
+    and a group granted billing's ``unlock_login`` before it holds ``access.unlock_login`` after it."""
     from django.contrib.auth.models import Group, Permission
     from django.contrib.contenttypes.models import ContentType
     from django.db import connection
