@@ -30,8 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from audit.canonical import b64url_decode_strict
 from audit.evidence_core import kid_matches_key, verify_bytes_with_keys
+from common.canonical import b64url_decode_strict
 
 FORMAT = "tollgate.portable-receipt/v1"
 JWKS_PATH = "/.well-known/jwks.json"

@@ -64,9 +64,9 @@ from billing.exceptions import (
     money,
 )
 from billing.models import ZERO, LedgerEntry, LedgerKind, SystemAccount, Wallet, WalletStatus
-from config import fastsql
-from config.errors import ApplicationError, Conflict, NotFound, RequestValidationError
-from config.ids import new_id
+from common import fastsql
+from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
+from common.ids import new_id
 from config.middleware import get_request_id
 
 CENT = Decimal("0.00000001")
