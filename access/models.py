@@ -1,5 +1,5 @@
 """Access models. ``LoginThrottle`` keeps its table (``billing_login_throttle``): it moved from billing
-to access in state only (billing 0022, access 0001; docs/decisions.md, Foundation)."""
+to access in state only (billing 0023, access 0001; docs/decisions.md, Foundation)."""
 
 from __future__ import annotations
 

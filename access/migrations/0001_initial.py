@@ -1,5 +1,5 @@
 """LoginThrottle joins access in state only: its table stays ``billing_login_throttle``, created by
-billing 0020; billing 0022 removes it from billing's state and moves its content type and
+billing 0020; billing 0023 removes it from billing's state and moves its content type and
 permissions here (docs/decisions.md, Foundation)."""
 
 from django.db import migrations, models
