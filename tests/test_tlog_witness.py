@@ -13,6 +13,7 @@ import stat
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -207,6 +208,13 @@ def test_concurrent_add_checkpoint_for_one_log_is_serialized(tmp_path, serve, lo
     """Ten different extensions of size 5 at once: exactly one is cosigned, the rest see 409."""
     running = serve(_config(tmp_path, "witness.test/w1", [log]))
     assert running.add(log, 0, log.checkpoint()).status_code == 200
+    persist = running.witness._persist
+
+    def slow_persist() -> None:
+        time.sleep(0.05)  # widens the window between the check and the write that the lock must close
+        persist()
+
+    running.witness._persist = slow_persist  # type: ignore[method-assign]
     variants = []
     for n in range(10):
         variant = log.copy_rewritten(0, b"statement 0")
