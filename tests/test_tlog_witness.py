@@ -22,6 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
 
+from tollgate_client import witness as witness_module
 from tollgate_client.tlog import (
     NoteSignature,
     Verifier,
@@ -204,17 +205,17 @@ def test_a_fork_shown_to_a_second_witness(tmp_path, serve, log):
     assert (answer.status_code, answer.text.split(":")[0]) == (422, "inconsistent")
 
 
-def test_concurrent_add_checkpoint_for_one_log_is_serialized(tmp_path, serve, log):
+def test_concurrent_add_checkpoint_for_one_log_is_serialized(tmp_path, serve, log, monkeypatch):
     """Ten different extensions of size 5 at once: exactly one is cosigned, the rest see 409."""
     running = serve(_config(tmp_path, "witness.test/w1", [log]))
     assert running.add(log, 0, log.checkpoint()).status_code == 200
-    persist = running.witness._persist
+    check = witness_module.verify_consistency
 
-    def slow_persist() -> None:
-        time.sleep(0.05)  # widens the window between the check and the write that the lock must close
-        persist()
+    def slow_check(*args):
+        time.sleep(0.5)  # widens the window between the check and the write that the lock must close
+        return check(*args)
 
-    running.witness._persist = slow_persist  # type: ignore[method-assign]
+    monkeypatch.setattr(witness_module, "verify_consistency", slow_check)
     variants = []
     for n in range(10):
         variant = log.copy_rewritten(0, b"statement 0")
