@@ -102,13 +102,14 @@ def test_every_proof_of_the_reference_tree_verifies():
 
 @pytest.mark.parametrize("probe", INCLUSION, ids=lambda p: p["source"])
 def test_inclusion_probes(probe):
-    args = (probe["leafIdx"], probe["treeSize"], *_b64([probe["leafHash"] or ""]), _b64(probe["proof"]))
+    leaf = base64.b64decode(probe["leafHash"] or "")
     root = base64.b64decode(probe["root"] or "")
+    index, size, proof = probe["leafIdx"], probe["treeSize"], _b64(probe["proof"])
     if probe["wantErr"]:
         with pytest.raises(ProofError):
-            verify_inclusion(*args, root)
+            verify_inclusion(index, size, leaf, proof, root)
     else:
-        verify_inclusion(*args, root)
+        verify_inclusion(index, size, leaf, proof, root)
 
 
 @pytest.mark.parametrize("probe", CONSISTENCY, ids=lambda p: p["source"])
