@@ -218,3 +218,50 @@ def test_tiles_for_size(case):
         else:
             partial[str(level)] = width
     assert (full, partial) == (case["full"], case["partial"])
+
+
+def _mth(leaves: list[bytes]) -> bytes:
+    """MTH of RFC 9162 section 2.1.1, straight from its recursive definition."""
+    if not leaves:
+        return EMPTY_ROOT
+    if len(leaves) == 1:
+        return leaf_hash(leaves[0])
+    k = 1 << ((len(leaves) - 1).bit_length() - 1)
+    return node_hash(_mth(leaves[:k]), _mth(leaves[k:]))
+
+
+def _path(m: int, leaves: list[bytes]) -> list[bytes]:
+    if len(leaves) == 1:
+        return []
+    k = 1 << ((len(leaves) - 1).bit_length() - 1)
+    if m < k:
+        return [*_path(m, leaves[:k]), _mth(leaves[k:])]
+    return [*_path(m - k, leaves[k:]), _mth(leaves[:k])]
+
+
+def _subproof(m: int, leaves: list[bytes], complete: bool) -> list[bytes]:
+    if m == len(leaves):
+        return [] if complete else [_mth(leaves)]
+    k = 1 << ((len(leaves) - 1).bit_length() - 1)
+    if m <= k:
+        return [*_subproof(m, leaves[:k], complete), _mth(leaves[k:])]
+    return [*_subproof(m - k, leaves[k:], False), _mth(leaves[:k])]
+
+
+def test_proofs_from_stored_hashes_match_the_rfc_definitions():
+    """Every inclusion and consistency proof of every tree up to 40 leaves, against RFC 9162's recursion."""
+    from tests.tlog_helpers import MemoryLog
+
+    log = MemoryLog("gw.test/tlog/spn_Rfc")
+    leaves: list[bytes] = []
+    for size in range(1, 41):
+        leaf = b"leaf %d" % size
+        leaves.append(leaf)
+        log.append(leaf)
+        assert log.root() == _mth(leaves)
+        for m in range(size):
+            assert inclusion_proof(m, size, log.read) == _path(m, leaves)
+        for m in range(1, size + 1):
+            proof = consistency_proof(m, size, log.read)
+            assert proof == _subproof(m, leaves, True)
+            verify_consistency(m, size, proof, _mth(leaves[:m]), _mth(leaves))

@@ -243,7 +243,15 @@ def test_concurrent_add_checkpoint_for_one_log_is_serialized(tmp_path, serve, lo
 
 def test_malformed_requests_are_400(tmp_path, serve, log):
     running = serve(_config(tmp_path, "witness.test/w1", [log]))
-    for body in (b"", b"old 01\n\n" + log.checkpoint().encode(), b"old 0\nnot base64\n\n" + log.checkpoint().encode()):
+    note = log.checkpoint().encode()
+    for body in (
+        b"",
+        b"old 01\n\n" + note,
+        "old \u0663\n\n".encode() + note,  # an Arabic-Indic digit three is not a size
+        b"old 0\nnot base64\n\n" + note,
+        b"old 0\n\n" + note.replace(b"\n\n", b"\n"),  # no signature block
+        b"old 0\n\n\xff\xfe",
+    ):
         answer = httpx.post(running.url + "/add-checkpoint", content=body, timeout=10)
         assert answer.status_code == 400, body
     assert httpx.post(running.url + "/elsewhere", content=b"x", timeout=10).status_code == 404

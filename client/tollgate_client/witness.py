@@ -32,6 +32,7 @@ import argparse
 import base64
 import json
 import os
+import re
 import stat
 import sys
 import tempfile
@@ -96,7 +97,7 @@ def _parse_body(body: bytes) -> tuple[int, list[bytes], str]:
         raise WitnessError(400, "malformed_request", "expected 'old <size>', proof lines, a blank line, a checkpoint")
     lines = head.split("\n")
     first = lines[0]
-    if not first.startswith("old ") or not (first[4:] == "0" or (first[4:].isdigit() and first[4] != "0")):
+    if not re.fullmatch(r"old (0|[1-9][0-9]{0,18})", first):
         raise WitnessError(400, "malformed_request", "the first line is 'old <size>'")
     if len(lines) - 1 > MAX_PROOF_LINES:
         raise WitnessError(400, "malformed_request", f"more than {MAX_PROOF_LINES} proof lines")
