@@ -298,3 +298,38 @@ def test_command_line_prints_the_key_and_serves(tmp_path, log):
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_state_that_cannot_be_written_is_not_cosigned(tmp_path, serve, log, monkeypatch):
+    """The state is on disk before any answer: a failed write gives 503, no cosignature and no change."""
+    running = serve(_config(tmp_path, "witness.test/w1", [log]))
+    assert running.add(log, 0, log.checkpoint(3)).status_code == 200
+
+    def disk_full(state):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(running.witness, "_write", disk_full)
+    answer = running.add(log, 3, log.checkpoint())
+    assert (answer.status_code, answer.text.split(":")[0]) == (503, "state_not_persisted")
+    assert running.witness.latest(log.origin) == (3, log.root(3))
+    monkeypatch.undo()
+    assert running.add(log, 3, log.checkpoint()).status_code == 200
+    # No temporary file is left beside the state.
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["witness-state.json", "witness.json", "witness.key"]
+
+
+def test_an_unreadable_state_stops_the_witness(tmp_path, log):
+    config = _config(tmp_path, "witness.test/w1", [log])
+    (tmp_path / "witness-state.json").write_text('{"logs": {"x": {"size": "many"}}}')
+    with pytest.raises(ValueError, match="unreadable"):
+        load_config(config)
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "client")}
+    done = subprocess.run(
+        [sys.executable, "-m", "tollgate_client.witness", "--config", str(config), "--print-key"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert done.returncode == 2
+    assert "unreadable" in done.stderr

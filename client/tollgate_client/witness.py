@@ -131,11 +131,14 @@ class Witness:
         self._file_lock = threading.Lock()
         self._state: dict[str, _LogState] = {}
         if state_file.exists():
-            saved = json.loads(state_file.read_text(encoding="utf-8"))
-            for origin, entry in saved.get("logs", {}).items():
-                self._state[origin] = _LogState(
-                    int(entry["size"]), base64.b64decode(entry["root_hash"]), str(entry["checkpoint"])
-                )
+            try:
+                saved = json.loads(state_file.read_text(encoding="utf-8"))
+                for origin, entry in saved["logs"].items():
+                    self._state[origin] = _LogState(
+                        int(entry["size"]), base64.b64decode(entry["root_hash"]), str(entry["checkpoint"])
+                    )
+            except (KeyError, TypeError, AttributeError, ValueError) as exc:
+                raise ValueError(f"the witness state {state_file} is unreadable: {exc}") from exc
 
     @property
     def verifier_key(self) -> str:
@@ -193,13 +196,23 @@ class Witness:
                     raise WitnessError(
                         422, "inconsistent", f"the new checkpoint does not extend the one this witness holds: {exc}"
                     ) from exc
-            self._state[checkpoint.origin] = _LogState(checkpoint.size, checkpoint.root_hash, note)
-            self._persist()
+            try:
+                self._persist(checkpoint.origin, _LogState(checkpoint.size, checkpoint.root_hash, note))
+            except OSError as exc:
+                raise WitnessError(503, "state_not_persisted", f"cannot write the witness state: {exc}") from exc
         timestamp = int(time.time()) if now is None else now
         return self.cosigner.cosign(text.encode("utf-8"), timestamp).line()
 
-    def _persist(self) -> None:
-        """Write the state atomically: a temporary file beside it, fsync, rename, fsync the directory."""
+    def _persist(self, origin: str, new: _LogState) -> None:
+        """Record ``new`` for ``origin``: on disk first, atomically (a temporary file beside the state file,
+        fsync, rename, fsync of the directory), then in memory, so a failed write changes nothing."""
+        with self._file_lock:
+            updated = {**self._state, origin: new}
+            self._write(updated)
+            self._state = updated
+
+    def _write(self, state: dict[str, _LogState]) -> None:
+        """The state file's new content, atomically: never a half-written file in its place."""
         document = {
             "logs": {
                 origin: {
@@ -207,26 +220,25 @@ class Witness:
                     "root_hash": base64.b64encode(s.root_hash).decode("ascii"),
                     "checkpoint": s.checkpoint,
                 }
-                for origin, s in sorted(self._state.items())
+                for origin, s in sorted(state.items())
             }
         }
         directory = self.state_file.parent
-        with self._file_lock:
-            fd, tmp = tempfile.mkstemp(prefix=".witness-state-", dir=directory)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as handle:
-                    json.dump(document, handle, indent=1, sort_keys=True)
-                    handle.flush()
-                    os.fsync(handle.fileno())
-                os.replace(tmp, self.state_file)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
-            dir_fd = os.open(directory, os.O_RDONLY)
-            try:
-                os.fsync(dir_fd)
-            finally:
-                os.close(dir_fd)
+        fd, tmp = tempfile.mkstemp(prefix=".witness-state-", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as handle:
+                json.dump(document, handle, indent=1, sort_keys=True)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, self.state_file)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        dir_fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
 
 
 def _load_or_create_key(path: Path, name: str) -> Cosigner:
