@@ -265,3 +265,32 @@ def test_proofs_from_stored_hashes_match_the_rfc_definitions():
             proof = consistency_proof(m, size, log.read)
             assert proof == _subproof(m, leaves, True)
             verify_consistency(m, size, proof, _mth(leaves[:m]), _mth(leaves))
+
+
+def test_a_policy_names_a_log_whose_origin_is_not_its_key_name():
+    """sum.golang.org signs checkpoints of the origin "go.sum database tree": {"origin", "key"} trusts it."""
+    from tollgate_client.tlog import POLICY_FORMAT, Policy, verify_checkpoint_note
+
+    case = NOTES["sumdb_checkpoint"]
+    by_name = Policy.from_json({"format": POLICY_FORMAT, "logs": [case["verifier_key"]]})
+    refused = verify_checkpoint_note(case["signed"], by_name)
+    assert not isinstance(refused, tuple)
+    assert refused.reason == "tlog_unknown_log"
+    by_origin = Policy.from_json(
+        {"format": POLICY_FORMAT, "logs": [{"origin": case["origin"], "key": case["verifier_key"]}]}
+    )
+    checked = verify_checkpoint_note(case["signed"], by_origin)
+    assert isinstance(checked, tuple)
+    assert (checked[0].size, checked[1]) == (case["size"], ())
+    cosigned = NOTES["cosigned_checkpoint"]
+    policy = Policy.from_json(
+        {
+            "format": POLICY_FORMAT,
+            "logs": [cosigned["log_verifier_key"]],
+            "witnesses": [cosigned["witness_verifier_key"]],
+            "quorum": 1,
+        }
+    )
+    checked = verify_checkpoint_note(cosigned["signed"], policy)
+    assert isinstance(checked, tuple)
+    assert checked[1] == ("remora.n621.de",)

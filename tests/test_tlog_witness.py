@@ -57,7 +57,11 @@ class Running:
 def _config(directory: Path, name: str, logs: list[MemoryLog]) -> Path:
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "witness.json"
-    path.write_text(json.dumps({"name": name, "logs": [str(log.signer.verifier) for log in logs]}))
+    entries: list[object] = []
+    for log in logs:
+        key = str(log.signer.verifier)
+        entries.append(key if log.signer.name == log.origin else {"origin": log.origin, "key": key})
+    path.write_text(json.dumps({"name": name, "logs": entries}))
     return path
 
 
@@ -239,6 +243,15 @@ def test_concurrent_add_checkpoint_for_one_log_is_serialized(tmp_path, serve, lo
     assert running.witness.latest(log.origin) == (6, winner.root())
     state = json.loads((tmp_path / "witness-state.json").read_text())
     assert state["logs"][log.origin]["size"] == 6
+
+
+def test_a_log_key_named_otherwise_than_its_origin(tmp_path, serve):
+    """The configuration may give a log as {"origin", "key"}: the key's name need not be the origin."""
+    log = MemoryLog("gw.test/tlog/spn_C", generate_signer("gw.test-log-key"))
+    log.append(b"x")
+    running = serve(_config(tmp_path, "witness.test/w1", [log]))
+    assert json.loads((tmp_path / "witness.json").read_text())["logs"][0]["origin"] == log.origin
+    assert running.add(log, 0, log.checkpoint()).status_code == 200
 
 
 def test_malformed_requests_are_400(tmp_path, serve, log):

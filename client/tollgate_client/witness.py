@@ -11,8 +11,8 @@ Configuration (JSON)::
       "name": "witness.example/w1",                    # the witness key's name (no spaces, no '+')
       "key_file": "witness.key",                       # created on first run, mode 0600
       "state_file": "witness-state.json",              # written atomically (tmp, fsync, rename)
-      "logs": ["gw.example/tlog/spn_X+1a2b3c4d+AR..."] # the log keys it follows; key name = origin
-    }
+      "logs": ["gw.example/tlog/spn_X+1a2b3c4d+AR..."] # the log keys it follows (key name = origin),
+    }                                                  # or {"origin": "...", "key": "<note key>"}
 
 Relative paths are relative to the configuration file. Command line::
 
@@ -48,14 +48,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tollgate_client.tlog.checkpoint import Checkpoint
 from tollgate_client.tlog.merkle import EMPTY_ROOT, HASH_SIZE, ProofError, verify_consistency
-from tollgate_client.tlog.note import (
-    ALG_ED25519,
-    Cosigner,
-    NoteError,
-    Verifier,
-    b64decode_strict,
-    parse_note,
-)
+from tollgate_client.tlog.note import Cosigner, NoteError, Verifier, b64decode_strict, parse_note
+from tollgate_client.tlog.policy import parse_log_key
 
 __all__ = [
     "Witness",
@@ -123,9 +117,12 @@ class _LogState:
 class Witness:
     """The witness's logic, without HTTP: followed logs, persisted state, the cosigning key."""
 
-    def __init__(self, *, cosigner: Cosigner, logs: Sequence[Verifier], state_file: Path) -> None:
+    def __init__(
+        self, *, cosigner: Cosigner, logs: Sequence[Verifier | tuple[str, Verifier]], state_file: Path
+    ) -> None:
+        """``logs``: the note keys of the logs it follows, each named by its origin or given as (origin, key)."""
         self.cosigner = cosigner
-        self.logs = {key.name: key for key in logs}
+        self.logs = dict(entry if isinstance(entry, tuple) else (entry.name, entry) for entry in logs)
         self.state_file = state_file
         self._locks = {origin: threading.Lock() for origin in self.logs}
         self._file_lock = threading.Lock()
@@ -269,12 +266,7 @@ def load_config(path: Path) -> Witness:
     name, logs = config.get("name"), config.get("logs")
     if not isinstance(name, str) or not isinstance(logs, list) or not logs:
         raise ValueError("the configuration names the witness ('name') and the logs it follows ('logs')")
-    try:
-        keys = [Verifier.parse(k) for k in logs]
-    except NoteError as exc:
-        raise ValueError(f"a log key: {exc}") from exc
-    if any(k.alg != ALG_ED25519 for k in keys):
-        raise ValueError("a log key is an Ed25519 note key (type 0x01)")
+    keys = [parse_log_key(entry) for entry in logs]
     key_file = base / str(config.get("key_file", "witness.key"))
     state_file = base / str(config.get("state_file", "witness-state.json"))
     return Witness(cosigner=_load_or_create_key(key_file, name), logs=keys, state_file=state_file)

@@ -4,7 +4,8 @@ Policy file (JSON, ``tollgate.tlog-policy/v1``)::
 
     {
       "format": "tollgate.tlog-policy/v1",
-      "logs": ["gw.example/tlog/spn_X+1a2b3c4d+AR..."],      # log note keys; the key name is the origin
+      "logs": ["gw.example/tlog/spn_X+1a2b3c4d+AR..."],      # log note keys; the key name is the origin,
+                                                             # or {"origin": "...", "key": "<note key>"}
       "witnesses": ["witness.example/w1+5e6f7a8b+BA..."],    # cosignature/v1 keys (type 0x04)
       "quorum": 1,                                           # valid cosignatures required
       "require_proof": false                                 # a receipt without a proof is then invalid
@@ -26,16 +27,43 @@ from tollgate_client.tlog.checkpoint import Checkpoint, TlogProof, tenant_of_ori
 from tollgate_client.tlog.merkle import ProofError, leaf_hash, verify_inclusion
 from tollgate_client.tlog.note import ALG_COSIGNATURE_V1, ALG_ED25519, NoteError, Verifier, parse_note
 
-__all__ = ["POLICY_FORMAT", "Policy", "TransparencyVerdict", "verify_checkpoint_note", "verify_transparency"]
+__all__ = [
+    "POLICY_FORMAT",
+    "Policy",
+    "TransparencyVerdict",
+    "parse_log_key",
+    "verify_checkpoint_note",
+    "verify_transparency",
+]
 
 POLICY_FORMAT = "tollgate.tlog-policy/v1"
 
 
+def parse_log_key(entry: Any) -> tuple[str, Verifier]:
+    """``(origin, note key)`` of a followed log: a note verifier string (the origin is the key's name)
+    or ``{"origin": ..., "key": <note verifier string>}``; ``ValueError`` when it is neither."""
+    if isinstance(entry, Mapping):
+        origin, key = entry.get("origin"), entry.get("key")
+        if not isinstance(origin, str) or not origin or "\n" in origin:
+            raise ValueError("a log's 'origin' is one non-empty line")
+    else:
+        origin, key = None, entry
+    if not isinstance(key, str):
+        raise ValueError("a log key is a note verifier string")
+    try:
+        verifier = Verifier.parse(key)
+    except NoteError as exc:
+        raise ValueError(f"a log key: {exc}") from exc
+    if verifier.alg != ALG_ED25519:
+        raise ValueError("a log key is an Ed25519 note key (type 0x01)")
+    return origin or verifier.name, verifier
+
+
 @dataclass(frozen=True)
 class Policy:
-    """Trusted log keys (by origin), trusted witness keys and the cosignature quorum."""
+    """Trusted log keys (with their origins), trusted witness keys and the cosignature quorum."""
 
-    logs: tuple[Verifier, ...]
+    logs: tuple[tuple[str, Verifier], ...]
     witnesses: tuple[Verifier, ...] = ()
     quorum: int = 0
     require_proof: bool = False
@@ -53,13 +81,11 @@ class Policy:
             raise ValueError("'quorum' is a whole number between 0 and the number of witnesses")
         if not isinstance(require, bool):
             raise ValueError("'require_proof' is true or false")
+        log_keys = tuple(parse_log_key(k) for k in logs)
         try:
-            log_keys = tuple(Verifier.parse(k) for k in logs)
             witness_keys = tuple(Verifier.parse(k) for k in witnesses)
         except NoteError as exc:
             raise ValueError(str(exc)) from exc
-        if any(k.alg != ALG_ED25519 for k in log_keys):
-            raise ValueError("a log key is an Ed25519 note key (type 0x01)")
         if any(k.alg != ALG_COSIGNATURE_V1 for k in witness_keys):
             raise ValueError("a witness key is a cosignature/v1 key (type 0x04)")
         return cls(log_keys, witness_keys, quorum, require)
@@ -98,7 +124,7 @@ def verify_checkpoint_note(note: str, policy: Policy) -> tuple[Checkpoint, tuple
         checkpoint = Checkpoint.parse(text)
     except NoteError as exc:
         return _fail("tlog_malformed_checkpoint", str(exc))
-    log_keys = [k for k in policy.logs if k.name == checkpoint.origin]
+    log_keys = [key for origin, key in policy.logs if origin == checkpoint.origin]
     if not log_keys:
         return _fail(
             "tlog_unknown_log", f"the checkpoint's origin {checkpoint.origin!r} is not a log the policy trusts"
