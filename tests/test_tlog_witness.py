@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
 
 from tollgate_client import witness as witness_module
 from tollgate_client.tlog import (
+    Checkpoint,
     NoteSignature,
     Verifier,
     format_note,
@@ -243,6 +244,20 @@ def test_concurrent_add_checkpoint_for_one_log_is_serialized(tmp_path, serve, lo
     assert running.witness.latest(log.origin) == (6, winner.root())
     state = json.loads((tmp_path / "witness-state.json").read_text())
     assert state["logs"][log.origin]["size"] == 6
+
+
+def test_a_new_log_takes_an_empty_proof_and_an_empty_tree_its_root(tmp_path, serve, log):
+    running = serve(_config(tmp_path, "witness.test/w1", [log]))
+    answer = running.add(log, 0, log.checkpoint(), proof=[log.root(1)])
+    assert (answer.status_code, answer.text.split(":")[0]) == (422, "proof_not_empty")
+    empty = MemoryLog(log.origin, log.signer)
+    assert running.add(empty, 0, empty.checkpoint()).status_code == 200
+    assert running.witness.latest(log.origin) == (0, empty.root())
+    # Size 0 with another root is refused.
+    text = Checkpoint(log.origin, 0, log.root()).text()
+    answer = running.add(log, 0, format_note(text, [log.signer.sign(text.encode())]), proof=[])
+    assert (answer.status_code, answer.text.split(":")[0]) == (422, "bad_empty_root")
+    assert running.add(log, 0, log.checkpoint()).status_code == 200
 
 
 def test_a_log_key_named_otherwise_than_its_origin(tmp_path, serve):
