@@ -286,3 +286,12 @@ def test_command_lines_explain(world, tmp_path, module):
     assert "policy requires 2" in done.stderr
     policy.write_text("{}")
     assert run(str(good), "--policy", str(policy)).returncode == 2
+
+
+def test_the_client_wrapper_carries_the_inclusion_verdict(world):
+    """``verify_portable_offline`` (the reference verifier here, in a checkout) reports the inclusion too."""
+    from tollgate_client.verify import verify_portable_offline
+
+    verdict = verify_portable_offline(world.with_proof(world.cosigned()), None, world.policy())
+    assert (verdict.valid, verdict.inclusion) == (True, "verified")
+    assert verify_portable_offline(world.receipt).inclusion == "not_checked"

@@ -361,3 +361,11 @@ def test_an_unreadable_state_stops_the_witness(tmp_path, log):
     )
     assert done.returncode == 2
     assert "unreadable" in done.stderr
+
+
+def test_the_server_binds_localhost_by_default(tmp_path, log):
+    server = make_server(load_config(_config(tmp_path, "witness.test/w1", [log])), port=0)
+    try:
+        assert server.server_address[0] == "127.0.0.1"
+    finally:
+        server.server_close()
