@@ -40,10 +40,12 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tollgate_client.models import PortableVerification
-from tollgate_client.tlog.policy import Policy, verify_transparency
+
+if TYPE_CHECKING:  # imported when used: importing the client loads no cryptography
+    from tollgate_client.tlog.policy import Policy
 
 __all__ = [
     "FORMAT",
@@ -226,6 +228,8 @@ def verify_portable_standalone(portable: Any, jwks: Any = None, policy: Policy |
     for field, value in expected.items():
         if field in portable and portable[field] != value:
             return verdict(False, f"{field}_differs_from_signed_bytes")
+    from tollgate_client.tlog.policy import verify_transparency
+
     tenant = statement.get("tenant_id")
     included = verify_transparency(
         portable.get("transparency"), signed, policy, tenant=tenant if isinstance(tenant, str) else None
@@ -278,7 +282,11 @@ def main(argv: list[str] | None = None) -> int:
         jwks = json.loads(Path(args.keys).read_text(encoding="utf-8")) if args.keys else None
         if args.issuer:
             jwks = fetch_issuer_jwks(args.issuer)
-        policy = Policy.from_json(json.loads(Path(args.policy).read_text(encoding="utf-8"))) if args.policy else None
+        policy = None
+        if args.policy:
+            from tollgate_client.tlog.policy import Policy
+
+            policy = Policy.from_json(json.loads(Path(args.policy).read_text(encoding="utf-8")))
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
