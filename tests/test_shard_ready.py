@@ -14,13 +14,14 @@ from collections.abc import Mapping
 
 import pytest
 from django.db import IntegrityError, connection, transaction
+from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from billing.models import Wallet
+from billing.models import SpendBucket, Wallet
 from common.shardkeys import LOCAL_TABLES, REFERENCE_TABLES, TENANT_TABLES
 from permits.models import Quote
 from permits.services.approval import APPROVAL_LOCK_CLASS, approval_lock
-from tests.factories import make_sponsor, make_wallet
+from tests.factories import make_key, make_sponsor, make_wallet
 
 pytestmark = pytest.mark.django_db
 
@@ -244,3 +245,39 @@ def test_the_approval_lock_key_derives_from_the_tenant() -> None:
         )
         (expected,) = _rows("SELECT hashtext('spn_shardprobe')::bigint & 4294967295")
     assert held == [(APPROVAL_LOCK_CLASS, expected[0], 2)]
+
+
+# The schema before the tenant-scoped keys: each app's migration before its first shard-keys migration.
+BEFORE_SHARD_KEYS = [
+    ("audit", "0008_event_immutable_from_sql_file"),
+    ("billing", "0021_ledger_triggers_from_sql_files"),
+    ("permits", "0009_approver_user_protect"),
+    ("receipts", "0005_reconciliation_reason_without_actor"),
+    ("mcpgateway", "0016_session_key_live_index"),
+]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_database_with_rows_migrates_to_the_tenant_scoped_keys() -> None:
+    """The schema before the migrations breaks the rules 30 times; a database holding wallets, ledger
+    entries, keys, spend buckets and audit events migrates forward with its rows and then keeps them."""
+    graph = MigrationExecutor(connection).loader.graph
+    try:
+        MigrationExecutor(connection).migrate(BEFORE_SHARD_KEYS)
+        before = shard_problems(TENANT_TABLES)
+        assert len(before) == 30
+        assert "billing_wallet: primary key billing_wallet_pkey lacks tenant_id" in before
+        assert "mcpgateway_action: unique index action_wallet_idempotency_unique lacks tenant_id" in before
+        assert any(p.startswith("billing_ledger_entry: foreign key") for p in before)
+        sponsor = make_sponsor("before", balance=10)
+        agent = make_wallet(sponsor, "agent", balance=5)
+        make_key(agent)
+        SpendBucket.objects.create(wallet=agent, tenant_id=agent.tenant_id, hour=timezone.now(), amount=1)
+        counts = {table: _rows(f"SELECT count(*) FROM {table}")[0][0] for table in TENANT_TABLES}
+        assert counts["billing_ledger_entry"] > 0
+        assert counts["audit_event"] > 0
+        MigrationExecutor(connection).migrate(graph.leaf_nodes())
+        assert shard_problems(TENANT_TABLES) == []
+        assert {table: _rows(f"SELECT count(*) FROM {table}")[0][0] for table in TENANT_TABLES} == counts
+    finally:
+        MigrationExecutor(connection).migrate(graph.leaf_nodes())
