@@ -10,7 +10,8 @@ shown refusing a row that points at another tenant's row.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import pytest
 from django.db import IntegrityError, connection, transaction
@@ -26,7 +27,7 @@ from tests.factories import make_key, make_sponsor, make_wallet
 pytestmark = pytest.mark.django_db
 
 
-def _rows(sql: str, params: list[object] | None = None) -> list[tuple]:
+def _rows(sql: str, params: Sequence[Any] | None = None) -> list[tuple]:
     with connection.cursor() as cursor:
         cursor.execute(sql, params or [])
         return list(cursor.fetchall())
@@ -180,14 +181,14 @@ def _two_tenants_agents() -> tuple[Wallet, Wallet]:
     return mine, theirs
 
 
-def _immediately(sql: str, params: list[object]) -> None:
+def _immediately(sql: str, params: Sequence[Any]) -> None:
     """Run ``sql`` in a savepoint with the deferred foreign keys checked at once."""
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cursor.execute(sql, params)
 
 
-def _refused(constraint: str, sql: str, params: list[object]) -> None:
+def _refused(constraint: str, sql: str, params: Sequence[Any]) -> None:
     with pytest.raises(IntegrityError, match=constraint):
         _immediately(sql, params)
 
