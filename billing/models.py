@@ -52,7 +52,9 @@ class Wallet(models.Model):
 
     wallet_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="children"
+    )
     wallet_type = models.CharField(max_length=16, choices=WalletType.choices)
     status = models.CharField(max_length=16, choices=WalletStatus.choices, default=WalletStatus.ACTIVE)
     # Ancestry from the root sponsor down to this wallet: "spn_x/agt_y/chd_z".
@@ -215,7 +217,13 @@ class LedgerEntry(models.Model):
     transaction_id = models.CharField(max_length=40)
     tenant_id = models.CharField(max_length=40)
     wallet = models.ForeignKey(
-        Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries", db_index=False
+        Wallet,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="ledger_entries",
+        db_index=False,
     )
     account = models.CharField(max_length=40)
     counterparty = models.CharField(max_length=40)
@@ -229,7 +237,13 @@ class LedgerEntry(models.Model):
     correlation_id = models.CharField(max_length=128, blank=True, default="")
     # A refund points at the charge it reverses.
     refund_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="refunds", db_index=False
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="refunds",
+        db_index=False,
     )
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -276,7 +290,7 @@ class SpendBucket(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    wallet = models.ForeignKey(Wallet, on_delete=models.CASCADE, related_name="+", db_index=False)
+    wallet = models.ForeignKey(Wallet, on_delete=models.CASCADE, db_constraint=False, related_name="+", db_index=False)
     tenant_id = models.CharField(max_length=40)
     hour = models.DateTimeField()
     amount = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
@@ -284,7 +298,7 @@ class SpendBucket(models.Model):
     class Meta:
         db_table = "billing_spend_bucket"
         constraints = [
-            models.UniqueConstraint(fields=["wallet", "hour"], name="spend_bucket_wallet_hour"),
+            models.UniqueConstraint(fields=["wallet", "hour", "tenant_id"], name="spend_bucket_wallet_hour"),
             models.CheckConstraint(condition=Q(amount__gte=0), name="spend_bucket_non_negative"),
         ]
 
@@ -304,21 +318,27 @@ class ChargeIdempotency(models.Model):
     ``billing.services.wallet_charge``), never in a cache.
     """
 
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="charge_keys", db_index=False)
+    wallet = models.ForeignKey(
+        Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="charge_keys", db_index=False
+    )
     tenant_id = models.CharField(max_length=40)
     key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=IdempotencyStatus.choices, default=IdempotencyStatus.DONE)
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)
-    entry = models.ForeignKey(LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    entry = models.ForeignKey(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         db_table = "billing_charge_idempotency"
         verbose_name_plural = "charge idempotency keys"
-        constraints = [models.UniqueConstraint(fields=["wallet", "key"], name="charge_idempotency_wallet_key")]
+        constraints = [
+            models.UniqueConstraint(fields=["wallet", "key", "tenant_id"], name="charge_idempotency_wallet_key")
+        ]
 
     def __str__(self) -> str:
         return f"{self.wallet_id}:{self.key}"
@@ -372,7 +392,9 @@ class APIKey(models.Model):
     """
 
     key_id = models.CharField(max_length=40, primary_key=True)
-    wallet = models.ForeignKey(Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
+    wallet = models.ForeignKey(
+        Wallet, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="api_keys"
+    )
     tenant_id = models.CharField(max_length=40, null=True, blank=True, db_index=True)
     name = models.CharField(max_length=200, blank=True, default="")
     secret_hash = models.CharField(max_length=64)
@@ -422,7 +444,7 @@ class KeyLogAction(models.TextChoices):
 class KeyRotationLog(models.Model):
     """The lifecycle log of a wallet's API keys (creation, rotation, revocation)."""
 
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="key_logs")
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="key_logs")
     tenant_id = models.CharField(max_length=40, db_index=True)
     action = models.CharField(max_length=32, choices=KeyLogAction.choices)
     key_id = models.CharField(max_length=40)
