@@ -8,7 +8,6 @@ Signing keys show public metadata only (the private keys are not in the database
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from django.contrib import admin, messages
 from django.db.models import Q, QuerySet
@@ -19,17 +18,7 @@ from audit.chain_verification import audit_chain_verify
 from audit.models import Alert, AuditEvent, ChainHead, ChainVerificationRecord, SigningKey
 from audit.selectors import actor_q, object_id_q
 from audit.services import audit_record
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+from common.console import ReadOnlyAdmin, console_actor, console_log, has_perm
 
 
 @admin.register(AuditEvent)
@@ -74,13 +63,11 @@ class ChainHeadAdmin(ReadOnlyAdmin):
         return "never" if record is None else str(record)
 
     def has_verify_chain_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_active and request.user.has_perm("audit.verify_chain"))
+        return has_perm(request, "audit.verify_chain")
 
     @admin.action(description="Verify the selected chains (and sign a checkpoint)", permissions=["verify_chain"])
     def verify_selected(self, request: HttpRequest, queryset: QuerySet[ChainHead]) -> HttpResponse:
-        # The console helpers live in billing.admin, above this app: the actor and the LogEntry are
-        # written here the same way (``admin:<username>``; Django's ``log_change``).
-        actor = f"admin:{request.user.get_username()}"
+        actor = console_actor(request)
         results = []
         for head in queryset.order_by("chain"):
             result = audit_chain_verify(chain=head.chain, record=True)
@@ -100,7 +87,7 @@ class ChainHeadAdmin(ReadOnlyAdmin):
                     "actor": actor,
                 },
             )
-            self.log_change(request, head, f"Verified the chain: {verdict}")
+            console_log(request, head, f"Verified the chain: {verdict}")
             level = messages.SUCCESS if result.valid else messages.ERROR
             self.message_user(request, f"Chain {head.chain}: {verdict}.", level)
             results.append(

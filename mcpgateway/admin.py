@@ -14,10 +14,11 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from billing import services as billing_services
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, console_log, has_perm, money_display
+from billing.admin import money_display
 from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
-from config.errors import ApplicationError
+from common.console import ServiceSavedAdmin, confirmation_page, console_actor, console_log, has_perm
+from common.errors import ApplicationError
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed

@@ -13,16 +13,9 @@ from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from rest_framework.renderers import JSONRenderer
 
-from billing.admin import (
-    changelist_link,
-    confirmation_page,
-    console_actor,
-    console_log,
-    credits_cell,
-    has_perm,
-    money_display,
-)
-from config.errors import ApplicationError
+from billing.admin import credits_cell, money_display
+from common.console import changelist_link, confirmation_page, console_actor, console_log, has_perm
+from common.errors import ApplicationError
 from receipts import selectors, services
 from receipts.models import Outcome, Receipt, RefundReconciliation
 from receipts.serializers import EvidenceBundleResponse

@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('mcpgateway', '0002_console_groups'),
-        ('audit', '0008_event_immutable_from_sql_file'),
+        ('audit', '0009_shard_keys'),
     ]
 
     operations = [

@@ -38,7 +38,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('mcpgateway', '0002_console_groups'),
-        ('billing', '0022_rate_limit_charges_the_wallet_line'),
+        ('billing', '0025_shard_keys'),
     ]
 
     operations = [
