@@ -282,6 +282,7 @@ SCALARS = st.one_of(
     st.booleans(),
     st.integers(-5, 5),
     st.sampled_from([0.0, 1.0, 2.5, -1.5]),
+    st.sampled_from([2**53 + 1, 3 * 10**20, -(2**60)]),  # past what jsonschema-rs judges exactly
     st.sampled_from(["", "a", "ab", "abc", "x1", "b"]),
 )
 INSTANCES = st.recursive(
