@@ -13,6 +13,7 @@ from django.contrib import admin
 from django.http import HttpRequest
 
 from audit.models import Alert, AuditEvent, ChainHead, SigningKey
+from common.listing import short_id_column
 
 
 class ReadOnlyAdmin(admin.ModelAdmin):
@@ -28,7 +29,10 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = ["event_id", "chain", "seq", "event", "ok", "wallet_id", "key_id", "request_id", "created_at"]
+    list_display = ["event_short", "created_at", "event", "ok", "wallet_short", "chain_short", "seq"]
+    event_short = short_id_column("event_id", "event id")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+    chain_short = short_id_column("chain", "chain")
     list_filter = ["ok", "event"]
     search_fields = ["event_id", "chain", "wallet_id", "key_id", "request_id", "tool"]
     ordering = ["-created_at", "-seq"]

@@ -210,6 +210,10 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+# Times to the second with their zone, credits with thousands separators (docs/decisions.md, Operator
+# console, "Money and time read the same everywhere"; common.formatting).
+FORMAT_MODULE_PATH = ["config.formats"]
+USE_THOUSAND_SEPARATOR = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"

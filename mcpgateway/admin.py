@@ -10,9 +10,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from billing import services as billing_services
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
+from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, credits_cell, has_perm, money_display
 from billing.models import ToolPrice
 from billing.selectors import tool_price
+from common.listing import short_id_column
 from config.errors import ApplicationError
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool
@@ -123,7 +124,24 @@ class ToolAdmin(ServiceSavedAdmin):
 
 @admin.register(Action)
 class ActionAdmin(admin.ModelAdmin):
-    list_display = ["action_id", "created_at", "wallet", "tool", "state", "outcome", "price", "receipt"]
+    list_display = [
+        "action_short",
+        "created_at",
+        "wallet_short",
+        "tool",
+        "state",
+        "outcome",
+        "price_col",
+        "receipt_short",
+    ]
+    action_short = short_id_column("action_id", "action")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+    receipt_short = short_id_column("receipt_id", "receipt", link_to="receipts.receipt")
+
+    @admin.display(description="price", ordering="price")
+    def price_col(self, obj: Action) -> str:
+        return credits_cell(obj.price)
+
     list_filter = ["state", "outcome", "transport"]
     search_fields = ["action_id", "idempotency_key", "wallet__wallet_id", "tool"]
     ordering = ["-created_at"]

