@@ -24,6 +24,7 @@ from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import Wallet
+from common.formatting import credits_phrase
 from config.ids import new_id
 from config.jsonbody import check_storable
 from permits import exceptions as exc
@@ -132,7 +133,7 @@ def permit_request_notify(*, request_id: str) -> int:
     html = render_to_string("permits/card.html", context)
     text = (
         f"Permit request {preq.request_id} from wallet {preq.wallet_id}\n"
-        f"Tools: {', '.join(preq.allowed_tools)}\nUp to {money(preq.max_credits)} credits\n"
+        f"Tools: {', '.join(preq.allowed_tools)}\nUp to {credits_phrase(preq.max_credits)}\n"
         f"Reason: {preq.justification or '-'}\n\nReview it: {context['approval_url']}\n"
     )
     try:
