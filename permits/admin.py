@@ -9,13 +9,20 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
 
 from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, credits_cell, has_perm, money_display
 from common.listing import short_id_column
 from permits import services
 from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
+from permits.selectors import permit_request_card_context
+from permits.services.permit_requests import approval_url
 from permits.services.policies import policy_rules_problems
 
 
@@ -94,6 +101,41 @@ class PermitRequestAdmin(ReadOnlyAdmin):
     @admin.display(description="allowance", ordering="max_credits")
     def allowance(self, obj: PermitRequest) -> str:
         return credits_cell(obj.max_credits)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["card", *[f.name for f in PermitRequest._meta.fields]]
+
+    @admin.display(description="approval card")
+    def card(self, obj: PermitRequest) -> str:
+        """Links to the card the approvers see (the console's copy, for this session) and to the
+        approval page where an approver of the tenant decides."""
+        card_url = reverse("admin:permits_permitrequest_card", args=[quote(obj.pk)])
+        return format_html(
+            '<a href="{}" id="permit-request-card-link">Open the approval card</a> · approvers decide at '
+            '<a href="{}">{}</a>',
+            card_url,
+            approval_url(obj.request_id),
+            approval_url(obj.request_id),
+        )
+
+    def get_urls(self) -> list[Any]:
+        card = path(
+            "<str:request_id>/card/",
+            self.admin_site.admin_view(self.card_view),
+            name="permits_permitrequest_card",
+        )
+        return [card, *super().get_urls()]
+
+    def card_view(self, request: HttpRequest, request_id: str) -> HttpResponse:
+        """The request's card as its approvers get it, read-only, for console users who may view requests."""
+        preq = PermitRequest.objects.select_related("wallet", "decided_by").filter(pk=unquote(request_id)).first()
+        if preq is None or not self.has_view_permission(request, preq):
+            raise PermissionDenied
+        context = {
+            **permit_request_card_context(preq, approval_url=approval_url(preq.request_id)),
+            "show_decide_link": True,
+        }
+        return TemplateResponse(request, "permits/card_page.html", context)
 
     list_filter = ["status"]
     search_fields = ["request_id", "wallet__wallet_id", "tenant_id"]

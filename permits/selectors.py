@@ -221,6 +221,14 @@ def permit_request_card_context(preq: PermitRequest, *, approval_url: str) -> di
     ]
     wallet = preq.wallet
     status = preq.effective_status(now)
+    tenant = Wallet.objects.filter(wallet_id=preq.tenant_id).only("wallet_id", "name").first()
+    # The enabled policies of the wallet's line that require a person's approval, nearest first: the
+    # reason the agent had to ask, and the caps that still bind the permit once approved.
+    ancestry = list(wallet.ancestry)
+    policies = sorted(
+        PolicyBundle.objects.filter(wallet_id__in=ancestry, enabled=True, human_approval_required=True),
+        key=lambda p: -ancestry.index(p.wallet_id) if p.wallet_id in ancestry else 0,
+    )
     return {
         "preq": preq,
         "status": status,
@@ -232,4 +240,8 @@ def permit_request_card_context(preq: PermitRequest, *, approval_url: str) -> di
         "daily_spent": wallet_spend(wallet, now=now).today,
         "permit_lifetime": duration_words(preq.permit_ttl_seconds),
         "request_expires_in": duration_words((preq.expires_at - now).total_seconds()),
+        "tenant_id": preq.tenant_id,
+        "tenant_name": tenant.name if tenant is not None else "",
+        "wallet_state": wallet.effective_status,
+        "approval_policies": policies,
     }

@@ -116,3 +116,42 @@ def test_the_filter_sidebar_collapses_and_stays_collapsed(live_server: Any) -> N
         assert page.inner_text("#toggle-filters") == "Show filters"
         page.click("#toggle-filters")
         assert page.is_visible("#changelist-filter")
+
+
+def test_the_card_shows_tenant_frozen_wallet_and_policy_caps_and_the_console_links_to_it(
+    live_server: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from decimal import Decimal
+
+    from billing.services import wallet_freeze
+    from permits.services import policy_create
+
+    require_chromium()
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    get_user_model().objects.create_superuser("root", "", PASSWORD)
+    tenant = make_tenant("Northwind")
+    policy_create(
+        wallet=tenant.sponsor,
+        actor="test",
+        name="spend gate",
+        human_approval_required=True,
+        max_credits_per_call=Decimal("2.5"),
+        max_daily_credits=Decimal("1000"),
+    )
+    r = ask(tenant.agent_client, tenant.agent.wallet_id, key="card")
+    assert r.status_code == 202, r.content
+    request_id = r.json()["request_id"]
+    wallet_freeze(wallet=tenant.agent, reason="investigation", actor="test")
+    with browser_page(viewport=VIEWPORT) as page:
+        login(page, live_server.url, f"/admin/permits/permitrequest/{request_id}/change/")
+        wait_for(page, "#permit-request-card-link").click()
+        card = wait_for(page, ".permit-request-card").inner_text()
+        screenshot(page, "day-two-card-frozen")
+        assert "Northwind" in page.inner_text("[data-field=tenant]")
+        assert tenant.sponsor.wallet_id in page.inner_text("[data-field=tenant]")
+        assert "The wallet is frozen." in page.inner_text("[data-field=wallet-state]")
+        caps = page.inner_text("[data-field=policy-caps]")
+        assert "spend gate" in caps
+        assert "at most 2.50 credits a call" in caps
+        assert "at most 1,000.00 credits a day" in caps
+        assert "Why a person must approve" in card
