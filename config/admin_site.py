@@ -77,7 +77,7 @@ def console_summary(request: HttpRequest) -> dict[str, Any]:
     """The index page's summary: each figure only for a user allowed to see what it counts."""
     from datetime import timedelta
 
-    from django.db.models import Sum
+    from django.db.models import Count, Sum
     from django.utils import timezone
 
     user, now = request.user, timezone.now()
@@ -89,9 +89,31 @@ def console_summary(request: HttpRequest) -> dict[str, Any]:
         names = dict(Wallet.objects.filter(wallet_id__in=[t["tenant_id"] for t in totals]).values_list("pk", "name"))
         summary["tenants"] = [(t["tenant_id"], names.get(t["tenant_id"], ""), t["total"]) for t in totals]
     if user.has_perm("permits.view_permitrequest"):
+        from billing.models import Wallet
         from permits.models import PermitRequest
 
-        summary["pending_requests"] = PermitRequest.objects.filter(status="pending", expires_at__gt=now).count()
+        pending = PermitRequest.objects.filter(status="pending", expires_at__gt=now)
+        summary["pending_requests"] = pending.count()
+        by_tenant = list(pending.values("tenant_id").annotate(waiting=Count("pk")).order_by("-waiting")[:20])
+        names = dict(Wallet.objects.filter(wallet_id__in=[t["tenant_id"] for t in by_tenant]).values_list("pk", "name"))
+        summary["pending_by_tenant"] = [
+            (t["tenant_id"], names.get(t["tenant_id"], ""), t["waiting"]) for t in by_tenant
+        ]
+    if user.has_perm("permits.view_tenantapprover"):
+        # Tenants with approvers, or with requests waiting, whose approvers would never hear of a request.
+        from permits.models import PermitRequest, TenantApprover
+        from permits.services import approver_reachability
+
+        tenants = set(TenantApprover.objects.values_list("tenant_id", flat=True))
+        tenants |= set(
+            PermitRequest.objects.filter(status="pending", expires_at__gt=now).values_list("tenant_id", flat=True)
+        )
+        unreachable = []
+        for tenant_id in sorted(tenants)[:50]:
+            reach = approver_reachability(tenant_id)
+            if not reach.reachable:
+                unreachable.append((tenant_id, "; ".join(reach.problems)))
+        summary["unreachable_approvers"] = unreachable
     if user.has_perm("receipts.view_refundreconciliation"):
         from receipts.models import RefundReconciliation
 

@@ -48,7 +48,7 @@ control_socket = str(_data / f"gunicorn-{os.getpid()}.ctl")
 QUIET_PREFIXES = ("/static/", "/favicon.ico")
 
 
-class QuietStaticLogger(Logger):  # type: ignore[misc]
+class QuietStaticLogger(Logger):
     """gunicorn's logger, with no access line for static files."""
 
     def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> None:

@@ -18,10 +18,21 @@ from django.urls import path, reverse
 from django.utils.html import format_html
 
 from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, credits_cell, has_perm, money_display
+from billing.models import Wallet, WalletStatus
 from common.listing import short_id_column
 from permits import services
-from permits.models import Permit, PermitRequest, PermitStatus, PolicyBundle, Quote, TenantApprover
+from permits.models import (
+    Permit,
+    PermitRequest,
+    PermitStatus,
+    PolicyBundle,
+    Quote,
+    TenantApprover,
+    TenantNotification,
+    WebhookDelivery,
+)
 from permits.selectors import permit_request_card_context
+from permits.services.notifications import approval_sign_in_url, approver_reachability, webhook_url_problem
 from permits.services.permit_requests import approval_url
 from permits.services.policies import policy_rules_problems
 
@@ -259,9 +270,34 @@ class TenantApproverForm(forms.ModelForm):
 class TenantApproverAdmin(ServiceSavedAdmin):
     """Who approves a tenant's permit requests; adding and removing go through audited services."""
 
-    list_display = ["user", "tenant", "created_at"]
+    list_display = ["user", "email", "tenant", "signs_in_at", "notified", "created_at"]
+    list_select_related = ["user", "tenant"]
     search_fields = ["user__username", "tenant__wallet_id"]
     form = TenantApproverForm
+
+    @admin.display(description="email", ordering="user__email")
+    def email(self, obj: TenantApprover) -> str:
+        return obj.user.email or format_html("<strong>{}</strong>", "none: never emailed")
+
+    @admin.display(description="signs in at")
+    def signs_in_at(self, obj: TenantApprover) -> str:
+        url = approval_sign_in_url()
+        return format_html('<a href="{}">{}</a>', url, url)
+
+    @admin.display(description="how the tenant's approvers hear of requests")
+    def notified(self, obj: TenantApprover) -> str:
+        return _reachability_cell(obj.tenant_id)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Warn, above the list, about each tenant whose approvers would never hear of a request."""
+        if request.method == "GET":
+            for tenant_id in sorted(set(TenantApprover.objects.values_list("tenant_id", flat=True))):
+                reach = approver_reachability(tenant_id)
+                if not reach.reachable:
+                    messages.warning(
+                        request, f"Approvers of {tenant_id} cannot be reached: {'; '.join(reach.problems)}."
+                    )
+        return super().changelist_view(request, extra_context)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False if obj is not None else super().has_change_permission(request, obj)
@@ -278,6 +314,22 @@ class TenantApproverAdmin(ServiceSavedAdmin):
         )
         obj.pk = approver.pk
         obj._state.adding = False
+        user = form.cleaned_data["user"]
+        messages.info(
+            request,
+            f"Approver {user.get_username()} signs in at {approval_sign_in_url()} to decide permit requests "
+            "(send them this address and their password).",
+        )
+        reach = approver_reachability(approver.tenant_id)
+        if not user.email or not reach.reachable:
+            problems = [p for p in reach.problems if p != "no webhook" or not reach.reachable]
+            messages.warning(
+                request,
+                f"Approver {user.get_username()} will not be told of new requests by email"
+                + ("" if user.email else " (no email address)")
+                + (f"; the tenant's approvers cannot be reached: {'; '.join(problems)}" if not reach.reachable else "")
+                + ". Set the tenant's notification under Tenant notifications.",
+            )
 
     def delete_model(self, request: HttpRequest, obj: TenantApprover) -> None:
         services.tenant_approver_remove(approver=obj, actor=console_actor(request))
@@ -285,3 +337,146 @@ class TenantApproverAdmin(ServiceSavedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[TenantApprover]) -> None:
         for approver in queryset:
             services.tenant_approver_remove(approver=approver, actor=console_actor(request))
+
+
+def _reachability_cell(tenant_id: str) -> str:
+    reach = approver_reachability(tenant_id)
+    if reach.reachable:
+        return format_html('<span class="reachable">reachable</span>{}', _problems_suffix(reach.problems))
+    return format_html('<strong class="unreachable">cannot be reached</strong>: {}', "; ".join(reach.problems))
+
+
+def _problems_suffix(problems: list[str]) -> str:
+    notes = [p for p in problems if p != "no webhook"]
+    return f" (but: {'; '.join(notes)})" if notes else ""
+
+
+class TenantNotificationForm(forms.ModelForm):
+    """The tenant's channels. The webhook secret is write-only: the field is always empty, an empty
+    field keeps the stored secret, and nothing shows it again."""
+
+    webhook_url = forms.URLField(
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        label="Webhook address",
+        help_text="http(s) only; redirects are not followed. Slack and Teams incoming webhooks read the body's "
+        "text. Empty: no webhook.",
+    )
+    new_webhook_secret = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Webhook signing secret",
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Signs each delivery (HMAC-SHA256 over the timestamp and the body). Stored, never shown "
+        "again: leave empty to keep the current one.",
+    )
+
+    class Meta:
+        model = TenantNotification
+        fields = ["tenant", "email_enabled", "webhook_url"]
+        labels = {"email_enabled": "Email each approver"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "tenant" in self.fields:
+            self.fields["tenant"].queryset = Wallet.objects.filter(wallet_type="sponsor").exclude(  # type: ignore[attr-defined]
+                status=WalletStatus.CLOSED
+            )
+
+    def clean_webhook_url(self) -> str:
+        url = self.cleaned_data.get("webhook_url") or ""
+        problem = webhook_url_problem(url) if url else None
+        if problem:
+            raise forms.ValidationError(problem)
+        return url
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        has_secret = bool(self.instance.pk and self.instance.webhook_secret)
+        if data.get("webhook_url") and not data.get("new_webhook_secret") and not has_secret:
+            self.add_error("new_webhook_secret", "A webhook needs a signing secret.")
+        return data
+
+
+@admin.register(TenantNotification)
+class TenantNotificationAdmin(ServiceSavedAdmin):
+    """How each tenant's approvers hear of permit requests; saving goes through
+    ``tenant_notification_set`` (audited, the secret never)."""
+
+    form = TenantNotificationForm
+    list_display = ["tenant", "email_enabled", "webhook_host", "secret_state", "reachability"]
+    readonly_fields = ["secret_state", "reachability", "sign_in_address"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["tenant", "email_enabled", "webhook_url", "new_webhook_secret", "secret_state"]
+        return [*fields, "reachability", "sign_in_address"] if obj is not None else fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["tenant", *self.readonly_fields] if obj is not None else ["secret_state"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="webhook")
+    def webhook_host(self, obj: TenantNotification) -> str:
+        from urllib.parse import urlsplit
+
+        return urlsplit(obj.webhook_url).hostname or "—" if obj.webhook_url else "—"
+
+    @admin.display(description="signing secret")
+    def secret_state(self, obj: TenantNotification | None) -> str:
+        if obj is None or not obj.pk or not obj.webhook_secret:
+            return "not set"
+        when = obj.webhook_secret_set_at.strftime("%Y-%m-%d %H:%M:%S UTC") if obj.webhook_secret_set_at else ""
+        return f"set {when} (never shown again)"
+
+    @admin.display(description="approvers")
+    def reachability(self, obj: TenantNotification) -> str:
+        return _reachability_cell(obj.tenant_id)
+
+    @admin.display(description="approvers sign in at")
+    def sign_in_address(self, obj: TenantNotification) -> str:
+        return approval_sign_in_url()
+
+    def save_model(self, request: HttpRequest, obj: TenantNotification, form: Any, change: bool) -> None:
+        tenant = obj.tenant if change else form.cleaned_data["tenant"]
+        saved = services.tenant_notification_set(
+            tenant=tenant,
+            email_enabled=form.cleaned_data["email_enabled"],
+            webhook_url=form.cleaned_data.get("webhook_url") or "",
+            webhook_secret=form.cleaned_data.get("new_webhook_secret") or None,
+            actor=console_actor(request),
+        )
+        obj.pk = saved.pk
+        obj._state.adding = False
+        reach = approver_reachability(tenant.wallet_id)
+        if not reach.reachable:
+            messages.warning(
+                request, f"The approvers of {tenant.wallet_id} cannot be reached: {'; '.join(reach.problems)}."
+            )
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    """Each webhook notification, its attempts and outcome (read-only)."""
+
+    list_display = [
+        "delivery_short",
+        "created_at",
+        "tenant_id",
+        "request_short",
+        "status",
+        "attempts",
+        "last_status_code",
+        "next_attempt_at",
+        "last_error",
+    ]
+    list_filter = ["status"]
+    search_fields = ["delivery_id", "tenant_id", "permit_request__request_id"]
+    ordering = ["-created_at"]
+    delivery_short = short_id_column("delivery_id", "delivery")
+    request_short = short_id_column("permit_request_id", "request", link_to="permits.permitrequest")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in WebhookDelivery._meta.fields]

@@ -155,3 +155,54 @@ def test_the_card_shows_tenant_frozen_wallet_and_policy_caps_and_the_console_lin
         assert "at most 2.50 credits a call" in caps
         assert "at most 1,000.00 credits a day" in caps
         assert "Why a person must approve" in card
+
+
+def test_the_console_warns_when_approvers_cannot_be_reached_and_sets_a_webhook(
+    live_server: Any, monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    from audit.models import AuditEvent
+    from permits.models import TenantNotification
+
+    require_chromium()
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    settings.EMAIL_BACKEND = "django.core.mail.backends.console.EmailBackend"  # make run's default
+    get_user_model().objects.create_superuser("root", "", PASSWORD)
+    approver = get_user_model().objects.create_user("dana", password="pw-dana-12345")  # no email address
+    tenant = make_tenant("Contoso")
+    assert ask(tenant.agent_client, tenant.agent.wallet_id, key="warn").status_code == 202
+    with browser_page(viewport=VIEWPORT) as page:
+        login(page, live_server.url, "/admin/permits/tenantapprover/add/")
+        page.select_option("#id_user", str(approver.pk))
+        page.select_option("#id_tenant", tenant.sponsor.wallet_id)
+        page.click("input[name=_save]")
+        messages = wait_for(page, "ul.messagelist").inner_text()
+        screenshot(page, "day-two-approver-added")
+        assert f"Approver dana signs in at {settings.PUBLIC_BASE_URL}/approvals/" in messages
+        assert "Approver dana will not be told of new requests by email (no email address)" in messages
+        assert "console backend" in messages
+        assert f"{settings.PUBLIC_BASE_URL}/approvals/" in page.inner_text("#result_list")  # each approver's address
+        page.goto(f"{live_server.url}/admin/")
+        assert tenant.sponsor.wallet_id in wait_for(page, "#summary-unreachable").inner_text()
+        assert "Contoso" in page.inner_text("#summary-pending-by-tenant")
+        # The operator sets the tenant's webhook; the secret is never shown again.
+        page.goto(f"{live_server.url}/admin/permits/tenantnotification/add/")
+        page.select_option("#id_tenant", tenant.sponsor.wallet_id)
+        page.fill("#id_webhook_url", "https://hooks.example/services/T0/B0")
+        page.fill("#id_new_webhook_secret", "whsec-browser-only")
+        page.click("input[name=_save]")
+        wait_for(page, "ul.messagelist")
+        notification = TenantNotification.objects.get(tenant=tenant.sponsor)
+        page.goto(f"{live_server.url}/admin/permits/tenantnotification/{notification.pk}/change/")
+        wait_for(page, "#id_new_webhook_secret")
+        assert page.input_value("#id_new_webhook_secret") == ""
+        assert "whsec-browser-only" not in page.content()
+        assert "never shown again" in page.inner_text(".field-secret_state")
+        assert "reachable" in page.inner_text(".field-reachability")
+        page.goto(f"{live_server.url}/admin/")
+        wait_for(page, "#console-summary")
+        assert page.query_selector("#summary-unreachable") is None
+    assert notification.webhook_secret == "whsec-browser-only"
+    changed = AuditEvent.objects.get(event="approver_notification.changed")
+    assert changed.detail["webhook_secret_changed"] is True
+    assert changed.detail["actor"] == "admin:root"
+    assert "whsec-browser-only" not in str(changed.detail)

@@ -28,7 +28,8 @@ from common.formatting import credits_phrase
 from config.ids import new_id
 from config.jsonbody import check_storable
 from permits import exceptions as exc
-from permits.models import PermitRequest, PermitRequestStatus, TenantApprover
+from permits.models import PermitRequest, PermitRequestStatus, TenantApprover, TenantNotification
+from permits.services.notifications import webhook_queue
 from permits.services.permits import _check_subject_key, _created_before, _mint_permit
 
 logger = logging.getLogger("tollgate.permits")
@@ -86,6 +87,8 @@ def permit_request_create(
                 request_hash=request_hash,
             )
             request_id = preq.request_id
+            # The webhook's delivery row commits with the request; deliver_webhooks sends it.
+            webhook_queue(preq=preq, approval_url=approval_url(request_id))
             transaction.on_commit(lambda: permit_request_notify(request_id=request_id))
             audit_record(
                 event="permit_request.created",
@@ -109,12 +112,16 @@ def approval_url(request_id: str) -> str:
 
 
 def permit_request_notify(*, request_id: str) -> int:
-    """Email the tenant's approvers the request card and a link to the approval page.
+    """Email the tenant's approvers the request card and a link to the approval page (unless the
+    tenant turned email off; its webhook, if any, is ``notifications.webhook_queue``'s).
 
     Runs after the creating transaction commits. A delivery failure is logged and
     does not affect the request (approvers also see the queue page).
     """
     preq = PermitRequest.objects.select_related("wallet").get(request_id=request_id)
+    notification = TenantNotification.objects.filter(tenant_id=preq.tenant_id).first()
+    if notification is not None and not notification.email_enabled:
+        return 0
     recipients = sorted(
         {
             email
