@@ -12,20 +12,24 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest, HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 
 from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, credits_cell, has_perm, money_display
 from billing.models import Wallet, WalletStatus
 from common.listing import short_id_column
+from config.errors import ApplicationError
 from permits import services
 from permits.models import (
     Permit,
     PermitRequest,
     PermitStatus,
     PolicyBundle,
+    PolicyChangeProposal,
+    ProposalStatus,
     Quote,
     TenantApprover,
     TenantNotification,
@@ -232,7 +236,11 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         if rules.get("denied_tools") is None:
             rules["denied_tools"] = []
         if change:
-            updated = services.policy_update(policy_id=obj.policy_id, actor=console_actor(request), **rules)
+            result = services.policy_change(
+                policy_id=obj.policy_id, actor=console_actor(request), user=request.user, **rules
+            )
+            updated = result.policy
+            obj._relaxation_proposal = result.proposal  # type: ignore[attr-defined]
         else:
             updated = services.policy_create(wallet=form.cleaned_data["wallet"], actor=console_actor(request), **rules)
         obj.pk = updated.pk
@@ -244,6 +252,125 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
                 f"The policy requires human approval: {len(updated.permits_revoked)} permit(s) issued without "
                 "it below its wallet were revoked.",
             )
+
+    def log_change(self, request: HttpRequest, obj: Any, message: Any) -> Any:
+        if getattr(obj, "_relaxation_proposal", None) is not None:
+            return None  # nothing changed: the proposal's own audit event records the step
+        return super().log_change(request, obj, message)
+
+    def response_change(self, request: HttpRequest, obj: PolicyBundle) -> HttpResponse:
+        """A change relaxing human approval was recorded as a proposal, not saved: say so (Django's
+        "changed successfully" would not be true) and show the policy as it still is."""
+        proposal: PolicyChangeProposal | None = getattr(obj, "_relaxation_proposal", None)
+        if proposal is None:
+            return super().response_change(request, obj)
+        self.message_user(
+            request,
+            f"Nothing changed yet: this change relaxes human approval ({', '.join(proposal.relaxes)}), so it was "
+            f"recorded as proposal {proposal.proposal_id}. It takes effect when another user with the 'confirm "
+            f"policy relaxation' permission confirms it under Policy change proposals, before "
+            f"{proposal.expires_at:%Y-%m-%d %H:%M} UTC.",
+            messages.WARNING,
+        )
+        return HttpResponseRedirect(reverse("admin:permits_policybundle_change", args=[obj.policy_id]))
+
+
+def _change_words(proposal: PolicyChangeProposal) -> str:
+    return "; ".join(
+        f"{name}: {proposal.before.get(name)!r} → {value!r}" for name, value in sorted(proposal.changes.items())
+    )
+
+
+@admin.register(PolicyChangeProposal)
+class PolicyChangeProposalAdmin(ReadOnlyAdmin):
+    """Proposals relaxing human approval. A second person confirms or rejects them (actions that need
+    ``permits.confirm_policy_relaxation``); the services refuse the proposer, an expired proposal and
+    one whose policy changed since (docs/decisions.md, "Operator console")."""
+
+    list_display = [
+        "proposal_id",
+        "policy",
+        "change_col",
+        "proposed_by",
+        "status_col",
+        "created_at",
+        "expires_at",
+        "decided_by",
+    ]
+    list_filter = ["status"]
+    search_fields = ["proposal_id", "policy__policy_id", "policy__wallet__wallet_id", "tenant_id"]
+    ordering = ["-created_at"]
+    actions = ["confirm_selected", "reject_selected"]
+
+    @admin.display(description="Change")
+    def change_col(self, obj: PolicyChangeProposal) -> str:
+        return _change_words(obj)
+
+    @admin.display(description="Status")
+    def status_col(self, obj: PolicyChangeProposal) -> str:
+        return obj.effective_status(timezone.now())
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in PolicyChangeProposal._meta.fields]
+
+    def has_confirm_policy_relaxation_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "permits.confirm_policy_relaxation")
+
+    def _decide(
+        self, request: HttpRequest, queryset: QuerySet[PolicyChangeProposal], *, confirm: bool
+    ) -> HttpResponse | None:
+        pending = queryset.filter(status=ProposalStatus.PENDING, expires_at__gt=timezone.now()).order_by("created_at")
+        page = confirmation_page(
+            self,
+            request,
+            pending.select_related("policy"),
+            action="confirm_selected" if confirm else "reject_selected",
+            title="Confirm these relaxations of human approval?" if confirm else "Reject these proposals?",
+            warning=(
+                "Each policy will stop requiring human approval for the wallets it covers: their keys can then "
+                "issue permits without a person approving them."
+                if confirm
+                else "The policies stay as they are."
+            ),
+            headings=["Proposal", "Policy", "Wallet", "Change", "Proposed by", "Expires"],
+            row=lambda p: [
+                p.proposal_id,
+                p.policy_id,
+                p.policy.wallet_id,
+                _change_words(p),
+                p.proposed_by,
+                p.expires_at,
+            ],
+            confirm_label="Yes, confirm them" if confirm else "Yes, reject them",
+        )
+        if page is not None:
+            return page
+        done = 0
+        for proposal in queryset.order_by("created_at"):
+            try:
+                if confirm:
+                    services.policy_proposal_confirm(
+                        proposal_id=proposal.proposal_id, user=request.user, actor=console_actor(request)
+                    )
+                else:
+                    services.policy_proposal_reject(
+                        proposal_id=proposal.proposal_id, user=request.user, actor=console_actor(request)
+                    )
+            except ApplicationError as err:
+                self.message_user(request, f"{proposal.proposal_id}: {err.detail_message}", messages.ERROR)
+            else:
+                done += 1
+        verb = "Confirmed" if confirm else "Rejected"
+        self.message_user(request, f"{verb} {done} proposal(s).", messages.SUCCESS if done else messages.WARNING)
+        return None
+
+    @admin.action(description="Confirm selected relaxations…", permissions=["confirm_policy_relaxation"])
+    def confirm_selected(self, request: HttpRequest, queryset: QuerySet[PolicyChangeProposal]) -> HttpResponse | None:
+        return self._decide(request, queryset, confirm=True)
+
+    @admin.action(description="Reject selected proposals…", permissions=["confirm_policy_relaxation"])
+    def reject_selected(self, request: HttpRequest, queryset: QuerySet[PolicyChangeProposal]) -> HttpResponse | None:
+        return self._decide(request, queryset, confirm=False)
 
 
 class TenantApproverForm(forms.ModelForm):

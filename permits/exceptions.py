@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.errors import ApplicationError, Conflict, PermissionDeniedError
+from config.errors import ApplicationError, Conflict, NotFound, PermissionDeniedError
 
 
 class PermitDenied(PermissionDeniedError):
@@ -92,6 +92,16 @@ class RequestExpired(Conflict):
     message = "This permit request has expired and can no longer be approved."
 
 
+class PermitRequestLimitReached(Conflict):
+    """The wallet line has ``PERMIT_REQUESTS_PENDING_PER_WALLET`` pending requests awaiting the approvers."""
+
+    code = "permit_request_limit_reached"
+    message = (
+        "The wallet has as many permit requests awaiting a decision as it may have: wait for the approvers "
+        "to decide one, or for one to expire."
+    )
+
+
 class QuoteUnavailable(Conflict):
     code = "quote_unavailable"
     message = "The quote is not active (consumed, expired or for another wallet or tool)."
@@ -101,3 +111,44 @@ class NotAnApprover(ApplicationError):
     code = "not_an_approver"
     http_status = 403
     message = "You are not an approver for this tenant."
+
+
+class ApprovalRelaxationNeedsConfirmation(Conflict):
+    code = "approval_relaxation_needs_confirmation"
+    message = (
+        "This change relaxes human approval: it takes effect only as a proposal a second person "
+        "confirms in the console (policy_change)."
+    )
+
+
+class ProposalNotFound(NotFound):
+    code = "policy_proposal_not_found"
+    message = "No such policy change proposal."
+
+
+class ProposalDecided(Conflict):
+    code = "policy_proposal_decided"
+    message = "This proposal has already been confirmed, rejected or superseded by a later change."
+
+
+class ProposalExpired(Conflict):
+    code = "policy_proposal_expired"
+    message = "This proposal has expired and can no longer be confirmed: propose the change again."
+
+
+class ProposalStale(Conflict):
+    code = "policy_proposal_stale"
+    message = "The policy changed after this proposal was made: it can no longer be confirmed as shown."
+
+
+class OwnProposal(PermissionDeniedError):
+    code = "policy_proposal_own"
+    message = (
+        "A relaxation of human approval is confirmed by a second person: not its proposer, nor a console "
+        "user who minted the proposing key."
+    )
+
+
+class ConfirmationNotAllowed(PermissionDeniedError):
+    code = "policy_confirmation_not_allowed"
+    message = "Confirming or rejecting a relaxation of human approval needs the 'confirm policy relaxation' permission."

@@ -326,3 +326,73 @@ class PolicyBundle(models.Model):
 
     def __str__(self) -> str:
         return f"{self.policy_id} {self.name}"
+
+
+class ProposalStatus(models.TextChoices):
+    PENDING = "pending"
+    CONFIRMED = "confirmed"
+    REJECTED = "rejected"
+    EXPIRED = "expired"
+    SUPERSEDED = "superseded"
+
+
+class PolicyChangeProposal(models.Model):
+    """A change to a policy bundle that relaxes human approval, waiting for a second person.
+
+    ``policy_change`` records it instead of applying the change; it takes effect only when a
+    console user holding ``confirm_policy_relaxation`` who is not the proposer (nor a console user
+    who minted the proposing key's line) confirms it before ``expires_at``, and only while the
+    policy is still at ``policy_version`` (``policy_proposal_confirm``). ``changes`` holds the
+    rules that change (JSON: credits as strings), ``before`` their values when it was proposed.
+    ``status`` stores pending, confirmed, rejected or superseded (a later change to the policy);
+    ``expired`` is derived from the clock (:meth:`effective_status`).
+    """
+
+    proposal_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    policy = models.ForeignKey(PolicyBundle, on_delete=models.PROTECT, related_name="change_proposals")
+    changes = models.JSONField()
+    before = models.JSONField()
+    relaxes = models.JSONField(help_text="The rules whose change relaxes human approval.")
+    policy_version = models.PositiveIntegerField()
+    proposed_by = models.CharField(max_length=200, help_text="admin:<username>, or the proposing API key.")
+    proposed_by_user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    proposed_by_key_id = models.CharField(max_length=40, blank=True, default="")
+    proposer_wallet_id = models.CharField(max_length=40, blank=True, default="")
+    # Usernames that may not confirm: the proposer, and the console users who minted the proposing
+    # key or a key above it in its line (read from the audit chain when the proposal is made).
+    excluded_confirmers = models.JSONField(default=list)
+    status = models.CharField(max_length=16, choices=ProposalStatus.choices, default=ProposalStatus.PENDING)
+    created_at = models.DateTimeField()
+    expires_at = models.DateTimeField()
+    decided_at = models.DateTimeField(null=True, blank=True)
+    decided_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+
+    class Meta:
+        db_table = "permits_policy_change_proposal"
+        permissions = [
+            ("confirm_policy_relaxation", "Can confirm or reject a proposal relaxing human approval"),
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(status__in=["pending", "superseded"]) | Q(decided_by__isnull=False),
+                name="policy_proposal_decided_by_someone",
+            ),
+            models.CheckConstraint(
+                condition=Q(proposed_by_user__isnull=False) | ~Q(proposed_by_key_id=""),
+                name="policy_proposal_has_a_proposer",
+            ),
+        ]
+        indexes = [models.Index(fields=["policy", "status"], name="policy_proposal_policy_status")]
+
+    def __str__(self) -> str:
+        return f"{self.proposal_id} for {self.policy_id} ({self.status})"
+
+    def effective_status(self, now: object) -> str:
+        if self.status == ProposalStatus.PENDING and self.expires_at <= now:  # type: ignore[operator]
+            return ProposalStatus.EXPIRED
+        return self.status

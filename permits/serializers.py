@@ -13,7 +13,7 @@ from rest_framework import serializers
 from billing.models import ServiceCategory
 from billing.serializers import MoneyField
 from config.pagination import PageQuery, list_envelope
-from permits.models import Permit, PermitRequest, PolicyBundle, Quote
+from permits.models import Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
 from permits.services.policies import policy_rules_problems
 
 MAX_PERMIT_TTL = 30 * 24 * 3600
@@ -344,6 +344,39 @@ class PolicyBundleResponse(serializers.ModelSerializer):
 
 
 PolicyBundleListResponse = list_envelope("PolicyBundleListResponse", PolicyBundleResponse)
+
+
+class PolicyChangeProposalResponse(serializers.ModelSerializer):
+    """A policy change that relaxes human approval, recorded instead of applied: it takes effect only
+    when a second person confirms it in the operator console before ``expires_at``."""
+
+    policy_id = serializers.CharField()
+    status = serializers.SerializerMethodField()
+    relaxes = serializers.ListField(
+        child=serializers.ChoiceField(choices=["enabled", "human_approval_required"]),
+        help_text="The rules whose change relaxes human approval.",
+    )
+    changes = serializers.DictField(help_text="The rules the change sets, as they would be stored.")
+    before = serializers.DictField(help_text="Those rules' values when the change was proposed.")
+
+    class Meta:
+        model = PolicyChangeProposal
+        fields = [
+            "proposal_id",
+            "policy_id",
+            "status",
+            "relaxes",
+            "changes",
+            "before",
+            "policy_version",
+            "created_at",
+            "expires_at",
+            "decided_at",
+        ]
+
+    @extend_schema_field(serializers.ChoiceField(choices=["pending", "confirmed", "rejected", "expired", "superseded"]))
+    def get_status(self, obj: PolicyChangeProposal) -> str:
+        return obj.effective_status(timezone.now())
 
 
 class PolicyListQuery(PageQuery):

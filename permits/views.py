@@ -45,6 +45,7 @@ from permits.serializers import (
     PolicyBundleListResponse,
     PolicyBundlePatch,
     PolicyBundleResponse,
+    PolicyChangeProposalResponse,
     PolicyListQuery,
     QuoteCreateRequest,
     QuoteListQuery,
@@ -238,7 +239,7 @@ class PermitRequestCreateView(APIView):
         tags=["permits"],
         parameters=[IDEMPOTENCY_HEADER],
         request=PermitRequestCreate,
-        responses={202: PermitRequestResponse, **error_responses(401, 403, 422)},
+        responses={202: PermitRequestResponse, **error_responses(401, 403, 409, 422)},
         summary="Ask a human for a permit; poll the returned URL for the decision",
     )
     def post(self, request: Request) -> Response:
@@ -386,17 +387,30 @@ class PolicyDetailView(APIView):
         operation_id="policies_partial_update",
         tags=["policies"],
         request=PolicyBundlePatch,
-        responses={200: PolicyBundleResponse, **error_responses(401, 403, 404, 422)},
-        summary="Change some rules of a policy bundle",
+        responses={
+            200: PolicyBundleResponse,
+            202: OpenApiResponse(
+                PolicyChangeProposalResponse,
+                description=(
+                    "The change relaxes human approval (turns human_approval_required off or disables a policy "
+                    "requiring it): nothing changed; it is recorded as a proposal that a second person confirms "
+                    "in the operator console before it expires. The whole change waits, tightening rules included."
+                ),
+            ),
+            **error_responses(401, 403, 404, 422),
+        },
+        summary="Change some rules of a policy bundle (relaxing human approval: 202, a proposal)",
     )
     def patch(self, request: Request, policy_id: str) -> Response:
         caller = principal(request)
         policy = selectors.policy_for_change(caller, policy_id)
         data = parse_body(request, PolicyBundlePatch)
-        policy = services.policy_update(
+        result = services.policy_change(
             policy_id=policy.policy_id, actor_key_id=caller.key_id, actor_wallet_id=caller.wallet_id or "", **data
         )
-        return Response(PolicyBundleResponse(policy).data)
+        if result.proposal is not None:
+            return Response(PolicyChangeProposalResponse(result.proposal).data, status=status.HTTP_202_ACCEPTED)
+        return Response(PolicyBundleResponse(result.policy).data)
 
 
 # --- /v1/me --------------------------------------------------------------------------

@@ -4,6 +4,7 @@ balance has its ledger entries and audit events."""
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from billing import services
 from billing.models import Wallet, WalletType
@@ -45,3 +46,26 @@ def make_key(wallet: Wallet, name: str = "") -> services.IssuedKey:
 
 def make_operator_key() -> services.IssuedKey:
     return services.operator_key_create(name="test operator")
+
+
+def relax_policy(policy_id: str, **changes: Any) -> object:
+    """Relax a policy's human approval the way it is done: one console user proposes the change
+    (``policy_change``), a second one holding ``permits.confirm_policy_relaxation`` confirms it."""
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Permission
+
+    from config.ids import new_id
+    from permits.services import policy_change, policy_proposal_confirm
+
+    users = get_user_model().objects
+    proposer = users.create_user(new_id("proposer"), is_staff=True)
+    confirmer = users.create_user(new_id("confirmer"), is_staff=True)
+    confirmer.user_permissions.add(Permission.objects.get(codename="confirm_policy_relaxation"))
+    confirmer = users.get(pk=confirmer.pk)  # a fresh instance: no stale permission cache
+    proposal = policy_change(
+        policy_id=policy_id, actor=f"admin:{proposer.get_username()}", user=proposer, **changes
+    ).proposal
+    assert proposal is not None, "the change relaxes nothing"
+    return policy_proposal_confirm(
+        proposal_id=proposal.proposal_id, user=confirmer, actor=f"admin:{confirmer.get_username()}"
+    )

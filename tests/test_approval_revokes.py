@@ -165,6 +165,6 @@ def test_an_issuance_racing_the_policy_is_refused_or_revoked():
         assert not Permit.objects.filter(
             wallet=tenant.agent, status=PermitStatus.ACTIVE, issuer_wallet__isnull=False, issued_via_request_id=""
         ).exists()
-        services.policy_update(policy_id=policy.policy_id, enabled=False)
+        factories.relax_policy(policy.policy_id, enabled=False)
     assert len(statuses) == 3 * rounds
     assert set(statuses) <= {201, 403}, statuses

@@ -27,6 +27,8 @@ from tollgate_client import (
     NotFound,
     PermissionDenied,
     PermitRequestNotApproved,
+    Policy,
+    PolicyChangeProposal,
     RateLimited,
     ServerError,
     TollgateClient,
@@ -298,8 +300,18 @@ def _authority_sections(
     assert sp.policies.get(policy.policy_id).name == "caps"
     assert policy.policy_id in {p.policy_id for p in sp.policies.list(wallet_id=sponsor_id)}
     patched = sp.policies.patch(policy.policy_id, max_credits_per_call="3")
+    assert isinstance(patched, Policy)
     assert patched.max_credits_per_call == Decimal("3")
     assert patched.version > policy.version
+    # Relaxing human approval is a proposal a second person confirms in the console (on a wallet of
+    # its own: approval on the sponsor's line would revoke the permits the sections below use).
+    gated_wallet = op.wallets.create_agent(sponsor_id, "client-gated")
+    gated = sp.policies.create(gated_wallet.wallet_id, human_approval_required=True)
+    proposal = sp.policies.patch(gated.policy_id, human_approval_required=False)
+    assert isinstance(proposal, PolicyChangeProposal)
+    assert (proposal.pending, proposal.relaxes, proposal.policy_version) == (True, ["human_approval_required"], 1)
+    still = sp.policies.get(gated.policy_id)
+    assert (still.human_approval_required, still.version) == (True, 1)
 
     # --- permit requests and a human decision -------------------------------------------------------
     preq = ag.permit_requests.create(agent_id, ["math.add"], "2", justification="nightly sums")

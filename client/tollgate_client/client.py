@@ -40,6 +40,7 @@ from tollgate_client.models import (
     PermitRequest,
     PermitVerification,
     Policy,
+    PolicyChangeProposal,
     PortableVerification,
     Quote,
     Receipt,
@@ -804,10 +805,18 @@ class Policies(_Group):
     def get(self, policy_id: str) -> Policy:
         return Policy.from_dict(self._c._get(f"/v1/policies/{policy_id}"))
 
-    def patch(self, policy_id: str, **changes: Any) -> Policy:
-        """Change some rules; a ``None`` value is sent as JSON null (e.g. ``allowed_tools=None``: every tool)."""
+    def patch(self, policy_id: str, **changes: Any) -> Policy | PolicyChangeProposal:
+        """Change some rules; a ``None`` value is sent as JSON null (e.g. ``allowed_tools=None``: every tool).
+
+        Returns the policy as changed, or, when the change relaxes human approval (turns
+        ``human_approval_required`` off or disables a policy requiring it), the pending
+        ``PolicyChangeProposal``: nothing changed until a second person confirms it in the console.
+        """
         body = {name: _value(value) for name, value in changes.items()}
-        return Policy.from_dict(self._c.request("PATCH", f"/v1/policies/{policy_id}", json_body=body))
+        data = self._c.request("PATCH", f"/v1/policies/{policy_id}", json_body=body)
+        if isinstance(data, Mapping) and "proposal_id" in data:
+            return PolicyChangeProposal.from_dict(data)
+        return Policy.from_dict(data)
 
 
 class Tools(_Group):

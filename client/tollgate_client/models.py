@@ -409,6 +409,44 @@ class Policy:
 
 
 @dataclass(frozen=True, kw_only=True)
+class PolicyChangeProposal:
+    """A policy change that relaxes human approval (202 from ``PATCH /v1/policies/{id}``): nothing
+    changed yet; it applies when a second person confirms it in the operator console."""
+
+    proposal_id: str
+    policy_id: str
+    status: str
+    relaxes: list[str]
+    changes: JSONObject
+    before: JSONObject
+    policy_version: int
+    created_at: datetime | None
+    expires_at: datetime | None
+    decided_at: datetime | None
+    raw: JSONObject = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def pending(self) -> bool:
+        return self.status == "pending"
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> PolicyChangeProposal:
+        return cls(
+            proposal_id=_str(d.get("proposal_id")),
+            policy_id=_str(d.get("policy_id")),
+            status=_str(d.get("status")),
+            relaxes=_list(d.get("relaxes")),
+            changes=_obj(d.get("changes")),
+            before=_obj(d.get("before")),
+            policy_version=int(d.get("policy_version") or 0),
+            created_at=_dt(d.get("created_at")),
+            expires_at=_dt(d.get("expires_at")),
+            decided_at=_dt(d.get("decided_at")),
+            raw=dict(d),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
 class Receipt:
     """The signed receipt of one governed action (every outcome, including denials)."""
 

@@ -51,7 +51,16 @@ from permits.services.permits import (
     permit_statement_problem,
     permit_verified_columns,
 )
-from permits.services.policies import POLICY_FIELDS, policy_create, policy_update
+from permits.services.policies import (
+    POLICY_FIELDS,
+    PolicyChange,
+    approval_relaxation,
+    policy_change,
+    policy_create,
+    policy_proposal_confirm,
+    policy_proposal_reject,
+    policy_update,
+)
 from permits.services.quotes import QUOTE_LIFETIME, quote_check, quote_consume, quote_create, quote_statement_problem
 
 __all__ = [
@@ -64,7 +73,9 @@ __all__ = [
     "DailyCap",
     "Decision",
     "PermitIssue",
+    "PolicyChange",
     "RequestCreate",
+    "approval_relaxation",
     "approval_url",
     "approver_reachability",
     "authorize",
@@ -81,8 +92,11 @@ __all__ = [
     "permit_statement_problem",
     "permit_verified_columns",
     "policies_from_json",
+    "policy_change",
     "policy_create",
     "policy_daily_cap_refusal",
+    "policy_proposal_confirm",
+    "policy_proposal_reject",
     "policy_update",
     "quote_check",
     "quote_consume",

@@ -1,5 +1,7 @@
 """Policy bundles: creating and changing them (each owns its transaction and is audited); one that
-starts requiring human approval revokes the permits no human approved (``approval``).
+starts requiring human approval revokes the permits no human approved (``approval``). A change that
+relaxes human approval (``approval_relaxation``) is a proposal a second person confirms in the console
+(``policy_change``, ``policy_proposal_confirm``): docs/decisions.md, "Operator console".
 
 A policy applies to the wallet it is attached to and every wallet below it. What authorization
 reads of the policies, and how, is ``permits.services.authorization``.
@@ -8,18 +10,32 @@ reads of the policies, and how, is ``permits.services.authorization``.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 
+from audit.models import AuditEvent
 from audit.services import audit_record
 from billing.exceptions import money
-from billing.models import ServiceCategory, Wallet
+from billing.models import APIKey, ServiceCategory, Wallet
 from config.errors import RequestValidationError
 from config.ids import new_id
 from config.jsonbody import check_storable
-from permits.models import PolicyBundle
+from permits.exceptions import (
+    ApprovalRelaxationNeedsConfirmation,
+    ConfirmationNotAllowed,
+    OwnProposal,
+    ProposalDecided,
+    ProposalExpired,
+    ProposalNotFound,
+    ProposalStale,
+)
+from permits.models import PolicyBundle, PolicyChangeProposal, ProposalStatus
 from permits.selectors import check_policy_level
 from permits.services.approval import approval_lock, requires_approval, revoke_unapproved
 
@@ -192,31 +208,100 @@ def policy_create(
     return policy
 
 
-@transaction.atomic(durable=True)
-def policy_update(
-    *, policy_id: str, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **changes: Any
-) -> PolicyBundle:
-    """Change some rules of a policy bundle; bumps its version. Locks the row first.
+_CREDIT_FIELDS = ("max_credits_per_call", "max_daily_credits")
 
-    ``actor_wallet_id`` is the wallet of the changing key (empty for the operator and the console),
-    which the caller has checked may change it (``permits.selectors.policy_for_change``: the
-    policy's level or above). The policy's level becomes the changer's: a sponsor that tightens a
-    policy its agent set on itself takes it over, and the agent can no longer undo the change. The
-    level is checked again on the locked row (403 ``policy_read_only``): a change from above that
-    committed while this one waited for the lock stands. The changed rules are checked before the
-    lock (``policy_rules_check``).
+
+def approval_relaxation(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:
+    """The rules whose change from ``before`` to ``after`` relaxes human approval; empty when none does.
+
+    ``before`` and ``after`` are a policy's rules (``POLICY_FIELDS``); ``before`` is None for a policy
+    being created. The one rule for every path that changes a policy (``policy_update``,
+    ``policy_change``, ``policy_proposal_confirm``; the API and the console call these).
+
+    A policy that requires human approval (``human_approval_required`` on an enabled policy) is the
+    rule a human's approval was meant to gate: while it binds a wallet's line, no wallet key issues that
+    wallet a permit (``permits.services.approval.human_approval_required``), and its limits bound what
+    even an approved permit may do. A change to such a policy relaxes approval when it
+
+    - stops requiring it: ``human_approval_required`` off, or the policy disabled;
+    - raises its threshold: a higher ``max_credits_per_call`` or ``max_daily_credits``, or one removed;
+    - widens its tools or categories: ``allowed_tools`` or ``allowed_categories`` gaining a name or
+      removed (null: any), ``denied_tools`` losing a name.
+
+    Those are the names returned. A policy that does not require approval before the change relaxes
+    nothing (turning approval on, and any change made together with it, tightens). A new policy never
+    relaxes: every enabled policy of the line binds, so one created below (or anywhere) cannot lift one
+    above. No path deletes a policy or moves it to another wallet.
     """
-    policy_rules_check({k: v for k, v in changes.items() if k in POLICY_FIELDS})
+    if before is None:
+        return []
+
+    def requires(rules: Mapping[str, Any]) -> bool:
+        return bool(rules.get("enabled")) and bool(rules.get("human_approval_required"))
+
+    if not requires(before):
+        return []
+    relaxed = [
+        name
+        for name in ("enabled", "human_approval_required")
+        if not requires(after) and before.get(name) != after.get(name)
+    ]
+    for name in _CREDIT_FIELDS:
+        old, new = before.get(name), after.get(name)
+        if old is not None and (new is None or Decimal(str(new)) > Decimal(str(old))):
+            relaxed.append(name)
+    for name in ("allowed_tools", "allowed_categories"):
+        old, new = before.get(name), after.get(name)
+        if old is not None and (new is None or not set(new) <= set(old)):
+            relaxed.append(name)
+    if not set(before.get("denied_tools") or ()) <= set(after.get("denied_tools") or ()):
+        relaxed.append("denied_tools")
+    return relaxed
+
+
+@dataclass(frozen=True)
+class PolicyChange:
+    """What ``policy_change`` did: ``policy`` as it is now, and ``proposal`` when the change relaxes
+    human approval (the policy is then unchanged until a second person confirms it)."""
+
+    policy: PolicyBundle
+    proposal: PolicyChangeProposal | None
+
+
+def _rules(policy: PolicyBundle) -> dict[str, Any]:
+    return {name: getattr(policy, name) for name in POLICY_FIELDS}
+
+
+def _json_rules(rules: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: money(value) if isinstance(value, Decimal) else value for name, value in rules.items()}
+
+
+def _lock_policy(policy_id: str, changes: Mapping[str, Any]) -> PolicyBundle:
+    """The policy's row, locked; before it, the tenant's approval lock whenever the change may start
+    requiring approval: the order every approval-lock holder takes (``permit_issue`` holds no policy
+    row). Whether the change does start requiring it is judged on the locked row."""
     if changes.get("human_approval_required") is True or changes.get("enabled") is True:
-        # Before the policy's row lock: the order every approval-lock holder takes (permit_issue holds no
-        # policy row). Taken whenever the change may start requiring approval; judged below.
         tenant_id = PolicyBundle.objects.filter(policy_id=policy_id).values_list("tenant_id", flat=True).first()
         if tenant_id is not None:
             approval_lock(tenant_id, shared=False)
-    policy = PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
+    return PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
+
+
+def _apply_locked(
+    policy: PolicyBundle,
+    changes: Mapping[str, Any],
+    *,
+    actor_key_id: str,
+    actor_wallet_id: str,
+    actor: str,
+    proposal: PolicyChangeProposal | None = None,
+) -> PolicyBundle:
+    """Write ``changes`` to ``policy`` (its row locked by the caller, its level checked) and audit it.
+
+    A policy that starts requiring approval revokes the unapproved permits of its subtree; the
+    policy's other pending proposals are superseded (they were made against the rules this replaces).
+    """
     required_before = requires_approval(policy)
-    if actor_wallet_id:
-        check_policy_level(policy, actor_wallet_id)
     before = _policy_snapshot(policy)
     authority_before = policy.authority_wallet_id
     fields = [k for k in changes if k in POLICY_FIELDS]
@@ -231,6 +316,12 @@ def policy_update(
         else []
     )
     policy.permits_revoked = tuple(revoked)
+    pending = PolicyChangeProposal.objects.filter(policy=policy, status=ProposalStatus.PENDING)
+    if proposal is not None:
+        pending = pending.exclude(pk=proposal.pk)
+    superseded = sorted(pending.values_list("proposal_id", flat=True))
+    if superseded:
+        pending.update(status=ProposalStatus.SUPERSEDED, decided_at=timezone.now())
     audit_record(
         event="policy.updated",
         ok=True,
@@ -248,7 +339,258 @@ def policy_update(
                 else {}
             ),
             **({"permits_revoked": revoked} if revoked else {}),
+            **({"proposal_id": proposal.proposal_id, "proposed_by": proposal.proposed_by} if proposal else {}),
+            **({"proposals_superseded": superseded} if superseded else {}),
             **({"actor": actor} if actor else {}),
         },
     )
     return policy
+
+
+@transaction.atomic(durable=True)
+def policy_update(
+    *, policy_id: str, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **changes: Any
+) -> PolicyBundle:
+    """Change some rules of a policy bundle; bumps its version. Locks the row first.
+
+    ``actor_wallet_id`` is the wallet of the changing key (empty for the operator and the console),
+    which the caller has checked may change it (``permits.selectors.policy_for_change``: the
+    policy's level or above). The policy's level becomes the changer's: a sponsor that tightens a
+    policy its agent set on itself takes it over, and the agent can no longer undo the change. The
+    level is checked again on the locked row (403 ``policy_read_only``): a change from above that
+    committed while this one waited for the lock stands. The changed rules are checked before the
+    lock (``policy_rules_check``).
+
+    A change that relaxes human approval (``approval_relaxation``, judged on the locked row) is
+    refused (409 ``approval_relaxation_needs_confirmation``, nothing written): it is made through
+    ``policy_change`` (a proposal) and ``policy_proposal_confirm`` (a second person).
+    """
+    policy_rules_check({k: v for k, v in changes.items() if k in POLICY_FIELDS})
+    policy = _lock_policy(policy_id, changes)
+    if actor_wallet_id:
+        check_policy_level(policy, actor_wallet_id)
+    before = _rules(policy)
+    relaxes = approval_relaxation(before, {**before, **{k: v for k, v in changes.items() if k in POLICY_FIELDS}})
+    if relaxes:
+        raise ApprovalRelaxationNeedsConfirmation(policy_id=policy.policy_id, relaxes=relaxes)
+    return _apply_locked(policy, changes, actor_key_id=actor_key_id, actor_wallet_id=actor_wallet_id, actor=actor)
+
+
+def _console_users_behind_key(key_id: str) -> list[str]:
+    """The usernames of the console users who minted ``key_id`` or a key above it in its line (the
+    keys that minted it, through ``created_by_key_id``): read from the audit chain's
+    ``api_key.created`` / ``api_key.operator_created`` events, whose ``actor`` is ``admin:<username>``.
+    Whoever holds such a key, its minter saw the secret; they cannot be the second person."""
+    line: list[str] = []
+    current = key_id
+    while current and current not in line and len(line) < 64:
+        line.append(current)
+        current = APIKey.objects.filter(key_id=current).values_list("created_by_key_id", flat=True).first() or ""
+    actors = AuditEvent.objects.filter(
+        event__in=["api_key.created", "api_key.operator_created"], detail__new_key_id__in=line
+    ).values_list("detail__actor", flat=True)
+    return sorted({a.removeprefix("admin:") for a in actors if isinstance(a, str) and a.startswith("admin:")})
+
+
+@transaction.atomic(durable=True)
+def policy_change(
+    *,
+    policy_id: str,
+    actor_key_id: str = "",
+    actor_wallet_id: str = "",
+    actor: str = "",
+    user: Any = None,
+    **changes: Any,
+) -> PolicyChange:
+    """Change some rules of a policy bundle, as ``policy_update`` does, unless the change relaxes
+    human approval: then record a ``PolicyChangeProposal`` (nothing else changes) that a second
+    person confirms in the console (``policy_proposal_confirm``). The API and the console call this.
+
+    The proposer is ``user`` (a console user; ``actor`` is then ``admin:<username>``) or the key
+    ``actor_key_id`` of wallet ``actor_wallet_id``. The decision is made on the locked row, after the
+    level check, so the policy a proposal names is the one its version records. The proposal holds
+    every rule the change alters, tightening ones included: the confirmer confirms the change as a
+    whole. The same proposer asking for the same change of the same version again gets the pending
+    proposal back (a retried request makes no second one). Audited ``policy.relaxation_proposed``.
+    """
+    policy_rules_check({k: v for k, v in changes.items() if k in POLICY_FIELDS})
+    policy = _lock_policy(policy_id, changes)
+    if actor_wallet_id:
+        check_policy_level(policy, actor_wallet_id)
+    before = _rules(policy)
+    rules = {k: v for k, v in changes.items() if k in POLICY_FIELDS}
+    relaxes = approval_relaxation(before, {**before, **rules})
+    if not relaxes:
+        applied = _apply_locked(
+            policy, changes, actor_key_id=actor_key_id, actor_wallet_id=actor_wallet_id, actor=actor
+        )
+        return PolicyChange(policy=applied, proposal=None)
+    altered = {k: v for k, v in rules.items() if v != before[k]}
+    proposed_by = actor if user is not None else actor_key_id
+    now = timezone.now()
+    existing = (
+        PolicyChangeProposal.objects.filter(
+            policy=policy,
+            status=ProposalStatus.PENDING,
+            expires_at__gt=now,
+            proposed_by=proposed_by,
+            policy_version=policy.version,
+            changes=_json_rules(altered),
+        )
+        .order_by("created_at")
+        .first()
+    )
+    if existing is not None:
+        return PolicyChange(policy=policy, proposal=existing)
+    excluded = _console_users_behind_key(actor_key_id) if actor_key_id else []
+    if user is not None:
+        excluded = sorted({*excluded, user.get_username()})
+    proposal = PolicyChangeProposal.objects.create(
+        proposal_id=new_id("pcp"),
+        tenant_id=policy.tenant_id,
+        policy=policy,
+        changes=_json_rules(altered),
+        before=_json_rules({k: before[k] for k in altered}),
+        relaxes=relaxes,
+        policy_version=policy.version,
+        proposed_by=proposed_by,
+        proposed_by_user=user,
+        proposed_by_key_id=actor_key_id,
+        proposer_wallet_id=actor_wallet_id,
+        excluded_confirmers=excluded,
+        created_at=now,
+        expires_at=now + timedelta(hours=settings.POLICY_PROPOSAL_TTL_HOURS),
+    )
+    audit_record(
+        event="policy.relaxation_proposed",
+        ok=True,
+        tenant_id=policy.tenant_id,
+        wallet_id=policy.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint="/v1/policies/{policy_id}",
+        detail={
+            "policy_id": policy.policy_id,
+            "proposal_id": proposal.proposal_id,
+            "policy_version": policy.version,
+            "relaxes": relaxes,
+            "before": proposal.before,
+            "changes": proposal.changes,
+            "expires_at": proposal.expires_at.isoformat(),
+            **({"actor": actor} if actor else {}),
+        },
+    )
+    return PolicyChange(policy=policy, proposal=proposal)
+
+
+def _proposal_for_decision(
+    proposal_id: str, user: Any, *, proposer_may: bool
+) -> tuple[PolicyChangeProposal, PolicyBundle]:
+    """The proposal and its policy, both locked (the policy first, as every policy write takes it),
+    once ``user`` may decide it: 404 unknown, 403 without the permission (unless ``proposer_may`` and
+    ``user`` proposed it), 409 no longer pending."""
+    found = (
+        PolicyChangeProposal.objects.filter(proposal_id=proposal_id)
+        .values_list("policy_id", "changes", "proposed_by_user_id")
+        .first()
+    )
+    if found is None:
+        raise ProposalNotFound(proposal_id=proposal_id)
+    policy_id, changes, proposer_pk = found
+    own = proposer_pk is not None and proposer_pk == user.pk
+    if not user.has_perm("permits.confirm_policy_relaxation") and not (proposer_may and own):
+        raise ConfirmationNotAllowed(proposal_id=proposal_id)
+    policy = _lock_policy(policy_id, changes)
+    proposal = PolicyChangeProposal.objects.select_for_update(no_key=True).get(proposal_id=proposal_id)
+    if proposal.status != ProposalStatus.PENDING:
+        raise ProposalDecided(proposal_id=proposal_id, status=proposal.status)
+    return proposal, policy
+
+
+def _proposed_rules(proposal: PolicyChangeProposal) -> dict[str, Any]:
+    return {
+        name: Decimal(value) if name in _CREDIT_FIELDS and value is not None else value
+        for name, value in proposal.changes.items()
+    }
+
+
+@transaction.atomic(durable=True)
+def policy_proposal_confirm(*, proposal_id: str, user: Any, actor: str) -> PolicyBundle:
+    """Apply a pending proposal relaxing human approval: the second person's step.
+
+    Guarantees, checked under the policy's and the proposal's row locks: ``user`` holds
+    ``permits.confirm_policy_relaxation`` (403 ``policy_confirmation_not_allowed``) and is neither
+    the proposer nor a console user who minted the proposing key's line (403 ``policy_proposal_own``,
+    superusers included); the proposal is pending (409 ``policy_proposal_decided``) and not expired
+    (409 ``policy_proposal_expired``); the policy is still at the version proposed and the change
+    still relaxes what was proposed (409 ``policy_proposal_stale``): the confirmer confirms what
+    they were shown. The change is then written as ``policy_update`` writes one (the same locked
+    steps, the proposer's key and level, ``actor`` the confirmer) and audited
+    ``policy.relaxation_confirmed``.
+    """
+    proposal, policy = _proposal_for_decision(proposal_id, user, proposer_may=False)
+    if proposal.proposed_by_user_id == user.pk or user.get_username() in proposal.excluded_confirmers:
+        raise OwnProposal(proposal_id=proposal_id)
+    now = timezone.now()
+    if proposal.expires_at <= now:
+        raise ProposalExpired(proposal_id=proposal_id, expires_at=proposal.expires_at.isoformat())
+    changes = _proposed_rules(proposal)
+    before = _rules(policy)
+    still_relaxes = approval_relaxation(before, {**before, **changes})
+    if policy.version != proposal.policy_version or still_relaxes != list(proposal.relaxes):
+        raise ProposalStale(proposal_id=proposal_id, policy_version=policy.version)
+    if proposal.proposer_wallet_id:
+        check_policy_level(policy, proposal.proposer_wallet_id)
+    _apply_locked(
+        policy,
+        changes,
+        actor_key_id=proposal.proposed_by_key_id,
+        actor_wallet_id=proposal.proposer_wallet_id,
+        actor=actor,
+        proposal=proposal,
+    )
+    proposal.status = ProposalStatus.CONFIRMED
+    proposal.decided_at = now
+    proposal.decided_by = user
+    proposal.save(update_fields=["status", "decided_at", "decided_by"])
+    audit_record(
+        event="policy.relaxation_confirmed",
+        ok=True,
+        tenant_id=policy.tenant_id,
+        wallet_id=policy.wallet_id,
+        endpoint="/admin/permits/policychangeproposal/",
+        detail={
+            "policy_id": policy.policy_id,
+            "proposal_id": proposal.proposal_id,
+            "proposed_by": proposal.proposed_by,
+            "relaxes": proposal.relaxes,
+            "changes": proposal.changes,
+            "actor": actor,
+        },
+    )
+    return policy
+
+
+@transaction.atomic(durable=True)
+def policy_proposal_reject(*, proposal_id: str, user: Any, actor: str) -> PolicyChangeProposal:
+    """Reject a pending proposal (the policy stays as it is). Needs the confirmation permission
+    (403); the proposer may reject their own (withdrawing relaxes nothing). 409 when it is no longer
+    pending. Audited ``policy.relaxation_rejected``."""
+    proposal, policy = _proposal_for_decision(proposal_id, user, proposer_may=True)
+    proposal.status = ProposalStatus.REJECTED
+    proposal.decided_at = timezone.now()
+    proposal.decided_by = user
+    proposal.save(update_fields=["status", "decided_at", "decided_by"])
+    audit_record(
+        event="policy.relaxation_rejected",
+        ok=True,
+        tenant_id=policy.tenant_id,
+        wallet_id=policy.wallet_id,
+        endpoint="/admin/permits/policychangeproposal/",
+        detail={
+            "policy_id": policy.policy_id,
+            "proposal_id": proposal.proposal_id,
+            "proposed_by": proposal.proposed_by,
+            "actor": actor,
+        },
+    )
+    return proposal

@@ -8,7 +8,7 @@ class Migration(migrations.Migration):
 
     dependencies = [
         ('billing', '0021_ledger_triggers_from_sql_files'),
-        ('permits', '0009_approver_user_protect'),
+        ('permits', '0010_policy_change_proposal'),
     ]
 
     operations = [
