@@ -5,6 +5,7 @@ Revocation and policy changes go through the same services as the API.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
@@ -19,9 +20,10 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, credits_cell, has_perm, money_display
-from billing.models import Wallet, WalletStatus
+from billing.models import ServiceCategory, Wallet, WalletStatus
 from common.listing import short_id_column
 from config.errors import ApplicationError
+from permits import selectors as permit_selectors
 from permits import services
 from permits.models import (
     Permit,
@@ -172,19 +174,106 @@ class QuoteAdmin(ReadOnlyAdmin):
     ordering = ["-created_at"]
 
 
+ANY, ONLY = "any", "only"
+
+
+def _tool_choices(current: list[str] | None, *, patterns: bool) -> list[tuple[str, str]]:
+    """The synced tools (``selectors.known_tools``), their namespace patterns (``prefix.*``) when
+    ``patterns``, and what the policy already names that is neither (kept selectable, so editing
+    never drops a rule silently; marked, so it is removed on purpose)."""
+    tools = sorted(permit_selectors.known_tools())  # the hook, read at call time (mcpgateway.apps sets it)
+    choices = [(name, name) for name in tools]
+    if patterns:
+        prefixes = sorted({name.rsplit(".", 1)[0] for name in tools if "." in name})
+        choices += [(f"{prefix}.*", f"{prefix}.* (every {prefix} tool)") for prefix in prefixes]
+    offered = {value for value, _ in choices}
+    choices += [(name, f"{name} (not a synced tool)") for name in current or [] if name not in offered]
+    return choices
+
+
 class PolicyBundleForm(forms.ModelForm):
-    """The rules are held to ``policy_rules_problems``, as in the API: the form's JSON fields would
-    otherwise take any JSON (``5``, ``[1]``, ``"foo"``), and authorization reads these rules at every
-    governed call of the subtree. An empty ``denied_tools`` (or ``null``) means none."""
+    """A policy's rules as people set them (docs/decisions.md, Operator console): tools from the synced
+    tools (a name that is not one, such as ``notes.apend``, is refused), categories as checkboxes,
+    limits as numbers; "any" is a choice of its own, apart from an empty selection (no tool at all).
+    The rules are then held to ``policy_rules_problems``, as in the API; a closed wallet is not offered."""
+
+    tools_mode = forms.ChoiceField(
+        label="Tools allowed",
+        choices=[(ANY, "Any tool (the denied tools below excepted)"), (ONLY, "Only the tools selected below")],
+        widget=forms.RadioSelect,
+        initial=ANY,
+    )
+    allowed_tools = forms.MultipleChoiceField(
+        required=False,
+        label="Allowed tools",
+        widget=forms.SelectMultiple(attrs={"size": 8}),
+        help_text="Used with “Only the tools selected below”; selecting none allows no tool. Ctrl-click for several.",
+    )
+    denied_tools = forms.MultipleChoiceField(
+        required=False,
+        label="Denied tools",
+        widget=forms.SelectMultiple(attrs={"size": 8}),
+        help_text="Refused even where allowed. A pattern such as notes.* covers every tool of that namespace.",
+    )
+    categories_mode = forms.ChoiceField(
+        label="Service categories allowed",
+        choices=[(ANY, "Any category"), (ONLY, "Only the categories ticked below")],
+        widget=forms.RadioSelect,
+        initial=ANY,
+    )
+    allowed_categories = forms.MultipleChoiceField(
+        required=False,
+        label="Allowed categories",
+        choices=ServiceCategory.choices,
+        widget=forms.CheckboxSelectMultiple,
+    )
+    max_credits_per_call = forms.DecimalField(
+        required=False,
+        max_digits=20,
+        decimal_places=8,
+        min_value=Decimal(0),
+        label="Most credits per call",
+        help_text="A call priced above this is refused. Empty: no limit per call.",
+    )
+    max_daily_credits = forms.DecimalField(
+        required=False,
+        max_digits=20,
+        decimal_places=8,
+        min_value=Decimal(0),
+        label="Most credits per day",
+        help_text="What the wallets under this policy may spend together in a UTC day. Empty: no daily limit.",
+    )
 
     class Meta:
         model = PolicyBundle
-        fields = ["wallet", *services.POLICY_FIELDS]
+        fields = ["wallet", "name", "enabled", "human_approval_required"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        policy = self.instance if self.instance.pk else None
+        allowed = policy.allowed_tools if policy is not None else None
+        denied = policy.denied_tools if policy is not None else []
+        self.fields["allowed_tools"].choices = _tool_choices(allowed, patterns=True)  # type: ignore[attr-defined]
+        self.fields["denied_tools"].choices = _tool_choices(denied, patterns=True)  # type: ignore[attr-defined]
+        if policy is not None:
+            self.initial.update(
+                tools_mode=ONLY if allowed is not None else ANY,
+                allowed_tools=list(allowed or []),
+                denied_tools=list(denied or []),
+                categories_mode=ONLY if policy.allowed_categories is not None else ANY,
+                allowed_categories=list(policy.allowed_categories or []),
+                max_credits_per_call=policy.max_credits_per_call,
+                max_daily_credits=policy.max_daily_credits,
+            )
+        if "wallet" in self.fields:  # a closed wallet can never spend again: not offered
+            self.fields["wallet"].queryset = Wallet.objects.exclude(status=WalletStatus.CLOSED)  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if "denied_tools" in data and data["denied_tools"] is None:
-            data["denied_tools"] = []
+        data["allowed_tools"] = list(data.get("allowed_tools") or []) if data.get("tools_mode") == ONLY else None
+        data["denied_tools"] = list(data.get("denied_tools") or [])
+        only_categories = data.get("categories_mode") == ONLY
+        data["allowed_categories"] = list(data.get("allowed_categories") or []) if only_categories else None
         rules = {name: data[name] for name in services.POLICY_FIELDS if name in data}
         for problem in policy_rules_problems(rules):
             name, *at = problem["loc"]
@@ -214,11 +303,13 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         "wallet",
         "name",
         "enabled",
+        "tools_mode",
         "allowed_tools",
         "denied_tools",
+        "categories_mode",
+        "allowed_categories",
         "max_credits_per_call",
         "max_daily_credits",
-        "allowed_categories",
         "human_approval_required",
         "version",
         "created_at",

@@ -188,8 +188,14 @@ def _no_descriptions(names: list[str]) -> dict[str, str]:
     return {}
 
 
+def _no_tools() -> list[str]:
+    return []
+
+
 # Set by the gateway app (mcpgateway.apps), which owns the tool registry; permits cannot import it.
 describe_tools: Callable[[list[str]], dict[str, str]] = _no_descriptions
+# The enabled tools' names (the console's policy form offers these and refuses any other name).
+known_tools: Callable[[], list[str]] = _no_tools
 
 
 def duration_words(seconds: float) -> str:

@@ -206,3 +206,56 @@ def test_the_console_warns_when_approvers_cannot_be_reached_and_sets_a_webhook(
     assert changed.detail["webhook_secret_changed"] is True
     assert changed.detail["actor"] == "admin:root"
     assert "whsec-browser-only" not in str(changed.detail)
+
+
+def test_the_policy_form_offers_choices_not_json(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from billing.services import wallet_close
+    from mcpgateway.models import Tool
+    from permits.models import PolicyBundle
+    from tests import factories
+
+    require_chromium()
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    get_user_model().objects.create_superuser("root", "", PASSWORD)
+    for name in ("notes.append", "notes.list", "math.add"):
+        Tool.objects.create(service_id=name)
+    tenant = make_tenant("Fabrikam")
+    closed = factories.make_wallet(tenant.sponsor, "retired")
+    wallet_close(wallet=closed, actor="test")
+    with browser_page(viewport=VIEWPORT) as page:
+        login(page, live_server.url, "/admin/permits/policybundle/add/")
+        wait_for(page, "#id_wallet")
+        wallets = page.eval_on_selector_all("#id_wallet option", "options => options.map(o => o.value)")
+        assert tenant.agent.wallet_id in wallets
+        assert closed.wallet_id not in wallets  # a closed wallet is no target
+        tools = page.eval_on_selector_all("#id_allowed_tools option", "options => options.map(o => o.value)")
+        assert {"notes.append", "notes.list", "math.add", "notes.*", "math.*"} == set(tools)
+        categories = page.eval_on_selector_all("input[name=allowed_categories]", "boxes => boxes.map(b => b.type)")
+        assert categories
+        assert set(categories) == {"checkbox"}
+        for limit in ("#id_max_credits_per_call", "#id_max_daily_credits"):
+            assert page.get_attribute(limit, "type") == "number"
+            assert page.input_value(limit) == ""
+        assert "Empty: no limit per call" in page.inner_text(".field-max_credits_per_call")
+        values = page.eval_on_selector_all("input, textarea", "els => els.map(e => e.value)")
+        assert "null" not in values
+        assert "[]" not in values
+        screenshot(page, "day-two-policy-form")
+        page.select_option("#id_wallet", tenant.agent.wallet_id)
+        page.fill("#id_name", "notes only")
+        page.check("#id_tools_mode_1")
+        page.select_option("#id_allowed_tools", ["notes.append", "notes.list"])
+        page.check("#id_categories_mode_1")
+        page.check("input[name=allowed_categories][value=tooling]")
+        page.fill("#id_max_credits_per_call", "2.5")
+        page.click("input[name=_save]")
+        wait_for(page, "ul.messagelist")
+    policy = PolicyBundle.objects.get(name="notes only")
+    assert policy.wallet_id == tenant.agent.wallet_id
+    assert (policy.allowed_tools, policy.denied_tools, policy.allowed_categories) == (
+        ["notes.append", "notes.list"],
+        [],
+        ["tooling"],
+    )
+    assert str(policy.max_credits_per_call) == "2.50000000"
+    assert policy.max_daily_credits is None
