@@ -171,3 +171,20 @@ def test_reachability_names_every_reason(tenant, settings):
     )
     assert approver_reachability(tenant.sponsor.wallet_id).reachable
     assert PermitRequest.objects.count() == 0
+
+
+@pytest.mark.parametrize(
+    ("group", "may_add"), [("Approver admin", True), ("Operator", True), ("Read-only auditor", False)]
+)
+def test_the_roles_that_set_notifications(tenant, group, may_add):
+    from django.contrib.auth import get_user_model
+    from django.contrib.auth.models import Group
+    from django.test import Client
+
+    user = get_user_model().objects.create_user(f"u-{group}", password="pw-roles-12345", is_staff=True)
+    user.groups.add(Group.objects.get(name=group))
+    client = Client()
+    client.force_login(user)
+    assert client.get("/admin/permits/tenantnotification/").status_code == 200
+    assert client.get("/admin/permits/webhookdelivery/").status_code == 200
+    assert client.get("/admin/permits/tenantnotification/add/").status_code == (200 if may_add else 403)
