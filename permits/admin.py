@@ -19,10 +19,11 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, credits_cell, has_perm, money_display
+from billing.admin import credits_cell, money_display
 from billing.models import ServiceCategory, Wallet, WalletStatus
+from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, has_perm
+from common.errors import ApplicationError
 from common.listing import short_id_column
-from config.errors import ApplicationError
 from permits import selectors as permit_selectors
 from permits import services
 from permits.models import (
@@ -41,17 +42,6 @@ from permits.selectors import permit_request_card_context
 from permits.services.notifications import approval_sign_in_url, approver_reachability, webhook_url_problem
 from permits.services.permit_requests import approval_url
 from permits.services.policies import policy_rules_problems
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Permit)

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from billing.models import Wallet
 from billing.selectors import Principal, scope_to_caller, tool_price, wallet_spend
-from config.errors import NotFound
+from common.errors import NotFound
 from permits.exceptions import PolicyReadOnly
 from permits.models import (
     Permit,
@@ -251,3 +251,32 @@ def permit_request_card_context(preq: PermitRequest, *, approval_url: str) -> di
         "wallet_state": wallet.effective_status,
         "approval_policies": policies,
     }
+
+
+def console_figures(user: Any, now: datetime) -> dict[str, Any]:
+    """The console index's permits figures: requests waiting for a person, in all and per tenant
+    (``view_permitrequest``), and the tenants whose approvers would never hear of a request
+    (``view_tenantapprover``; ``notifications.approver_reachability``)."""
+    from django.db.models import Count
+
+    from permits.services.notifications import approver_reachability
+
+    figures: dict[str, Any] = {}
+    pending = PermitRequest.objects.filter(status="pending", expires_at__gt=now)
+    if user.has_perm("permits.view_permitrequest"):
+        figures["pending_requests"] = pending.count()
+        by_tenant = list(pending.values("tenant_id").annotate(waiting=Count("pk")).order_by("-waiting")[:20])
+        names = dict(Wallet.objects.filter(wallet_id__in=[t["tenant_id"] for t in by_tenant]).values_list("pk", "name"))
+        figures["pending_by_tenant"] = [
+            (t["tenant_id"], names.get(t["tenant_id"], ""), t["waiting"]) for t in by_tenant
+        ]
+    if user.has_perm("permits.view_tenantapprover"):
+        tenants = set(TenantApprover.objects.values_list("tenant_id", flat=True))
+        tenants |= set(pending.values_list("tenant_id", flat=True))
+        unreachable = []
+        for tenant_id in sorted(tenants)[:50]:
+            reach = approver_reachability(tenant_id)
+            if not reach.reachable:
+                unreachable.append((tenant_id, "; ".join(reach.problems)))
+        figures["unreachable_approvers"] = unreachable
+    return figures

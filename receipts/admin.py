@@ -9,16 +9,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html_join
 
-from billing.admin import (
-    changelist_link,
-    confirmation_page,
-    console_actor,
-    credits_cell,
-    has_perm,
-    money_display,
-)
+from billing.admin import credits_cell, money_display
+from common.console import changelist_link, confirmation_page, console_actor, has_perm
+from common.errors import ApplicationError
 from common.listing import short_id_column
-from config.errors import ApplicationError
 from receipts import services
 from receipts.models import Outcome, Receipt, RefundReconciliation
 

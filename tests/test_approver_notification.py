@@ -18,7 +18,7 @@ from django.core import mail
 from django.utils import timezone
 
 from audit.models import AuditEvent
-from config.errors import RequestValidationError
+from common.errors import RequestValidationError
 from permits.models import PermitRequest, WebhookDelivery
 from permits.services import approver_reachability, tenant_notification_set, webhook_deliver_due
 from permits.services.notifications import DELIVERY_HEADER, SIGNATURE_HEADER, TIMESTAMP_HEADER

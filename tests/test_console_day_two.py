@@ -11,7 +11,7 @@ import pytest
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
-from config.ids import new_id
+from common.ids import new_id
 from mcpgateway.models import Action
 from tests.browser import browser_page, require_chromium, screenshot, wait_for
 from tests.conftest import make_tenant

@@ -27,7 +27,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from billing.models import Wallet
 from common.formatting import credits_phrase
-from config.ids import new_id
+from common.ids import new_id
 from permits.models import (
     PermitRequest,
     TenantApprover,
@@ -258,7 +258,7 @@ def tenant_notification_set(
     ``webhook_secret`` None keeps the stored secret; an empty ``webhook_url`` removes the webhook and
     its secret. A webhook address must be http(s) (``webhook_url_problem``) and needs a secret.
     """
-    from config.errors import RequestValidationError
+    from common.errors import RequestValidationError
 
     if webhook_url:
         problem = webhook_url_problem(webhook_url)

@@ -21,13 +21,13 @@ from django.db.models import Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import Wallet, WalletType
+from common.canonical import canonical_bytes, sha256_hex
 from common.formatting import credits_phrase
-from config.ids import new_id
-from config.jsonbody import check_storable
+from common.ids import new_id
+from common.jsonbody import check_storable
 from permits import exceptions as exc
 from permits.models import PermitRequest, PermitRequestStatus, TenantApprover, TenantNotification
 from permits.services.notifications import webhook_queue

@@ -54,8 +54,8 @@ def revoke(apps, schema_editor):
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0018_tool_input_schema_problem"),
-        ("permits", "0011_approver_notification_webhooks"),
+        ("mcpgateway", "0020_shard_keys"),
+        ("permits", "0013_approver_notification_webhooks"),
     ]
 
     operations = [migrations.RunPython(grant, revoke)]
