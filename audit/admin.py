@@ -19,11 +19,15 @@ from audit.models import Alert, AuditEvent, ChainHead, ChainVerificationRecord, 
 from audit.selectors import actor_q, object_id_q
 from audit.services import audit_record
 from common.console import ReadOnlyAdmin, console_actor, console_log, has_perm
+from common.listing import short_id_column
 
 
 @admin.register(AuditEvent)
 class AuditEventAdmin(ReadOnlyAdmin):
-    list_display = ["event_id", "chain", "seq", "event", "ok", "wallet_id", "key_id", "request_id", "created_at"]
+    list_display = ["event_short", "created_at", "event", "ok", "wallet_short", "chain_short", "seq"]
+    event_short = short_id_column("event_id", "event id")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+    chain_short = short_id_column("chain", "chain")
     list_filter = ["ok", "event"]
     search_fields = ["event_id", "chain", "wallet_id", "key_id", "request_id", "tool"]
     search_help_text = (

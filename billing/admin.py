@@ -21,6 +21,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -50,6 +51,8 @@ from common.console import (
     revocation_reason_form,
 )
 from common.errors import ApplicationError, RequestValidationError
+from common.formatting import credits_phrase
+from common.listing import short_id_column
 
 # Session key under which a new API key's secret waits for its single reveal.
 SECRET_SESSION_PREFIX = "tollgate:new-key-secret:"
@@ -179,7 +182,18 @@ def _failure(exc: Exception) -> str:
 
 @admin.register(Wallet)
 class WalletAdmin(admin.ModelAdmin):
-    list_display = ["wallet_id", "wallet_type", "name", "status", "balance_col", "spent_col", "parent", "created_at"]
+    list_display = [
+        "wallet_short",
+        "wallet_type",
+        "name",
+        "status",
+        "balance_col",
+        "spent_col",
+        "parent_short",
+        "created_at",
+    ]
+    wallet_short = short_id_column("wallet_id", "wallet")
+    parent_short = short_id_column("parent_id", "parent", link_to="billing.wallet")
     list_filter = ["wallet_type", "status"]
     search_fields = ["wallet_id", "name", "tenant_id"]
     ordering = ["-created_at"]
@@ -298,7 +312,9 @@ class WalletAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": title,
             "form": form,
-            "wallets": list(queryset),
+            # A closed wallet is never a target (docs/decisions.md, Operator console): it is left out here.
+            "wallets": list(queryset.exclude(status=WalletStatus.CLOSED)),
+            "closed": list(queryset.filter(status=WalletStatus.CLOSED).values_list("wallet_id", flat=True)),
             "action": action,
             "submit_label": submit_label,
             "opts": self.model._meta,
@@ -308,6 +324,9 @@ class WalletAdmin(admin.ModelAdmin):
     def _apply(self, request: HttpRequest, queryset: QuerySet[Wallet], verb: str, call: Any, *, log: str) -> None:
         done, failed = 0, []
         for wallet in queryset.order_by("path"):
+            if wallet.status == WalletStatus.CLOSED:  # closed for good: nothing moves into or out of it
+                failed.append(f"{wallet.wallet_id}: the wallet is closed.")
+                continue
             try:
                 call(wallet)
                 done += 1
@@ -315,7 +334,7 @@ class WalletAdmin(admin.ModelAdmin):
             except (ApplicationError, RequestValidationError) as exc:
                 failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
         if done:
-            self.message_user(request, f"{verb} {done} wallet(s).", messages.SUCCESS)
+            self.message_user(request, f"{verb} {done} wallet{pluralize(done)}.", messages.SUCCESS)
         for line in failed:
             self.message_user(request, line, messages.ERROR)
 
@@ -426,7 +445,7 @@ class WalletAdmin(admin.ModelAdmin):
         self._apply(
             request,
             queryset,
-            "Provisioned",
+            f"Provisioned {credits_phrase(amount)} to",
             lambda w: services.wallet_provision(
                 wallet=w, amount=amount, description=description, actor=console_actor(request)
             ),
@@ -462,10 +481,9 @@ class WalletAdmin(admin.ModelAdmin):
         self._apply(
             request,
             queryset,
-            "Funded",
+            f"Funded {credits_phrase(amount)} into",
             fund,
-            log=f"Funded {money_display(amount)} credits from the parent"
-            + (f" ({description})" if description else ""),
+            log=f"Funded {credits_phrase(amount)} from the parent" + (f" ({description})" if description else ""),
         )
         return None
 
@@ -613,7 +631,8 @@ class ConsoleGroupAdmin(SuperuserChangesOnly, GroupAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "account", "kind", "amount_col", "balance_after_col", "description"]
+    list_display = ["created_at", "account_short", "kind", "amount_col", "balance_after_col", "description"]
+    account_short = short_id_column("account", "account")
     list_filter = ["kind", "service_category"]
     search_fields = ["entry_id", "transaction_id", "account", "tenant_id", "correlation_id"]
     ordering = ["-created_at", "-entry_id"]
@@ -674,6 +693,11 @@ class APIKeyCreateForm(forms.ModelForm):
     )
     may_create_operator_key = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "wallet" in self.fields:  # a closed wallet can never act again: not offered
+            self.fields["wallet"].queryset = Wallet.objects.exclude(status=WalletStatus.CLOSED)  # type: ignore[attr-defined]
+
     class Meta:
         model = APIKey
         fields = ["wallet", "name"]
@@ -696,7 +720,9 @@ class APIKeyCreateForm(forms.ModelForm):
 
 @admin.register(APIKey)
 class APIKeyAdmin(ServiceSavedAdmin):
-    list_display = ["key_id", "wallet", "name", "status", "created_at", "revoked_at"]
+    list_display = ["key_short", "wallet_short", "name", "status", "created_at", "revoked_at"]
+    key_short = short_id_column("key_id", "key")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
     list_filter = ["status"]
     search_fields = ["key_id", "name", "wallet__wallet_id", "created_by_key_id"]
     ordering = ["-created_at"]
@@ -743,6 +769,11 @@ class APIKeyAdmin(ServiceSavedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """A key's page is read-only ("View API key", no Save that reports a change that never
+        happened); keys change only through the revoke action and rotation."""
+        return False if obj is not None else super().has_change_permission(request, obj)
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         """No filter on the secret hash: ``?secret_hash__startswith=`` would read it out by probing."""

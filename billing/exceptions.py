@@ -8,6 +8,7 @@ from typing import Any
 from rest_framework import status
 
 from common.errors import ApplicationError, Conflict, PermissionDeniedError
+from common.formatting import credits_text
 
 
 def money(value: Decimal) -> str:
@@ -16,11 +17,8 @@ def money(value: Decimal) -> str:
 
 
 def money_display(value: Decimal | None) -> str:
-    """Credits for people (pages, the console): thousands separators, no trailing zeros. None is a dash."""
-    if value is None:
-        return "—"
-    text = f"{Decimal(value).quantize(Decimal('0.00000001')):,f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    """Credits for people (pages, the console): ``common.formatting.credits_text``. None is a dash."""
+    return credits_text(value)
 
 
 class SpendRefused(PermissionDeniedError):

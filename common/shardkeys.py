@@ -32,6 +32,8 @@ TENANT_TABLES: dict[str, str] = {
     "permits_policy_bundle": "tenant_id",
     "permits_tenant_approver": "tenant_id",
     "permits_policy_change_proposal": "tenant_id",
+    "permits_tenant_notification": "tenant_id",
+    "permits_webhook_delivery": "tenant_id",
     "mcpgateway_action": "tenant_id",
     "mcpgateway_partner_note": "tenant_id",
     "receipts_receipt": "tenant_id",

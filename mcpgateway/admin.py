@@ -14,11 +14,12 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from billing import services as billing_services
-from billing.admin import money_display
+from billing.admin import credits_cell, money_display
 from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
 from common.console import ServiceSavedAdmin, confirmation_page, console_actor, console_log, has_perm
 from common.errors import ApplicationError
+from common.listing import short_id_column
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed
@@ -214,7 +215,24 @@ class ToolAdmin(ServiceSavedAdmin):
 
 @admin.register(Action)
 class ActionAdmin(admin.ModelAdmin):
-    list_display = ["action_id", "created_at", "wallet", "tool", "state", "outcome", "price", "receipt"]
+    list_display = [
+        "action_short",
+        "created_at",
+        "wallet_short",
+        "tool",
+        "state",
+        "outcome",
+        "price_col",
+        "receipt_short",
+    ]
+    action_short = short_id_column("action_id", "action")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+    receipt_short = short_id_column("receipt_id", "receipt", link_to="receipts.receipt")
+
+    @admin.display(description="price", ordering="price")
+    def price_col(self, obj: Action) -> str:
+        return credits_cell(obj.price)
+
     list_filter = ["state", "outcome", "transport"]
     search_fields = ["action_id", "idempotency_key", "wallet__wallet_id", "tool"]
     ordering = ["-created_at"]

@@ -16,6 +16,7 @@ from rest_framework.renderers import JSONRenderer
 from billing.admin import credits_cell, money_display
 from common.console import changelist_link, confirmation_page, console_actor, console_log, has_perm
 from common.errors import ApplicationError
+from common.listing import short_id_column
 from receipts import selectors, services
 from receipts.models import Outcome, Receipt, RefundReconciliation
 from receipts.serializers import EvidenceBundleResponse
@@ -23,7 +24,9 @@ from receipts.serializers import EvidenceBundleResponse
 
 @admin.register(Receipt)
 class ReceiptAdmin(admin.ModelAdmin):
-    list_display = ["receipt_id", "created_at", "wallet", "tool", "outcome", "credits_col"]
+    list_display = ["receipt_short", "created_at", "wallet_short", "tool", "outcome", "credits_col"]
+    receipt_short = short_id_column("receipt_id", "receipt")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
     list_filter = ["outcome"]
     search_fields = ["receipt_id", "action_id", "wallet__wallet_id", "api_key_id", "tool"]
     ordering = ["-created_at"]
@@ -144,7 +147,13 @@ class ReceiptAdmin(admin.ModelAdmin):
 
 @admin.register(RefundReconciliation)
 class RefundReconciliationAdmin(admin.ModelAdmin):
-    list_display = ["receipt", "amount", "status", "origin", "attempts", "last_error", "created_at", "resolved_at"]
+    list_display = ["receipt_short", "amount_col", "status", "origin", "attempts", "last_error", "created_at"]
+    receipt_short = short_id_column("receipt_id", "receipt")
+
+    @admin.display(description="amount", ordering="amount")
+    def amount_col(self, obj: RefundReconciliation) -> str:
+        return credits_cell(obj.amount)
+
     list_filter = ["status", "origin"]
     search_fields = ["receipt__receipt_id", "receipt__wallet__wallet_id"]
     ordering = ["-created_at"]

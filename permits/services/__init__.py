@@ -22,6 +22,12 @@ from permits.services.authorization import (
     policy_daily_cap_refusal,
     tool_allowed,
 )
+from permits.services.notifications import (
+    approver_reachability,
+    tenant_notification_set,
+    webhook_deliver_due,
+    webhook_signature,
+)
 from permits.services.permit_requests import (
     PERMIT_REQUEST_LIFETIME,
     RequestCreate,
@@ -71,6 +77,7 @@ __all__ = [
     "RequestCreate",
     "approval_relaxation",
     "approval_url",
+    "approver_reachability",
     "authorize",
     "human_approval_required",
     "permit_issue",
@@ -97,6 +104,9 @@ __all__ = [
     "quote_statement_problem",
     "tenant_approver_add",
     "tenant_approver_remove",
+    "tenant_notification_set",
     "tool_allowed",
     "user_is_approver",
+    "webhook_deliver_due",
+    "webhook_signature",
 ]
