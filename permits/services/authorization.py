@@ -16,6 +16,7 @@ from django.utils import timezone
 from billing.exceptions import money
 from billing.models import Wallet
 from billing.selectors import spend_windows
+from common.records import record_json
 from config import fastsql
 from config.ids import new_id
 from permits import exceptions as exc
@@ -63,6 +64,14 @@ class DailyCap:
     policy_id: str
     wallet_id: str
     limit: Decimal
+
+
+def daily_caps_record(caps: list[DailyCap]) -> str | None:
+    """The daily caps as the claim's record (JSON text: ``[{policy_id, wallet_id, limit}]``, what
+    ``gateway_claim`` hands to ``billing_daily_cap_over``), or None without caps. The one constructor."""
+    if not caps:
+        return None
+    return record_json([{"policy_id": c.policy_id, "wallet_id": c.wallet_id, "limit": c.limit} for c in caps])
 
 
 @dataclass
