@@ -118,6 +118,13 @@ class WalletHasOpenCalls(Conflict):
     )
 
 
+class APIKeyLimitReached(Conflict):
+    """The wallet holds ``API_KEYS_PER_WALLET`` active keys: revoke one, or rotate one (revoking the old)."""
+
+    code = "api_key_limit_reached"
+    message = "The wallet has as many active API keys as it may hold: revoke or rotate one instead."
+
+
 class RefundExceedsCharge(Conflict):
     code = "refund_exceeds_charge"
     message = "The refund would exceed what is left of the charge."

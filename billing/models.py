@@ -113,6 +113,13 @@ class Wallet(models.Model):
         return self.path.split("/")
 
     @property
+    def line_id(self) -> str:
+        """The wallet whose per-wallet allowances this one shares (its line): itself, or for a child wallet its
+        agent parent (children have no children). The rate limit and the pending permit requests count
+        per line, so an agent cannot multiply them by making child wallets (docs/decisions.md)."""
+        return str(self.parent_id) if self.wallet_type == WalletType.CHILD else self.wallet_id
+
+    @property
     def is_expired(self) -> bool:
         return self.status == WalletStatus.EXPIRED or (
             self.expires_at is not None and self.expires_at <= timezone.now()

@@ -1,7 +1,14 @@
 """Rate limiting (spec, Limits): fixed windows in Django's cache.
 
-* 120 requests per 60 s per API key;
-* one shared bucket for all requests without credentials;
+* 120 requests per 60 s per API key, and as many per wallet line: a wallet key's request charges
+  its key's bucket and its wallet line's (the key's wallet, or for a child wallet its agent parent;
+  ``wallet_line_bucket``) and is refused when either is over, so an agent minting keys for itself
+  or for child wallets does not multiply its limit (docs/decisions.md, "Rate limits count per
+  wallet line");
+* one shared bucket for all other requests without credentials, but public key material and
+  public catalogues (``PUBLIC_PATHS``) are charged to a bucket of the client address, so one
+  anonymous client cannot lock everyone out of them; their GET answers carry a strong ``ETag``
+  and ``Cache-Control: public`` and answer ``If-None-Match`` with 304 (``public_cacheable``);
 * a bucket of its own for a ``/metrics`` scrape with ``METRICS_SCRAPE_TOKEN``
   (marked by ``metrics.middleware``), so anonymous traffic cannot lock the
   scraper out;
@@ -40,6 +47,7 @@ meanwhile) it would have had. Every request is charged exactly once.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import random
@@ -51,6 +59,7 @@ from django.conf import settings
 from django.core.cache import cache
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
+from django.utils.cache import get_conditional_response
 
 from audit.services import audit_record
 from billing.keys import hash_secret
@@ -70,11 +79,43 @@ EXEMPT_EXACT = {"/health"}
 EXEMPT_PREFIXES = ("/static/", "/admin/", "/approvals/")
 
 # Counters for /metrics (per process).
-REFUSALS = {"key": 0, "anonymous": 0, "rejected_credentials": 0, "scrape": 0}
+REFUSALS = {"key": 0, "anonymous": 0, "public": 0, "rejected_credentials": 0, "scrape": 0}
+
+# Public key material and public catalogues: without credentials, charged to a bucket of the client
+# address instead of the shared anonymous one (``tollgate-verify --issuer`` fetches the JWKS and the
+# signing keys; agents read the manifests before they hold a key), and cacheable (``public_cacheable``).
+PUBLIC_PATHS = frozenset(
+    {
+        "/.well-known/jwks.json",
+        "/v1/signing-keys/active",
+        "/mcp/public",
+        "/mcp/tools.json",
+        "/.well-known/mcp/tools.json",
+        "/.well-known/agent.json",
+        "/llms.txt",
+        "/llm.txt",
+    }
+)
+PUBLIC_PREFIXES = ("/v1/signing-keys/",)
+# How long a client or a shared cache may keep a public document (the JWKS keeps a retired key
+# published, so a verifier holding a stale copy for this long still finds the keys it needs).
+PUBLIC_MAX_AGE_SECONDS = 300
 
 
 def _client_address(request: HttpRequest) -> str:
     return str(request.META.get("REMOTE_ADDR") or "unknown")
+
+
+def wallet_line_bucket(key: APIKey) -> str | None:
+    """The rate-limit bucket of a wallet key's line, ``wallet:<id>`` (None for an operator key).
+
+    The line is the key's wallet, or for a child wallet its agent parent (``Wallet.line_id``):
+    every key of an agent and of its child wallets shares one allowance. The same rule as
+    ``billing_rate_limit_key_charge`` (billing/sql), which charges it with the database backend;
+    this copy serves the cache backend, which has no SQL.
+    """
+    wallet = key.wallet
+    return None if wallet is None else f"wallet:{wallet.line_id}"
 
 
 _UPSERT = (
@@ -146,13 +187,21 @@ def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
             return _charge_presented_key(request, secret)
     key, error = resolve_credential(request)
     if key is not None:
-        kind, bucket, cost = "key", f"key:{key.key_id}", 1
-    elif error is not None:
+        window = settings.RATE_LIMIT_WINDOW_SECONDS
+        now = time.time()  # one window for both buckets
+        count, reset = bucket_charge(f"key:{key.key_id}", 1, window, now=now)
+        line = wallet_line_bucket(key)
+        if line is not None:  # the database backend does both in billing_rate_limit_key_charge (billing/sql)
+            count = max(count, bucket_charge(line, 1, window, now=now)[0])
+        return "key", count, settings.RATE_LIMIT_REQUESTS, reset
+    if error is not None:
         kind = "rejected_credentials"
         bucket = f"client:{_client_address(request)}"
         cost = settings.RATE_LIMIT_REJECTED_MULTIPLIER
     elif getattr(request, "_tollgate_scrape", False):  # the scrape token, checked by metrics.middleware
         kind, bucket, cost = "scrape", "scrape", 1
+    elif request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIXES):
+        kind, bucket, cost = "public", f"public:{_client_address(request)}", 1
     else:
         kind, bucket, cost = "anonymous", "anonymous", 1
     count, reset = bucket_charge(bucket, cost, settings.RATE_LIMIT_WINDOW_SECONDS)
@@ -271,6 +320,30 @@ def _deferred(request: HttpRequest) -> DeferredCharge | None:
     return DeferredCharge(request, secret, digest, key)
 
 
+def public_cacheable(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    """A public document's 200 to a GET made cacheable: a strong ``ETag`` (the SHA-256 of the body) and
+    ``Cache-Control: public, max-age=...`` (``private`` when the request presented a credential: a
+    deployment may require a key for the tool catalogue, and a shared cache must not serve it on);
+    an ``If-None-Match`` that names the body's tag is answered 304 with no body. Anything else
+    (another path, another method such as ``POST /mcp/public``, another status) passes unchanged.
+    """
+    path = request.path
+    if (
+        request.method not in ("GET", "HEAD")
+        or response.status_code != 200
+        or response.streaming
+        or path == "/mcp/public"
+        or not (path in PUBLIC_PATHS or path.startswith(PUBLIC_PREFIXES))
+    ):
+        return response
+    etag = f'"{hashlib.sha256(response.content).hexdigest()}"'
+    response["ETag"] = etag
+    scope = "private" if credential_from_headers(request) is not None else "public"
+    response["Cache-Control"] = f"{scope}, max-age={PUBLIC_MAX_AGE_SECONDS}"
+    conditional = get_conditional_response(request, etag=etag, response=response)
+    return response if conditional is None else conditional
+
+
 class RateLimitMiddleware:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
@@ -288,7 +361,7 @@ class RateLimitMiddleware:
         else:
             if kind == "rejected_credentials":
                 self._audit_rejection(request)
-            response = self.get_response(request)
+            response = public_cacheable(request, self.get_response(request))
         return self._with_headers(response, count, limit, reset)
 
     def _deferred_call(self, request: HttpRequest, deferred: DeferredCharge) -> HttpResponse:

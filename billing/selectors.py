@@ -48,8 +48,8 @@ def api_key_authenticate(*, secret: str) -> APIKey:
 def api_key_authenticate_charging(*, secret: str, window_index: int) -> tuple[APIKey, int]:
     """:func:`api_key_authenticate`, and one unit charged to the key's rate-limit window, in one round trip.
 
-    Returns the key and the window's count after the charge. The window row of
-    ``key:<key_id>`` (``billing.ratelimit``) is charged only when the presented
+    Returns the key and the larger of its windows' counts after the charge. The window rows of
+    ``key:<key_id>`` and of its wallet line (``billing.ratelimit``) are charged only when the presented
     secret's digest is the key's and the key is active, so a caller guessing
     secrets for a known key id never spends that key's allowance (it is charged
     to its own address by the rate limiter, as before). Raises InvalidAPIKey
@@ -102,9 +102,10 @@ def _key_with_wallet_sql() -> str:
 
 @functools.cache
 def _key_charge_sql() -> str:
-    """``_key_with_wallet_sql`` plus one unit on the key's rate-limit window (``billing.ratelimit``),
-    charged by ``billing_rate_limit_key_charge`` (billing/sql), which charges only the holder of the
-    key's secret: the count is NULL when it refused (unknown key, wrong secret, revoked key).
+    """``_key_with_wallet_sql`` plus one unit on the key's rate-limit window and its wallet line's
+    (``billing.ratelimit``), charged by ``billing_rate_limit_key_charge`` (billing/sql), which charges
+    only the holder of the key's secret: the count (the larger window's) is NULL when it refused
+    (unknown key, wrong secret, revoked key).
     """
     # Column names come from the models' metadata, never from input. One row at most (the key's id is
     # its primary key), so the window is charged at most once.

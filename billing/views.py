@@ -293,7 +293,7 @@ class APIKeyCreateView(APIView):
         operation_id="api_keys_create",
         tags=TAG,
         request=CreateAPIKeyRequest,
-        responses={201: APIKeyWithSecret, **error_responses(401, 403, 404, 422)},
+        responses={201: APIKeyWithSecret, **error_responses(401, 403, 404, 409, 422)},
         summary="Create a wallet-scoped API key (the secret is shown once)",
     )
     def post(self, request: Request) -> Response:

@@ -38,7 +38,7 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # Upstream latency buckets in seconds: the gateway's own overhead sits in the first ones, the
 # upstream read timeout (15 s by default) and the total timeout (twice that) in the last ones.
 UPSTREAM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 15.0, 30.0)
-REFUSAL_KINDS = ("key", "anonymous", "rejected_credentials", "scrape")
+REFUSAL_KINDS = ("key", "anonymous", "public", "rejected_credentials", "scrape")
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 disable_created_metrics()  # no ``_created`` series: nothing here reads them

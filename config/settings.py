@@ -55,6 +55,26 @@ if MCP_SESSIONS_PER_KEY < 1:
 POLICY_PROPOSAL_TTL_HOURS = env.float("POLICY_PROPOSAL_TTL_HOURS", default=72.0)
 if not 0 < POLICY_PROPOSAL_TTL_HOURS <= 24 * 365:
     raise ImproperlyConfigured("POLICY_PROPOSAL_TTL_HOURS must be above 0 and at most a year.")
+# Active API keys per wallet: a key beyond it is refused (409 api_key_limit_reached); a rotation that
+# revokes the old key still works at the cap (docs/decisions.md, "Caps on keys and pending requests").
+API_KEYS_PER_WALLET = env.int("API_KEYS_PER_WALLET", default=20)
+if API_KEYS_PER_WALLET < 1:
+    raise ImproperlyConfigured("API_KEYS_PER_WALLET must be at least 1.")
+# Pending permit requests (each one emails the approvers) per wallet line: an agent wallet with its
+# child wallets, or a sponsor wallet; one beyond it is refused (409 permit_request_limit_reached).
+PERMIT_REQUESTS_PENDING_PER_WALLET = env.int("PERMIT_REQUESTS_PENDING_PER_WALLET", default=10)
+if PERMIT_REQUESTS_PENDING_PER_WALLET < 1:
+    raise ImproperlyConfigured("PERMIT_REQUESTS_PENDING_PER_WALLET must be at least 1.")
+
+# Bounds on a tool call's arguments, checked before they are validated against the tool's inputSchema
+# (mcpgateway.argschema): values in all, items per array or entries per object, and the steps the
+# validation may take. Past any of them the call is refused (422) before anything is accepted or charged.
+TOOL_ARGUMENT_MAX_NODES = env.int("TOOL_ARGUMENT_MAX_NODES", default=50_000)
+TOOL_ARGUMENT_MAX_ITEMS = env.int("TOOL_ARGUMENT_MAX_ITEMS", default=10_000)
+TOOL_ARGUMENT_MAX_STEPS = env.int("TOOL_ARGUMENT_MAX_STEPS", default=200_000)
+for _name in ("TOOL_ARGUMENT_MAX_NODES", "TOOL_ARGUMENT_MAX_ITEMS", "TOOL_ARGUMENT_MAX_STEPS"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1.")
 
 # Rate limits (spec, Limits). Adjustable only so that benchmarks can measure
 # throughput; the defaults are the contract.

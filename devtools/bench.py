@@ -454,6 +454,34 @@ def ratelimit_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     return rows, ["One upsert per request into an UNLOGGED table, shared by every worker and instance."]
 
 
+def argument_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
+    worst = f["worst_keyword"]
+    rows = [
+        Row(
+            f"argument validation, worst keyword ({worst}): time per 100 KB of arguments, one core",
+            f"{f['worst_ms_per_100kb']} ms",
+            f"`json.loads` of the same arguments: {f['worst_json_loads_ms_per_100kb']} ms",
+            _ratio(f["worst_ms_per_100kb"], f["worst_json_loads_ms_per_100kb"]),
+        )
+    ]
+    for keyword, case in f["cases"].items():
+        rows.append(
+            Row(
+                f"argument validation, {keyword}: per 100 KB",
+                f"{case['ms_per_100kb']} ms ({case['steps']:,} steps)",
+                f"`json.loads`: {case['json_loads_ms_per_100kb']} ms",
+                _ratio(case["ms_per_100kb"], case["json_loads_ms_per_100kb"]),
+            )
+        )
+    notes = [
+        "The worst case the arguments can make of each keyword the gateway's validator supports",
+        "(`bench/argument_validation.py`, asserted in steps by tests/test_argschema.py), about 100 KB each,",
+        "validated without the bounds (`TOOL_ARGUMENT_MAX_NODES`, `TOOL_ARGUMENT_MAX_ITEMS`,",
+        "`TOOL_ARGUMENT_MAX_STEPS`), which refuse larger arguments before or while validating.",
+    ]
+    return rows, notes
+
+
 def profile_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     rows = [
         Row(
@@ -524,6 +552,7 @@ BENCHMARKS = (
     ("audit_verify", "audit_verify.py", "Audit chain verification", audit_rows),
     ("receipt_verify", "receipt_verify.py", "Offline receipt verification", receipt_rows),
     ("ratelimit", "ratelimit.py", "Rate limiter", ratelimit_rows),
+    ("argument_validation", "argument_validation.py", "Argument validation (inputSchema)", argument_rows),
 )
 
 
@@ -639,6 +668,7 @@ def main(argv: list[str] | None = None) -> int:
         "audit_verify": ["--events", str(args.events), "--runs", "3"],
         "receipt_verify": ["--seconds", "3"],
         "ratelimit": ["--seconds", "3"],
+        "argument_validation": ["--rounds", "5"],
     }
     runs: list[Run] = []
     try:

@@ -75,7 +75,7 @@ class ToolPriceAdmin(ServiceSavedAdmin):
 
 @admin.register(Tool)
 class ToolAdmin(ServiceSavedAdmin):
-    list_display = ["service_id", "category", "source", "enabled", "price", "synced_at"]
+    list_display = ["service_id", "category", "source", "enabled", "price", "schema_usable", "synced_at"]
     list_filter = ["source", "enabled", "category"]
     search_fields = ["service_id", "description"]
     fields = [
@@ -86,6 +86,7 @@ class ToolAdmin(ServiceSavedAdmin):
         "enabled",
         "source",
         "input_schema",
+        "input_schema_problem",
         "output_schema",
         "annotations",
         "synced_at",
@@ -96,6 +97,7 @@ class ToolAdmin(ServiceSavedAdmin):
         "description",
         "source",
         "input_schema",
+        "input_schema_problem",
         "output_schema",
         "annotations",
         "synced_at",
@@ -105,6 +107,10 @@ class ToolAdmin(ServiceSavedAdmin):
     def price(self, obj: Tool) -> str:
         value = tool_price(obj.service_id)
         return "not set (not callable)" if value is None else f"{value:f}"
+
+    @admin.display(description="inputSchema usable", boolean=True)
+    def schema_usable(self, obj: Tool) -> bool:
+        return not obj.input_schema_problem
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tools come from sync_tools

@@ -27,6 +27,9 @@ class Tool(models.Model):
     title = models.CharField(max_length=200, blank=True, default="")
     description = models.TextField(blank=True, default="")
     input_schema = models.JSONField(default=dict)
+    # Why the gateway cannot validate arguments against ``input_schema`` (``mcpgateway.argschema``), found
+    # by ``tools_sync``; empty when it can. A tool with a reason is refused (``ToolSchemaUnusable``).
+    input_schema_problem = models.TextField(blank=True, default="")
     output_schema = models.JSONField(null=True, blank=True)
     annotations = models.JSONField(default=dict, blank=True)
     category = models.CharField(max_length=32, choices=ServiceCategory.choices, default=ServiceCategory.TOOLING)

@@ -290,7 +290,8 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
         first = err.errors[0]
         raise RpcError(INVALID_PARAMS, first["msg"], {"error": first["type"], "loc": first["loc"]}) from err
     except ApplicationError as err:
-        code = IN_PROGRESS if err.http_status == 409 else FORBIDDEN
+        # 409: the key is still being answered; 422: the call cannot be processed (tool_schema_unusable).
+        code = IN_PROGRESS if err.http_status == 409 else INVALID_PARAMS if err.http_status == 422 else FORBIDDEN
         ex.headers.update(err.headers)  # Retry-After for a key still in progress
         raise RpcError(code, err.detail_message, err.as_detail()) from err
     response = answer.response

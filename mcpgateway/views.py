@@ -112,7 +112,7 @@ class ToolDetailView(CatalogView):
     def get(self, request: Request, service_id: str) -> Response:
         self.check_catalog_access(request)
         tool = services.tool_get(service_id)
-        if tool is None:
+        if tool is None or not services.tool_is_listed(tool):  # as tools/list: an unusable one is not offered
             raise NotFound("No such tool.", service_id=service_id)
         return Response(tool_definitions([tool])[0])
 

@@ -92,6 +92,16 @@ class RequestExpired(Conflict):
     message = "This permit request has expired and can no longer be approved."
 
 
+class PermitRequestLimitReached(Conflict):
+    """The wallet line has ``PERMIT_REQUESTS_PENDING_PER_WALLET`` pending requests awaiting the approvers."""
+
+    code = "permit_request_limit_reached"
+    message = (
+        "The wallet has as many permit requests awaiting a decision as it may have: wait for the approvers "
+        "to decide one, or for one to expire."
+    )
+
+
 class QuoteUnavailable(Conflict):
     code = "quote_unavailable"
     message = "The quote is not active (consumed, expired or for another wallet or tool)."

@@ -239,7 +239,7 @@ class PermitRequestCreateView(APIView):
         tags=["permits"],
         parameters=[IDEMPOTENCY_HEADER],
         request=PermitRequestCreate,
-        responses={202: PermitRequestResponse, **error_responses(401, 403, 422)},
+        responses={202: PermitRequestResponse, **error_responses(401, 403, 409, 422)},
         summary="Ask a human for a permit; poll the returned URL for the decision",
     )
     def post(self, request: Request) -> Response:

@@ -660,11 +660,16 @@ def rate_limits() -> dict[str, Any]:
     return {
         "requests_per_window": settings.RATE_LIMIT_REQUESTS,
         "window_seconds": settings.RATE_LIMIT_WINDOW_SECONDS,
-        "scope": "per_api_key",
+        "scope": "per_api_key_and_wallet_line",
+        "wallet_line": "a wallet key's requests also count against its wallet's bucket (a child wallet's against"
+        " its agent parent's); a request is refused when either bucket is over",
         "accounting": "fixed_window",
         "burst": 0,
         "burst_note": "No burst allowance is promised; do not rely on one.",
-        "anonymous": "one shared bucket for every request without credentials",
+        "anonymous": "one shared bucket for every request without credentials, except public key material"
+        " and catalogues",
+        "public_documents": "per client address: /.well-known/jwks.json, /v1/signing-keys/*, /mcp/public and the"
+        " discovery documents, without credentials",
         "rejected_credentials": {"bucket": "per client address", "multiplier": settings.RATE_LIMIT_REJECTED_MULTIPLIER},
         "per_partner_override": False,
         "headers": ["X-RateLimit-Limit", "X-RateLimit-Remaining", "X-RateLimit-Reset", "Retry-After"],
@@ -917,8 +922,11 @@ def llms_txt() -> str:
         "## Limits",
         "",
         f"- {limits['requests_per_window']} requests per {limits['window_seconds']} seconds per API key, "
-        "fixed window; no burst allowance is promised.",
-        "- Requests without credentials share one anonymous bucket; rejected credentials cost "
+        "and as many per wallet line (a wallet and its child wallets share one), fixed window; no burst allowance "
+        "is promised.",
+        "- Requests without credentials share one anonymous bucket, except public key material and catalogues "
+        "(the JWKS, signing keys, /mcp/public, the tool manifests and these documents), counted per client "
+        "address and cacheable (ETag, Cache-Control); rejected credentials cost "
         f"{limits['rejected_credentials']['multiplier']} units of a per-client bucket.",
         "- Rate-limited responses carry X-RateLimit-Limit, X-RateLimit-Remaining and X-RateLimit-Reset; "
         "a 429 also carries Retry-After.",

@@ -398,3 +398,86 @@ def test_a_key_rotated_during_an_emergency_revocation_does_not_survive_it(tenant
     assert APIKey.objects.get(pk=successor.pk).status == "revoked"
     assert successor.key_id in revoked
     assert not APIKey.objects.filter(wallet=agent, status="active").exists()
+
+
+# -- API_KEYS_PER_WALLET (issue 27, item 3) --------------------------------------------------------
+
+
+def test_a_wallet_holds_at_most_api_keys_per_wallet_active_keys(tenant, settings) -> None:
+    """The agent mints keys for itself up to the cap; the next is 409 and audited; revoking one makes room."""
+    settings.API_KEYS_PER_WALLET = 3
+    agent = tenant.agent_client
+    minted = [create_key(agent, tenant.agent.wallet_id, name=f"k{i}") for i in range(2)]
+    assert [r.status_code for r in minted] == [201, 201]
+    r = create_key(agent, tenant.agent.wallet_id, name="one-too-many")
+    assert r.status_code == 409, r.content
+    detail = r.json()["detail"]
+    assert (detail["error"], detail["limit"], detail["active_keys"]) == ("api_key_limit_reached", 3, 3)
+    assert APIKey.objects.filter(wallet=tenant.agent, status="active").count() == 3
+    event = AuditEvent.objects.get(event="api_key.limit_reached")
+    assert (event.ok, event.wallet_id, event.key_id) == (False, tenant.agent.wallet_id, tenant.agent_key_id)
+    assert event.detail["limit"] == 3
+    # The sponsor's wallet has its own count; the sponsor may not exceed the agent's cap for it either.
+    assert create_key(tenant.sponsor_client, tenant.sponsor.wallet_id).status_code == 201
+    assert create_key(tenant.sponsor_client, tenant.agent.wallet_id).status_code == 409
+    # A revoked key frees its place.
+    revoked = minted[0].json()["key_id"]
+    assert agent.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/{revoked}").status_code in (200, 204)
+    assert create_key(agent, tenant.agent.wallet_id).status_code == 201
+
+
+def test_rotation_that_revokes_the_old_key_works_at_the_cap_and_one_that_keeps_it_does_not(tenant, settings) -> None:
+    settings.API_KEYS_PER_WALLET = 2
+    assert create_key(tenant.sponsor_client, tenant.agent.wallet_id).status_code == 201  # not in the old key's lineage
+    url = "/v1/api-keys/rotate"
+    body = {"wallet_id": tenant.agent.wallet_id, "key_id": tenant.agent_key_id, "revoke_old": False}
+    r = tenant.sponsor_client.post(url, body, format="json")
+    assert r.status_code == 409, r.content
+    assert r.json()["detail"]["error"] == "api_key_limit_reached"
+    assert AuditEvent.objects.filter(event="api_key.limit_reached", endpoint=url).count() == 1
+    r = tenant.sponsor_client.post(url, {**body, "revoke_old": True}, format="json")
+    assert r.status_code == 200, r.content
+    assert APIKey.objects.filter(wallet=tenant.agent, status="active").count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_creations_never_pass_the_cap(tenant, settings) -> None:
+    """Eight creations at once for a wallet with room for two: exactly two keys, six refusals, each audited."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from billing.exceptions import APIKeyLimitReached
+    from billing.services import api_key_create
+
+    settings.API_KEYS_PER_WALLET = 3  # the tenant's agent already has one
+
+    def create(i: int) -> str:
+        try:
+            api_key_create(wallet=tenant.agent, name=f"race{i}", actor_key_id=tenant.agent_key_id)
+            return "created"
+        except APIKeyLimitReached:
+            return "refused"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        outcomes = list(pool.map(create, range(8)))
+    assert sorted(outcomes) == ["created"] * 2 + ["refused"] * 6
+    assert APIKey.objects.filter(wallet=tenant.agent, status="active").count() == 3
+    assert AuditEvent.objects.filter(event="api_key.limit_reached").count() == 6
+
+
+def test_the_console_obeys_the_cap_and_says_why(tenant, settings) -> None:
+    """A staff user allowed to add keys hits the same cap through the console: no key, no 500, the reason
+    shown, the refusal audited as ``admin:<username>``."""
+    from tests.test_permits_hardening import staff_client
+
+    settings.API_KEYS_PER_WALLET = 1
+    console = staff_client("billing.add_apikey", "billing.fund_wallet", "billing.view_apikey")
+    r = console.post("/admin/billing/apikey/add/", {"wallet": tenant.agent.pk, "name": "console"})
+    assert r.status_code == 302, r.content[:300]
+    assert r["Location"] == "/admin/billing/apikey/add/"
+    page = console.get(r["Location"])
+    assert any("api_key_limit_reached" in str(m) for m in page.context["messages"])
+    assert not APIKey.objects.filter(wallet=tenant.agent, name="console").exists()
+    event = AuditEvent.objects.get(event="api_key.limit_reached")
+    assert event.detail["actor"] == "admin:policy-admin"

@@ -45,8 +45,8 @@ def limited(request: pytest.FixtureRequest, settings: Any) -> int:
 def test_an_anonymous_flood_does_not_lock_out_the_scraper(limited):
     anon = APIClient(REMOTE_ADDR="203.0.113.7")
     for _ in range(limited):
-        assert anon.get("/llms.txt").status_code == 200
-    assert anon.get("/llms.txt").status_code == 429  # the anonymous bucket is full
+        assert anon.get("/docs").status_code == 200
+    assert anon.get("/docs").status_code == 429  # the anonymous bucket is full
 
     r = scraper().get("/metrics")
     assert r.status_code == 200, r.content[:200]
@@ -58,7 +58,7 @@ def test_scrapes_do_not_spend_the_anonymous_bucket_and_are_limited_in_their_own(
         assert scraper().get("/metrics").status_code == 200
     anon = APIClient()
     for _ in range(limited):
-        assert anon.get("/llms.txt").status_code == 200
+        assert anon.get("/docs").status_code == 200
 
     # A leaked token still cannot run the scrape's aggregate queries without limit.
     before = refusals("scrape")
@@ -81,7 +81,7 @@ def test_a_wrong_token_stays_a_rejected_credential_and_the_right_one_is_unaffect
 def test_metrics_without_the_token_is_metered_as_anonymous(limited):
     anon = APIClient()
     for _ in range(limited):
-        anon.get("/llms.txt")
+        anon.get("/docs")
     assert anon.get("/metrics").status_code == 429
 
 

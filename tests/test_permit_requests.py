@@ -289,3 +289,103 @@ def test_the_card_names_the_wallet_by_its_id_beside_its_label(tenant):
     preq = ask(tenant.agent_client, tenant.agent.wallet_id).json()
     html = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}/card").content.decode()
     assert f'data-field="wallet-id"><code style="font-size: .85em;">{tenant.agent.wallet_id}</code>' in html
+
+
+# -- PERMIT_REQUESTS_PENDING_PER_WALLET (issue 27, item 3) -----------------------------------------
+
+
+def test_pending_requests_per_wallet_are_capped_and_the_refusal_is_audited(
+    tenant, settings, django_capture_on_commit_callbacks
+):
+    """Each request emails the approvers: past the cap the agent is refused (409) and nobody is emailed."""
+    settings.PERMIT_REQUESTS_PENDING_PER_WALLET = 3
+    approver_for(tenant)
+    mail.outbox.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        statuses = [ask(tenant.agent_client, tenant.agent.wallet_id, key=f"r{i}").status_code for i in range(3)]
+    assert statuses == [202] * 3
+    assert len(mail.outbox) == 3
+    with django_capture_on_commit_callbacks(execute=True):
+        r = ask(tenant.agent_client, tenant.agent.wallet_id, key="r3")
+    assert r.status_code == 409, r.content
+    detail = r.json()["detail"]
+    assert (detail["error"], detail["limit"], detail["pending"]) == ("permit_request_limit_reached", 3, 3)
+    assert len(mail.outbox) == 3
+    assert PermitRequest.objects.count() == 3
+    event = AuditEvent.objects.get(event="permit_request.limit_reached")
+    assert (event.ok, event.wallet_id, event.key_id) == (False, tenant.agent.wallet_id, tenant.agent_key_id)
+    # A replay of an accepted request is still answered; it creates nothing.
+    assert ask(tenant.agent_client, tenant.agent.wallet_id, key="r0").status_code == 202
+    # A decided request, and an expired one, free their places.
+    first, second = PermitRequest.objects.order_by("created_at")[:2]
+    _, browser = approver_for(tenant, "bob")
+    browser.post(f"/approvals/{first.request_id}/decide", {"decision": "reject", "note": ""})
+    PermitRequest.objects.filter(pk=second.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert [ask(tenant.agent_client, tenant.agent.wallet_id, key=f"s{i}").status_code for i in range(3)] == [
+        202
+    ] * 2 + [409]
+
+
+def test_child_wallets_share_their_agents_pending_requests(tenant, settings):
+    """An agent cannot multiply the cap through child wallets; a sibling agent and the sponsor count apart."""
+    from tests import factories
+
+    settings.PERMIT_REQUESTS_PENDING_PER_WALLET = 2
+    child_a = factories.make_wallet(tenant.agent, "child-a")
+    child_b = factories.make_wallet(tenant.agent, "child-b")
+    agent = tenant.agent_client
+    assert ask(agent, child_a.wallet_id, key="a").status_code == 202
+    assert ask(agent, child_b.wallet_id, key="b").status_code == 202
+    r = ask(agent, tenant.agent.wallet_id, key="c")
+    assert r.status_code == 409, r.content
+    assert ask(client_for_wallet(child_a), child_a.wallet_id, key="d").status_code == 409
+    sibling = factories.make_wallet(tenant.sponsor, "sibling")
+    assert ask(client_for_wallet(sibling), sibling.wallet_id, key="e").status_code == 202
+    assert ask(tenant.sponsor_client, tenant.sponsor.wallet_id, key="f").status_code == 202
+
+
+def client_for_wallet(wallet):
+    from tests import factories
+    from tests.conftest import client_for
+
+    return client_for(factories.make_key(wallet).secret)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_concurrent_requests_never_pass_the_pending_cap(settings):
+    """Six requests at once with room for two: two pending, four refused, under the line wallet's row lock."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from permits.exceptions import PermitRequestLimitReached
+
+    settings.PERMIT_REQUESTS_PENDING_PER_WALLET = 2
+    t = make_tenant("burst")
+    barrier = threading.Barrier(6)
+
+    def request(i: int) -> str:
+        barrier.wait()
+        try:
+            services.permit_request_create(
+                wallet=t.agent,
+                requested_by_key_id=t.agent_key_id,
+                allowed_tools=["demo.echo"],
+                max_credits=Decimal("5"),
+                max_calls=None,
+                permit_ttl_seconds=600,
+                subject_key_id=None,
+                justification="",
+                idempotency_scope=t.agent_key_id,
+                idempotency_key=f"race{i}",
+                request_hash=f"{i:064d}",
+            )
+            return "created"
+        except PermitRequestLimitReached:
+            return "refused"
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(6) as pool:
+        outcomes = list(pool.map(request, range(6)))
+    assert sorted(outcomes) == ["created"] * 2 + ["refused"] * 4
+    assert PermitRequest.objects.filter(wallet=t.agent, status="pending").count() == 2
+    assert AuditEvent.objects.filter(event="permit_request.limit_reached").count() == 4

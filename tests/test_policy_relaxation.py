@@ -3,7 +3,8 @@
 The shipped Operator group holds ``change_policybundle``, ``add_apikey`` and ``fund_wallet``: one
 Operator could turn a tenant's human approval off, mint a sponsor key and issue the permits approval
 was meant to gate. Now a change that relaxes human approval (``approval_relaxation``: turning
-``human_approval_required`` off or disabling a policy that requires it) is a proposal; it takes effect
+``human_approval_required`` off or disabling a policy that requires it, raising its credit limits or
+widening its tools or categories) is a proposal; it takes effect
 only when a second user holding ``permits.confirm_policy_relaxation`` confirms it in the console,
 before it expires, while the policy is as it was proposed. The proposer (a superuser too) and a
 console user who minted the proposing key cannot confirm it. Tightening applies at once.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import threading
 from datetime import timedelta
+from decimal import Decimal
 from typing import Any
 
 import pytest
@@ -126,6 +128,26 @@ def _rules(policy_id: str) -> tuple[bool, bool, int]:
         # A disabled policy requires nothing: turning its flag off relaxes nothing.
         ({"enabled": False, "human_approval_required": True}, {"enabled": False, "human_approval_required": False}, []),
         (None, {"enabled": True, "human_approval_required": False}, []),
+        # Raising an approval policy's threshold, or widening its tools or categories, relaxes it too.
+        (
+            {**APPROVAL_ON, "max_credits_per_call": "5"},
+            {**APPROVAL_ON, "max_credits_per_call": "6"},
+            ["max_credits_per_call"],
+        ),
+        ({**APPROVAL_ON, "max_daily_credits": "50"}, {**APPROVAL_ON, "max_daily_credits": None}, ["max_daily_credits"]),
+        ({**APPROVAL_ON, "max_credits_per_call": "5"}, {**APPROVAL_ON, "max_credits_per_call": "4.5"}, []),
+        ({**APPROVAL_ON, "allowed_tools": ["a"]}, {**APPROVAL_ON, "allowed_tools": ["a", "b"]}, ["allowed_tools"]),
+        ({**APPROVAL_ON, "allowed_tools": ["a"]}, {**APPROVAL_ON, "allowed_tools": None}, ["allowed_tools"]),
+        ({**APPROVAL_ON, "allowed_tools": ["a", "b"]}, {**APPROVAL_ON, "allowed_tools": ["b"]}, []),
+        (
+            {**APPROVAL_ON, "allowed_categories": ["x"]},
+            {**APPROVAL_ON, "allowed_categories": None},
+            ["allowed_categories"],
+        ),
+        ({**APPROVAL_ON, "denied_tools": ["a"]}, {**APPROVAL_ON, "denied_tools": []}, ["denied_tools"]),
+        ({**APPROVAL_ON, "denied_tools": ["a"]}, {**APPROVAL_ON, "denied_tools": ["a", "b"]}, []),
+        # A policy without approval relaxes nothing by loosening its limits.
+        ({"enabled": True, "max_credits_per_call": "5"}, {"enabled": True, "max_credits_per_call": None}, []),
     ],
 )
 def test_approval_relaxation(before: dict[str, Any] | None, after: dict[str, Any], relaxed: list[str]) -> None:
@@ -178,6 +200,30 @@ def test_a_sponsor_keys_relaxation_is_a_proposal_and_changes_nothing(tenant: Ten
     again = tenant.sponsor_client.patch(f"/v1/policies/{policy.policy_id}", change, format="json")
     assert (again.status_code, again.json()["proposal_id"]) == (202, body["proposal_id"])
     assert PolicyChangeProposal.objects.count() == 1
+
+
+@pytest.mark.parametrize(
+    ("rules", "change", "relaxes"),
+    [
+        ({"max_credits_per_call": Decimal(5)}, {"max_credits_per_call": "500"}, ["max_credits_per_call"]),
+        ({"allowed_tools": ["notes.append"]}, {"allowed_tools": None}, ["allowed_tools"]),
+        ({"allowed_categories": ["tooling"]}, {"allowed_categories": ["tooling", "payments"]}, ["allowed_categories"]),
+    ],
+)
+def test_loosening_an_approval_policys_limits_is_a_proposal(
+    tenant: Tenant, rules: dict[str, Any], change: dict[str, Any], relaxes: list[str]
+) -> None:
+    """The limits of a policy that requires approval bound what even approved permits do: raising its
+    threshold or widening its tools or categories waits for a second person; narrowing applies at once."""
+    policy = _approval_policy(tenant, **rules)
+    r = tenant.sponsor_client.patch(f"/v1/policies/{policy.policy_id}", change, format="json")
+    assert r.status_code == 202, r.content
+    assert r.json()["relaxes"] == relaxes
+    policy.refresh_from_db()
+    assert policy.version == 1
+    assert {name: getattr(policy, name) for name in rules} == {
+        name: (value if not name.startswith("max_") else Decimal(value)) for name, value in rules.items()
+    }
 
 
 def test_a_patch_mixing_tightening_and_relaxing_waits_whole(tenant: Tenant) -> None:
@@ -469,7 +515,8 @@ def test_two_confirmations_racing_apply_the_change_once() -> None:
         human_approval_required=False,
     ).proposal  # fmt: skip
     assert proposal is not None
-    confirmers = [_user(groups=("Approver admin",)) for _ in range(2)]
+    # A transactional test may follow a flush, which keeps permissions (re-created) but not the groups.
+    confirmers = [_user(permissions=("permits.confirm_policy_relaxation",)) for _ in range(2)]
     barrier = threading.Barrier(2)
     outcomes: list[str] = []
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -186,3 +187,138 @@ def test_database_windows_authenticate_and_charge_in_one_statement(tenant, backe
     else:
         assert len(touching_keys) == 1
         assert window_writes == []
+
+
+# -- per wallet line (issue 27, item 3) ------------------------------------------------------------
+
+
+def test_an_agent_minting_keys_for_itself_does_not_multiply_its_limit(tenant) -> None:
+    """Two keys of one wallet share the wallet's 120: before, they got 239 requests in a window."""
+    r = tenant.agent_client.post("/v1/api-keys", {"wallet_id": tenant.agent.wallet_id, "name": "twin"}, format="json")
+    assert r.status_code == 201, r.content  # 1
+    twin = client_for(r.json()["secret"])
+    clients = (tenant.agent_client, twin)
+    statuses = [clients[i % 2].get("/v1/me/permits").status_code for i in range(130)]
+    assert statuses.count(200) == 119, statuses
+    assert statuses[119:] == [429] * 11
+    r = twin.get("/v1/me/permits")
+    assert r.status_code == 429
+    assert r["X-RateLimit-Remaining"] == "0"
+    # Another wallet line of the tenant, and the sponsor's own key, keep their allowance.
+    assert tenant.sponsor_client.get("/v1/me/permits")["X-RateLimit-Remaining"] == "119"
+
+
+def test_child_wallets_with_keys_share_their_agents_limit(tenant) -> None:
+    """An agent cannot multiply its limit through child wallets: a child's keys count against the agent's line;
+    a sibling agent's line is its own."""
+    from billing.ratelimit import bucket_charge
+    from tests import factories
+
+    child_a = factories.make_wallet(tenant.agent, "child-a")
+    child_b = factories.make_wallet(tenant.agent, "child-b")
+    clients = [tenant.agent_client] + [client_for(factories.make_key(w).secret) for w in (child_a, child_b)]
+    statuses = [clients[i % 3].get("/v1/me/permits").status_code for i in range(150)]
+    assert statuses.count(200) == 120, statuses
+    assert statuses[120:] == [429] * 30
+    assert bucket_charge(f"wallet:{tenant.agent.wallet_id}", 0, 60)[0] == 150
+    assert bucket_charge(f"wallet:{child_a.wallet_id}", 0, 60)[0] == 0  # the line is the agent's
+    sibling = factories.make_wallet(tenant.sponsor, "sibling")
+    r = client_for(factories.make_key(sibling).secret).get("/v1/me/permits")
+    assert r.status_code == 200
+    assert r["X-RateLimit-Remaining"] == "119"
+
+
+def test_the_wallet_bucket_refuses_a_fresh_key_of_a_full_wallet(tenant) -> None:
+    """The refusal applies when either bucket is over: a key with its own window empty is refused too."""
+    from tests import factories
+
+    for _ in range(120):
+        assert tenant.agent_client.get("/v1/me/permits").status_code == 200
+    fresh = client_for(factories.make_key(tenant.agent).secret)
+    r = fresh.get("/v1/me/permits")
+    assert r.status_code == 429
+    assert r.json()["detail"]["error"] == "rate_limited"
+
+
+# -- public key material and catalogues (issue 27, item 6) ------------------------------------------
+
+PUBLIC_GETS = ["/.well-known/jwks.json", "/v1/signing-keys/active", "/mcp/tools.json", "/.well-known/mcp/tools.json"]
+
+
+def _ping_public(client: APIClient) -> Any:
+    body = json.dumps({"jsonrpc": "2.0", "id": 1, "method": "ping"})
+    return client.post("/mcp/public", data=body, content_type="application/json")
+
+
+@pytest.fixture
+def signing_key(tmp_path: Path, settings: Any) -> None:
+    from audit.services import signing_key_ensure
+
+    settings.SIGNING_KEY_FILE = str(tmp_path / "keys" / "signing-keys.json")
+    settings.SIGNING_KEY_PRIVATE = ""
+    signing_key_ensure()
+
+
+def test_one_address_cannot_lock_others_out_of_public_key_material(signing_key) -> None:
+    """125 requests from one address made the next client's JWKS request 429; now each address has a bucket."""
+    from audit.models import SigningKey
+
+    greedy, other = APIClient(REMOTE_ADDR="10.0.0.1"), APIClient(REMOTE_ADDR="10.0.0.2")
+    statuses = [greedy.get("/.well-known/jwks.json").status_code for _ in range(125)]
+    assert statuses == [200] * 120 + [429] * 5
+    assert greedy.get("/v1/signing-keys/active").status_code == 429  # its own bucket, whatever it reads
+    assert _ping_public(greedy).status_code == 429
+    kid = SigningKey.objects.get().key_id
+    for path in [*PUBLIC_GETS, f"/v1/signing-keys/{kid}"]:
+        r = other.get(path)
+        assert r.status_code == 200, (path, r.content)
+        assert r["X-RateLimit-Remaining"] != "0"
+    assert _ping_public(other).status_code == 200
+    # Public documents do not spend the anonymous bucket, and other anonymous requests still share it.
+    assert other.get("/docs").status_code == 200
+    assert other.get("/docs")["X-RateLimit-Remaining"] == "118"
+
+
+def test_a_key_on_a_public_document_is_still_charged_to_the_key(tenant, signing_key) -> None:
+    from billing.ratelimit import bucket_charge
+
+    keyed = client_for(tenant.agent_secret)
+    r = keyed.get("/.well-known/jwks.json")
+    assert r.status_code == 200
+    assert r["X-RateLimit-Remaining"] == "119"
+    assert bucket_charge(f"key:{tenant.agent_key_id}", 0, 60)[0] == 1
+    assert bucket_charge("public:127.0.0.1", 0, 60)[0] == 0
+    assert r["Cache-Control"].startswith("private")  # a shared cache must not pass on what a key read
+
+
+@pytest.mark.parametrize("path", PUBLIC_GETS)
+def test_public_documents_carry_a_strong_etag_and_answer_if_none_match_with_304(signing_key, path: str) -> None:
+    import hashlib
+
+    client = APIClient(REMOTE_ADDR="10.0.0.3")
+    r = client.get(path)
+    assert r.status_code == 200
+    assert r["ETag"] == f'"{hashlib.sha256(r.content).hexdigest()}"'
+    assert r["Cache-Control"] == "public, max-age=300"
+    again = client.get(path, HTTP_IF_NONE_MATCH=r["ETag"])
+    assert again.status_code == 304
+    assert again.content == b""
+    assert again["ETag"] == r["ETag"]
+    assert client.get(path, HTTP_IF_NONE_MATCH='"something-else"').status_code == 200
+
+
+def test_the_public_mcp_endpoint_is_not_made_cacheable() -> None:
+    r = _ping_public(APIClient(REMOTE_ADDR="10.0.0.4"))
+    assert r.status_code == 200
+    assert "ETag" not in r
+
+
+@pytest.mark.django_db(transaction=True)
+def test_tollgate_verify_issuer_keeps_working_while_another_address_floods_the_jwks(live_server, signing_key) -> None:
+    """``tollgate-verify --issuer`` (``fetch_issuer_jwks``) from one address while another has used up its bucket."""
+    from receipts.verify import fetch_issuer_jwks
+
+    greedy = APIClient(REMOTE_ADDR="10.0.0.5")
+    assert [greedy.get("/.well-known/jwks.json").status_code for _ in range(121)][-1] == 429
+    jwks = fetch_issuer_jwks(live_server.url)
+    assert [key["kty"] for key in jwks["keys"]] == ["OKP"]

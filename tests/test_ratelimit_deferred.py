@@ -474,3 +474,57 @@ def test_batches_of_concurrent_charges_stay_within_a_window(tmp_path) -> None:
 
 def ledger_charges(tenant: Tenant) -> int:
     return LedgerEntry.objects.filter(wallet_id=tenant.agent.wallet_id, kind="charge").count()
+
+
+# -- the wallet line's window rides in the same statements (issue 27, item 3) -----------------------
+
+
+def test_the_claim_charges_the_wallet_line_so_a_second_key_adds_nothing(fault, tenant, settings):
+    """Two keys of one wallet, both known to the process (the claim charges them): 4 calls in all, not 4 each."""
+    settings.RATE_LIMIT_REQUESTS = 4
+    caller = setup_caller(tenant, balance=100)
+    twin = client_for(factories.make_key(tenant.agent).secret)
+    first, second = tenant.agent_client, twin
+    assert [call(c, caller.permit_id).status_code for c in (first, second, first, second)] == [200] * 4
+    actions = Action.objects.count()
+    r = call(first, caller.permit_id)  # its own window holds 2; the wallet's 4
+    assert r.status_code == 429, r.content
+    assert r.json()["detail"]["error"] == "rate_limited"
+    assert Action.objects.count() == actions
+    assert fault.count("tools/call") == 4
+    assert bucket_charge(f"wallet:{tenant.agent.wallet_id}", 0, 60)[0] == 5
+
+
+def test_billing_charge_counts_the_wallet_line(tenant, settings):
+    """``POST /v1/billing/charge`` with two keys of a wallet and of its child: one allowance for the line."""
+    settings.RATE_LIMIT_REQUESTS = 4
+    factories.top_up(tenant.agent, 100)
+    child = factories.make_wallet(tenant.agent, "child", balance=0)
+    twin = client_for(factories.make_key(tenant.agent).secret)
+    child_client = client_for(factories.make_key(child).secret)
+    wallet_id = tenant.agent.wallet_id
+    assert [charge(c, wallet_id).status_code for c in (tenant.agent_client, twin)] == [200, 200]  # each known now
+    assert charge(tenant.agent_client, wallet_id).status_code == 200  # deferred: billing_charge charges it
+    assert child_client.get("/v1/me/permits").status_code == 200  # 4: the child's key is in the agent's line
+    r = charge(twin, wallet_id)  # deferred, the twin's window holds 1
+    assert r.status_code == 429, r.content
+    assert ledger_charges(tenant) == 3
+
+
+def test_billing_charge_called_directly_answers_the_larger_window(tenant):
+    """The function's count is the larger of the key's and the line's windows (``billing_charge`` compares it)."""
+    from tests.test_billing_charge_fn import billing_charge, prepared
+
+    factories.top_up(tenant.agent, 5)
+    twin = factories.make_key(tenant.agent)
+
+    def run(key_id: str, secret: str, limit: int) -> dict[str, Any]:
+        _, arguments = prepared(tenant.agent)
+        arguments.update(k_key_id=key_id, k_secret_hash=hash_secret(secret), k_window_index=7, k_limit=limit)
+        return billing_charge(arguments)
+
+    assert run(tenant.agent_key_id, tenant.agent_secret, 2)["rate_count"] == 1
+    assert run(twin.key.key_id, twin.secret, 2)["rate_count"] == 2
+    refused = run(twin.key.key_id, twin.secret, 2)
+    assert (refused["code"], refused["rate_count"]) == ("rate_limited", 3)
+    assert ledger_charges(tenant) == 2

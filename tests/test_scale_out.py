@@ -92,14 +92,19 @@ def test_two_instances_share_limits_and_keep_every_invariant(tmp_path, redis_url
         tenant = make_tenant("scale")
         caller = setup_caller(tenant, balance=300, max_credits="200")
         load_keys = [factories.make_key(tenant.agent).secret for _ in range(4)]
-        limit_key = factories.make_key(tenant.agent).secret
-        env = {"UPSTREAM_MCP_URL": upstream.url, "CACHE_URL": redis_url}
+        # A wallet line of its own: the load's 200 calls below count against the agent's line.
+        limit_key = factories.make_key(factories.make_wallet(tenant.sponsor, "limits")).secret
+        limit = 250  # above the load's 200 calls of one wallet line in one window
+        env = {"UPSTREAM_MCP_URL": upstream.url, "CACHE_URL": redis_url, "RATE_LIMIT_REQUESTS": str(limit)}
         with (
             running_gateway(tmp_path, threads=8, extra_env=env) as a,
             running_gateway(tmp_path, threads=8, extra_env=env) as b,
         ):
-            # Rate limits are shared: 120 requests split across both, then the 121st fails on either.
-            for i in range(120):
+            # Rate limits are shared: `limit` requests split across both, then the next fails on either
+            # (started early in a window, so that all of them land in one).
+            if 60 - time.time() % 60 < 30:
+                time.sleep(60 - time.time() % 60 + 0.5)
+            for i in range(limit):
                 base = a.url if i % 2 else b.url
                 r = httpx.get(f"{base}/v1/me/authority", headers={"X-API-Key": limit_key}, timeout=10)
                 assert r.status_code == 200, (i, r.status_code)

@@ -10,11 +10,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
 from audit.services import alert_raise, audit_record
-from billing.exceptions import AncestorKeyRotation, WalletClosed
+from billing.exceptions import AncestorKeyRotation, APIKeyLimitReached, WalletClosed
 from billing.keys import hash_secret, make_secret
 from billing.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog, Wallet, WalletStatus
 from config.errors import NotFound
@@ -45,8 +46,20 @@ def _new_key(*, wallet: Wallet | None, name: str, rotated_from: str = "", actor_
     return IssuedKey(key=key, secret=secret)
 
 
-@transaction.atomic(durable=True)
 def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "", actor: str = "") -> IssuedKey:
+    """Create a wallet-scoped key (``_api_key_create``), or refuse one beyond ``API_KEYS_PER_WALLET``
+    active keys (409 ``api_key_limit_reached``), the refusal audited (``api_key.limit_reached``) in a
+    transaction of its own, since the refused one rolls back. The API and the console both come here.
+    """
+    try:
+        return _api_key_create(wallet=wallet, name=name, actor_key_id=actor_key_id, actor=actor)
+    except APIKeyLimitReached as refused:
+        _audit_key_limit(refused, wallet, actor_key_id=actor_key_id, actor=actor, endpoint="/v1/api-keys")
+        raise
+
+
+@transaction.atomic(durable=True)
+def _api_key_create(*, wallet: Wallet, name: str, actor_key_id: str, actor: str) -> IssuedKey:
     """Create a wallet-scoped key. The secret is returned once and only its hash is stored.
 
     ``actor_key_id`` (the minting key) is recorded as the new key's creator: revoking the
@@ -54,9 +67,11 @@ def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "", ac
     and re-checked here, so a key minted while its creator is being revoked either
     commits first (and is then found by the revocation) or is refused (401). A closed
     wallet gets no new key (403 ``wallet_closed``, read under the wallet's row lock, which
-    closing takes too); a frozen or expired one does (see ``_require_open_wallet``).
+    closing takes too); a frozen or expired one does (see ``_require_open_wallet``). The wallet's
+    active keys are counted under that lock (``_require_key_room``).
     """
     _require_open_wallet(_lock_wallet(wallet))
+    _require_key_room(wallet)
     _require_active_minter(actor_key_id)
     issued = _new_key(wallet=wallet, name=name, actor_key_id=actor_key_id)
     KeyRotationLog.objects.create(
@@ -122,6 +137,38 @@ def _require_open_wallet(wallet: Wallet) -> None:
     """
     if wallet.status == WalletStatus.CLOSED:
         raise WalletClosed("A closed wallet gets no new API keys.", wallet_id=wallet.wallet_id)
+
+
+def _require_key_room(wallet: Wallet, *, freed: int = 0) -> None:
+    """Refuse a new key when the wallet holds ``API_KEYS_PER_WALLET`` active keys, not counting the
+    ``freed`` ones the same transaction revokes (409 ``api_key_limit_reached``).
+
+    Caller holds the wallet's row lock, which every creation and rotation of a key of the wallet
+    takes first, so two creations cannot both see room for one key (a revocation only frees room).
+    """
+    limit = settings.API_KEYS_PER_WALLET
+    active = APIKey.objects.filter(wallet_id=wallet.wallet_id, status=APIKeyStatus.ACTIVE).count()
+    if active - freed >= limit:
+        raise APIKeyLimitReached(wallet_id=wallet.wallet_id, limit=limit, active_keys=active)
+
+
+def _audit_key_limit(
+    refused: APIKeyLimitReached, wallet: Wallet, *, actor_key_id: str, actor: str, endpoint: str
+) -> None:
+    """The refusal of a key beyond the cap, on the wallet's chain (its own transaction: the refused one rolled back)."""
+    audit_record(
+        event="api_key.limit_reached",
+        ok=False,
+        tenant_id=wallet.tenant_id,
+        wallet_id=wallet.wallet_id,
+        key_id=actor_key_id or None,
+        endpoint=endpoint,
+        detail={
+            "limit": refused.extra["limit"],
+            "active_keys": refused.extra["active_keys"],
+            **({"actor": actor} if actor else {}),
+        },
+    )
 
 
 def _lock_key(wallet: Wallet, key_id: str) -> APIKey:
@@ -293,10 +340,24 @@ def _revoke(key: APIKey, reason: str) -> bool:
     return True
 
 
-@transaction.atomic(durable=True)
 def api_key_rotate(
     *, wallet: Wallet, key_id: str, revoke_old: bool = True, reason: str = "rotation", actor_key_id: str = ""
 ) -> IssuedKey:
+    """Rotate ``key_id`` (``_api_key_rotate``). A rotation that revokes the old key leaves the count of
+    active keys as it was, so it works at ``API_KEYS_PER_WALLET``; one that keeps the old key adds one and
+    is refused there (409 ``api_key_limit_reached``, audited as ``api_key_create`` audits it).
+    """
+    try:
+        return _api_key_rotate(
+            wallet=wallet, key_id=key_id, revoke_old=revoke_old, reason=reason, actor_key_id=actor_key_id
+        )
+    except APIKeyLimitReached as refused:
+        _audit_key_limit(refused, wallet, actor_key_id=actor_key_id, actor="", endpoint="/v1/api-keys/rotate")
+        raise
+
+
+@transaction.atomic(durable=True)
+def _api_key_rotate(*, wallet: Wallet, key_id: str, revoke_old: bool, reason: str, actor_key_id: str) -> IssuedKey:
     """Create a successor for ``key_id``; optionally revoke the old key in the same transaction.
 
     The successor is minted by the acting key, which must not descend from ``key_id`` (403
@@ -313,6 +374,7 @@ def api_key_rotate(
         raise Conflict("A revoked key cannot be rotated.", key_id=key_id)
     if _descends_from(actor_key_id, old.key_id):
         raise AncestorKeyRotation(key_id=old.key_id)
+    _require_key_room(wallet, freed=1 if revoke_old else 0)
     _require_active_minter(actor_key_id)
     issued = _new_key(wallet=wallet, name=old.name, rotated_from=old.key_id, actor_key_id=actor_key_id)
     if revoke_old:

@@ -17,7 +17,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from billing.models import ServiceCategory
 from config import fastsql
-from mcpgateway.argschema import arguments_validator
+from mcpgateway.argschema import ArgumentsSchema, SchemaUnusable, input_schema_problem, schema_compile
 from mcpgateway.models import Tool, ToolSource
 from mcpgateway.upstream.validators import output_schema_problem
 
@@ -41,26 +41,45 @@ def tool_is_callable(tool: Tool) -> bool:
     return output_schema_problem(tool.output_schema or None) is None
 
 
+def tool_schema_problem(tool: Tool) -> str | None:
+    """Why the gateway cannot validate arguments against the tool's inputSchema; None when it can.
+
+    The reason ``tools_sync`` stored, or (a row stored before that check) found now, cached per schema.
+    """
+    return tool.input_schema_problem or input_schema_problem(tool.input_schema or {"type": "object"})
+
+
+def tool_is_listed(tool: Tool) -> bool:
+    """Callable, and its inputSchema usable: what tools/list and the catalogue offer.
+
+    A tool whose inputSchema is unusable is not offered (an agent could not call it); a call that
+    names it all the same is refused with ``tool_schema_unusable``, naming the tool.
+    """
+    return tool_is_callable(tool) and tool_schema_problem(tool) is None
+
+
 def tools_catalog(*, category: str | None = None) -> list[Tool]:
-    """Callable tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
+    """Listed tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
     qs = Tool.objects.filter(enabled=True).order_by("service_id")
     if category:
         qs = qs.filter(category=category)
-    return [t for t in qs if tool_is_callable(t)]
+    return [t for t in qs if tool_is_listed(t)]
 
 
 def tool_get(name: str) -> Tool | None:
+    """The callable tool ``name`` (its inputSchema may be unusable: the call path refuses it by name)."""
     tool = Tool.objects.filter(service_id=name).first()
     return tool if tool is not None and tool_is_callable(tool) else None
 
 
 @dataclass(frozen=True)
 class _RegisteredTool:
-    """A tool's row as of one version, with the validator of its inputSchema (None: none usable)."""
+    """A tool's row as of one version, with its inputSchema compiled, or why it cannot be (then None)."""
 
     version: str
     tool: Tool
-    arguments_validator: Any
+    arguments: ArgumentsSchema | None
+    schema_problem: str | None
 
 
 # Tools change rarely (a sync, a console edit) and are read on every call: each process keeps the rows
@@ -85,8 +104,14 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
         _registered.pop(name, None)
         return None
     tool = fastsql.instance(Tool, row[:-1])
-    validator = arguments_validator(tool.input_schema or {"type": "object"})
-    registered = _RegisteredTool(version=row[-1], tool=tool, arguments_validator=validator)
+    arguments: ArgumentsSchema | None = None
+    problem: str | None = tool.input_schema_problem or None
+    if problem is None:  # a row stored before tools_sync checked the schema is checked here
+        try:
+            arguments = schema_compile(tool.input_schema or {"type": "object"})
+        except SchemaUnusable as exc:
+            problem = str(exc)
+    registered = _RegisteredTool(version=row[-1], tool=tool, arguments=arguments, schema_problem=problem)
     _registered[name] = registered
     return registered
 
@@ -96,13 +121,15 @@ class SyncReport:
     """What ``tools_sync`` did: tool names created, updated, disabled (vanished upstream).
 
     ``invalid``: tools registered (among created or updated) but disabled because their outputSchema
-    is not a valid JSON Schema, with the reason.
+    is not a valid JSON Schema, with the reason. ``unusable``: tools registered whose inputSchema the
+    gateway cannot validate arguments against, with the reason; their calls are refused.
     """
 
     created: list[str]
     updated: list[str]
     disabled: list[str]
     invalid: dict[str, str] = field(default_factory=dict)
+    unusable: dict[str, str] = field(default_factory=dict)
 
 
 @transaction.atomic(durable=True)
@@ -113,14 +140,17 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
     the upstream lists them. A tool whose outputSchema is not a valid JSON Schema is stored
     disabled, and named in the report, the audit event and the log: the gateway could not judge its
     answers, so it is not callable (``tool_is_callable``) until the upstream fixes it and a sync
-    registers it again. An invalid inputSchema is kept callable: the gateway then leaves the
-    arguments to the upstream (``_registered_tool``).
+    registers it again. A tool whose inputSchema the gateway cannot use (``mcpgateway.argschema``:
+    a dangling or remote ``$ref``, an unknown ``$schema``, a pattern RE2 cannot run...) is stored
+    with the reason (``input_schema_problem``), named in the report, the audit event and the log, and
+    every call of it is refused (``ToolSchemaUnusable``) until a sync stores a usable schema.
     """
     now = timezone.now()
     seen: set[str] = set()
     created: list[str] = []
     updated: list[str] = []
     invalid: dict[str, str] = {}
+    unusable: dict[str, str] = {}
     for spec in remote_tools:
         name = spec.get("name")
         if not isinstance(name, str) or not name or name == DOGFOOD_TOOL:
@@ -136,10 +166,16 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
             logger.warning(
                 "tool %s registered disabled: its outputSchema is not a valid JSON Schema (%s)", name, problem
             )
+        input_schema = spec.get("inputSchema") or {"type": "object"}
+        input_problem = input_schema_problem(input_schema)
+        if input_problem is not None:
+            unusable[name] = input_problem
+            logger.warning("tool %s: its calls are refused, its inputSchema is unusable (%s)", name, input_problem)
         values = {
             "title": str(spec.get("title") or annotations.get("title") or "")[:200],
             "description": str(spec.get("description") or ""),
-            "input_schema": spec.get("inputSchema") or {"type": "object"},
+            "input_schema": input_schema,
+            "input_schema_problem": input_problem or "",
             "output_schema": spec.get("outputSchema"),
             "annotations": annotations,
             "source": ToolSource.UPSTREAM,
@@ -167,9 +203,16 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
     audit_record(
         event="tools.synced",
         ok=True,
-        detail={"created": created, "updated": updated, "disabled": disabled, "invalid": invalid, "actor": actor},
+        detail={
+            "created": created,
+            "updated": updated,
+            "disabled": disabled,
+            "invalid": invalid,
+            "unusable": unusable,
+            "actor": actor,
+        },
     )
-    return SyncReport(created, updated, disabled, invalid)
+    return SyncReport(created, updated, disabled, invalid, unusable)
 
 
 def dogfood_tool_register() -> Tool:

@@ -17,13 +17,14 @@ from typing import Any
 from django.conf import settings
 from django.core.mail import send_mail
 from django.db import IntegrityError, transaction
+from django.db.models import Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
 from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import audit_record
 from billing.exceptions import money
-from billing.models import Wallet
+from billing.models import Wallet, WalletType
 from config.ids import new_id
 from config.jsonbody import check_storable
 from permits import exceptions as exc
@@ -67,6 +68,7 @@ def permit_request_create(
     now = timezone.now()
     try:
         with transaction.atomic(durable=True):
+            _require_pending_room(wallet, now)
             preq = PermitRequest.objects.create(
                 request_id=new_id("preq"),
                 tenant_id=wallet.tenant_id,
@@ -100,7 +102,42 @@ def permit_request_create(
         if existing is None:
             raise
         return RequestCreate(permit_request=existing, replayed=True)
+    except exc.PermitRequestLimitReached as refused:
+        # Audited in a transaction of its own: the refused one rolled back.
+        audit_record(
+            event="permit_request.limit_reached",
+            ok=False,
+            tenant_id=wallet.tenant_id,
+            wallet_id=wallet.wallet_id,
+            key_id=requested_by_key_id,
+            endpoint="/v1/permit-requests",
+            detail={
+                "line_wallet_id": wallet.line_id,
+                "limit": refused.extra["limit"],
+                "pending": refused.extra["pending"],
+            },
+        )
+        raise
     return RequestCreate(permit_request=preq, replayed=False)
+
+
+def _require_pending_room(wallet: Wallet, now: Any) -> None:
+    """Refuse a request when the wallet's line (an agent with its child wallets, or a sponsor wallet;
+    ``Wallet.line_id``) has ``PERMIT_REQUESTS_PENDING_PER_WALLET`` requests awaiting a decision (409
+    ``permit_request_limit_reached``): each one emails the approvers. Pending means undecided and not
+    expired. Counted under the line wallet's row lock (an ancestor first, as the lock order has it),
+    which every request of the line takes, so concurrent requests cannot both see the last place.
+    """
+    line = wallet.line_id
+    Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=line).first()
+    limit = settings.PERMIT_REQUESTS_PENDING_PER_WALLET
+    pending = (
+        PermitRequest.objects.filter(status=PermitRequestStatus.PENDING, expires_at__gt=now)
+        .filter(Q(wallet_id=line) | Q(wallet__parent_id=line, wallet__wallet_type=WalletType.CHILD))
+        .count()
+    )
+    if pending >= limit:
+        raise exc.PermitRequestLimitReached(wallet_id=wallet.wallet_id, limit=limit, pending=pending)
 
 
 def approval_url(request_id: str) -> str:

@@ -208,6 +208,9 @@ def policy_create(
     return policy
 
 
+_CREDIT_FIELDS = ("max_credits_per_call", "max_daily_credits")
+
+
 def approval_relaxation(before: Mapping[str, Any] | None, after: Mapping[str, Any]) -> list[str]:
     """The rules whose change from ``before`` to ``after`` relaxes human approval; empty when none does.
 
@@ -215,15 +218,20 @@ def approval_relaxation(before: Mapping[str, Any] | None, after: Mapping[str, An
     being created. The one rule for every path that changes a policy (``policy_update``,
     ``policy_change``, ``policy_proposal_confirm``; the API and the console call these).
 
-    Human approval is one rule of a policy: ``human_approval_required`` on an enabled policy. It has
-    no threshold, tools or categories of its own: while any enabled policy of a wallet's line
-    requires it, no wallet key issues that wallet a permit, whatever the tools or amount
-    (``permits.services.approval.human_approval_required``); the other rules bind calls, not who
-    issues permits. So a change relaxes approval exactly when the policy required it before and does
-    not after, by turning ``human_approval_required`` off, disabling the policy, or both; those are
-    the names returned. A new policy never relaxes: every enabled policy of the line binds, so one
-    created below (or anywhere) cannot lift one above. No path deletes a policy or moves it to
-    another wallet.
+    A policy that requires human approval (``human_approval_required`` on an enabled policy) is the
+    rule a human's approval was meant to gate: while it binds a wallet's line, no wallet key issues that
+    wallet a permit (``permits.services.approval.human_approval_required``), and its limits bound what
+    even an approved permit may do. A change to such a policy relaxes approval when it
+
+    - stops requiring it: ``human_approval_required`` off, or the policy disabled;
+    - raises its threshold: a higher ``max_credits_per_call`` or ``max_daily_credits``, or one removed;
+    - widens its tools or categories: ``allowed_tools`` or ``allowed_categories`` gaining a name or
+      removed (null: any), ``denied_tools`` losing a name.
+
+    Those are the names returned. A policy that does not require approval before the change relaxes
+    nothing (turning approval on, and any change made together with it, tightens). A new policy never
+    relaxes: every enabled policy of the line binds, so one created below (or anywhere) cannot lift one
+    above. No path deletes a policy or moves it to another wallet.
     """
     if before is None:
         return []
@@ -231,9 +239,24 @@ def approval_relaxation(before: Mapping[str, Any] | None, after: Mapping[str, An
     def requires(rules: Mapping[str, Any]) -> bool:
         return bool(rules.get("enabled")) and bool(rules.get("human_approval_required"))
 
-    if not requires(before) or requires(after):
+    if not requires(before):
         return []
-    return [name for name in ("enabled", "human_approval_required") if before.get(name) != after.get(name)]
+    relaxed = [
+        name
+        for name in ("enabled", "human_approval_required")
+        if not requires(after) and before.get(name) != after.get(name)
+    ]
+    for name in _CREDIT_FIELDS:
+        old, new = before.get(name), after.get(name)
+        if old is not None and (new is None or Decimal(str(new)) > Decimal(str(old))):
+            relaxed.append(name)
+    for name in ("allowed_tools", "allowed_categories"):
+        old, new = before.get(name), after.get(name)
+        if old is not None and (new is None or not set(new) <= set(old)):
+            relaxed.append(name)
+    if not set(before.get("denied_tools") or ()) <= set(after.get("denied_tools") or ()):
+        relaxed.append("denied_tools")
+    return relaxed
 
 
 @dataclass(frozen=True)
@@ -243,9 +266,6 @@ class PolicyChange:
 
     policy: PolicyBundle
     proposal: PolicyChangeProposal | None
-
-
-_CREDIT_FIELDS = ("max_credits_per_call", "max_daily_credits")
 
 
 def _rules(policy: PolicyBundle) -> dict[str, Any]:
