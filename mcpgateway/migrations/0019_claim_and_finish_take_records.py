@@ -20,8 +20,8 @@ FINISH = "gateway_finish(text, text, jsonb, text, text, text, text, jsonb, times
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0017_policy_relaxation_confirmers"),
-        ("billing", "0022_money_rules_once_with_the_tenant"),
+        ("mcpgateway", "0018_tool_input_schema_problem"),
+        ("billing", "0023_money_rules_once_with_the_tenant"),
         ("permits", "0011_reserve_and_consume_with_the_tenant"),
         ("audit", "0009_append_in"),
     ]

@@ -23,7 +23,7 @@ CAP_OVER = "billing_daily_cap_over(text, text[], text[], numeric[], timestamptz)
 
 
 class Migration(migrations.Migration):
-    dependencies = [("billing", "0021_ledger_triggers_from_sql_files")]
+    dependencies = [("billing", "0022_rate_limit_charges_the_wallet_line")]
 
     operations = [
         run_sql_file(
