@@ -6,7 +6,8 @@ apps" and "Each money rule lives once, in PostgreSQL"):
 - billing_wallet_may_spend (new): the wallet-status rule, used by billing_debit and by Python;
 - billing_refund (new): a refund and the spend it undoes (was Python's ``_move`` and ``_count_spend``);
 - billing_debit takes p_tenant_id first (and billing_debit_in, the debit as billing's ``debit_in``
-  record); billing_daily_cap_over takes p_tenant_id first; billing_charge passes them its tenant.
+  record); billing_daily_cap_over takes p_tenant_id first; billing_charge passes them its tenant and
+  appends its events with audit_append_in (audit 0009).
 The old signatures are dropped.
 """
 
@@ -23,7 +24,7 @@ CAP_OVER = "billing_daily_cap_over(text, text[], text[], numeric[], timestamptz)
 
 
 class Migration(migrations.Migration):
-    dependencies = [("billing", "0022_rate_limit_charges_the_wallet_line")]
+    dependencies = [("billing", "0022_rate_limit_charges_the_wallet_line"), ("audit", "0009_append_in")]
 
     operations = [
         run_sql_file(
@@ -56,6 +57,6 @@ class Migration(migrations.Migration):
         run_sql_file(
             "billing",
             "billing_charge",
-            sha256="cdac994503024123bfc646b19c3597927b731ee01d7f1148101419de04c3b203",
+            sha256="87edcca1e563d18bcd57dd82116ba3a198c1d55e353c58251aeb547ac2016be2",
         ),
     ]

@@ -77,7 +77,9 @@
 -- auto-refill, which billing_debit may lock. Such a charge raises SQLSTATE 'TGBT1' instead, and
 -- the batch rolls back whole; its charges then run one statement each.
 --
--- billing_debit and audit_append are called as assignments (``d := billing_debit(...)``), not as
+-- The events go to audit_append_in as audit's audit_event_in record (audit/sql/audit_append.sql), the
+-- one reader of that shape; the canonical bytes around the seq travel in hex.
+-- billing_debit and audit_append_in are called as assignments (``d := billing_debit(...)``), not as
 -- ``SELECT ... INTO`` or ``PERFORM``: PL/pgSQL evaluates such a call as an expression, without a
 -- query's executor and portal around it (about 1.3 % of PostgreSQL's instructions per charge).
 --
@@ -288,25 +290,27 @@ BEGIN
                 || p_refill_parts[2] || convert_to('"' || money_refilled_balance || '"', 'UTF8')
                 || p_refill_parts[3] || convert_to(to_json(refill_parent)::text, 'UTF8')
                 || p_refill_parts[4];
-        appended := audit_append(
-            wallet_tenant, p_refill_event_id, 'ledger.refill', wallet_tenant, p_wallet_id, p_key_id, NULL, p_endpoint,
-            NULL, p_request_id, true,
-            p_refill_detail || jsonb_build_object(
+        appended := audit_append_in(wallet_tenant, jsonb_build_object(
+            'chain', wallet_tenant, 'event_id', p_refill_event_id, 'event', 'ledger.refill', 'tenant_id', wallet_tenant,
+            'wallet_id', p_wallet_id, 'key_id', p_key_id, 'tool', NULL, 'endpoint', p_endpoint,
+            'policy_decision_id', NULL, 'request_id', p_request_id, 'ok', true,
+            'detail', p_refill_detail || jsonb_build_object(
                 'amount', money_refill,
                 'balance_after', money_refilled_balance,
                 'counterparty', refill_parent
             ),
-            p_refill_created_at, payload, p_refill_parts[5]
-        );
+            'created_at', p_refill_created_at, 'prefix', encode(payload, 'hex'), 'suffix', encode(p_refill_parts[5], 'hex')
+        ));
     END IF;
     payload := p_charge_parts[1] || convert_to('"' || round(-charged, 8)::text || '"', 'UTF8')
             || p_charge_parts[2] || convert_to('"' || money_balance || '"', 'UTF8')
             || p_charge_parts[3];
-    appended := audit_append(
-        wallet_tenant, p_charge_event_id, 'ledger.charge', wallet_tenant, p_wallet_id, p_key_id, NULL, p_endpoint,
-        NULL, p_request_id, true,
-        p_charge_detail || jsonb_build_object('amount', round(-charged, 8)::text, 'balance_after', money_balance),
-        p_charge_created_at, payload, p_charge_parts[4]
-    );
+    appended := audit_append_in(wallet_tenant, jsonb_build_object(
+        'chain', wallet_tenant, 'event_id', p_charge_event_id, 'event', 'ledger.charge', 'tenant_id', wallet_tenant,
+        'wallet_id', p_wallet_id, 'key_id', p_key_id, 'tool', NULL, 'endpoint', p_endpoint,
+        'policy_decision_id', NULL, 'request_id', p_request_id, 'ok', true,
+        'detail', p_charge_detail || jsonb_build_object('amount', round(-charged, 8)::text, 'balance_after', money_balance),
+        'created_at', p_charge_created_at, 'prefix', encode(payload, 'hex'), 'suffix', encode(p_charge_parts[4], 'hex')
+    ));
 END;
 $$;
