@@ -27,7 +27,7 @@ from billing.exceptions import (
     WalletFrozen,
     money,
 )
-from config.errors import (
+from common.errors import (
     ApplicationError,
     Conflict,
     IdempotencyKeyInProgress,

@@ -5,7 +5,7 @@ another app's positional arguments (docs/decisions.md, "Records between apps"): 
 constructor in the app that owns it (``billing.services.ledger.DebitCall.record``,
 ``audit.services.PreparedEvent.record_in``, ``permits.services.permit_reservation_record``...) and is
 read by that app's SQL function. ``record_json`` writes one: decimals as strings and times in ISO
-8601 with their offset, so nothing is rounded or shifted on the way (as ``config.fastsql.json_row``
+8601 with their offset, so nothing is rounded or shifted on the way (as ``common.fastsql.json_row``
 writes a row); bytes in hex (``decode(x, 'hex')`` in SQL); tuples as arrays.
 """
 

@@ -10,10 +10,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from billing import services as billing_services
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
+from billing.admin import money_display
 from billing.models import ToolPrice
 from billing.selectors import tool_price
-from config.errors import ApplicationError
+from common.console import ServiceSavedAdmin, confirmation_page, console_actor, has_perm
+from common.errors import ApplicationError
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed

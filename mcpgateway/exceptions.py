@@ -1,10 +1,10 @@
-"""The gateway's domain failures (rendered by the one error handler, ``config.errors``)."""
+"""The gateway's domain failures (rendered by the one error handler, ``common.errors``)."""
 
 from __future__ import annotations
 
 from rest_framework import status
 
-from config.errors import ApplicationError
+from common.errors import ApplicationError
 
 
 class ToolSchemaUnusable(ApplicationError):

@@ -74,7 +74,9 @@ class Action(models.Model):
     action_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40)
     # Indexed by the unique (wallet, idempotency_key) index, which leads with it.
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="actions", db_index=False)
+    wallet = models.ForeignKey(
+        Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="actions", db_index=False
+    )
     api_key_id = models.CharField(max_length=40)
     idempotency_key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
@@ -84,13 +86,17 @@ class Action(models.Model):
     state = models.CharField(max_length=32, choices=ActionState.choices, default=ActionState.ACCEPTED)
     outcome = models.CharField(max_length=32, blank=True, default="")
     reason_code = models.CharField(max_length=64, blank=True, default="")
-    permit = models.ForeignKey(Permit, null=True, blank=True, on_delete=models.PROTECT, related_name="actions")
+    permit = models.ForeignKey(
+        Permit, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="actions"
+    )
     quote_id = models.CharField(max_length=40, blank=True, default="")
     price = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     ledger_entry = models.ForeignKey(
-        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="actions"
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="actions"
     )
-    receipt = models.OneToOneField(Receipt, null=True, blank=True, on_delete=models.PROTECT, related_name="action")
+    receipt = models.OneToOneField(
+        Receipt, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="action"
+    )
     policy_decision_id = models.CharField(max_length=40, blank=True, default="")
     response = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField()
@@ -100,7 +106,9 @@ class Action(models.Model):
     class Meta:
         db_table = "mcpgateway_action"
         constraints = [
-            models.UniqueConstraint(fields=["wallet", "idempotency_key"], name="action_wallet_idempotency_unique"),
+            models.UniqueConstraint(
+                fields=["wallet", "idempotency_key", "tenant_id"], name="action_wallet_idempotency_unique"
+            ),
             models.CheckConstraint(
                 condition=~Q(state__in=["completed", "delivery_uncertain", "denied"]) | Q(receipt__isnull=False),
                 name="action_finished_has_receipt",
@@ -150,12 +158,13 @@ class PartnerNote(models.Model):
     note_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40)
     wallet_id = models.CharField(max_length=40)
-    action_id = models.CharField(max_length=40, unique=True)
+    action_id = models.CharField(max_length=40)
     text = models.TextField()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         db_table = "mcpgateway_partner_note"
+        constraints = [models.UniqueConstraint(fields=["action_id", "tenant_id"], name="partner_note_action_unique")]
 
     def __str__(self) -> str:
         return self.note_id

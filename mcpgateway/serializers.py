@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from billing.models import ServiceCategory
-from config.pagination import MAX_OFFSET
+from common.pagination import MAX_OFFSET
 
 
 class ToolDefinition(serializers.Serializer):

@@ -10,10 +10,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
-from config.errors import NotFound, RequestValidationError, flatten_drf_errors
-from config.pagination import parse_query
-from config.schema import error_responses
+from billing.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
+from common.errors import NotFound, RequestValidationError, flatten_drf_errors
+from common.pagination import parse_query
+from common.schema import error_responses
 from mcpgateway import services
 from mcpgateway.serializers import (
     ToolCallRequest,
@@ -148,7 +148,7 @@ class ToolInvokeView(APIView):
             )
             raise RequestValidationError(flatten_drf_errors(errors, ["body"]))
         body = serializer.validated_data
-        from config.idempotency import validate_idempotency_key
+        from common.idempotency import validate_idempotency_key
 
         try:
             validate_idempotency_key(body["idempotency_key"], required=True)

@@ -23,7 +23,8 @@ from audit.models import AuditEvent
 from audit.services import audit_event_prepare
 from billing.models import LedgerEntry, SpendBucket, Wallet
 from billing.services import debit_call, ledger_debit
-from config.ids import new_id
+from common.ids import new_id
+from common.shardkeys import TENANT_TABLES
 from mcpgateway.models import Action, ActionState
 from mcpgateway.services import claim as claiming
 from permits.models import Permit, Quote
@@ -57,19 +58,14 @@ HOT_FUNCTIONS = (
     "permits_quote_consume",
     "permits_quote_consume_in",
 )
-# The tables whose rows belong to one tenant (a tenant_id column); the audit chain's rows are the
-# chain's, which is the tenant's (audit_append_in refuses an event of another tenant).
-TENANT_TABLES = (
-    "billing_wallet",
-    "billing_spend_bucket",
-    "billing_ledger_entry",
-    "billing_charge_idempotency",
-    "permits_permit",
-    "permits_quote",
-    "mcpgateway_action",
-)
-_ACCESS = re.compile(r"\b(?:FROM|JOIN|UPDATE|DELETE\s+FROM)\s+(" + "|".join(TENANT_TABLES) + r")\b", re.IGNORECASE)
+# The tables whose rows belong to one tenant (common.shardkeys, the shard inventory), by their distribution
+# column: tenant_id, or the audit chain (which audit_append requires to be the tenant's).
+_BY_TENANT = [table for table, column in TENANT_TABLES.items() if column == "tenant_id"]
+_BY_CHAIN = [table for table, column in TENANT_TABLES.items() if column == "chain"]
+_ACCESS_BY_TENANT = re.compile(r"\b(?:FROM|JOIN|UPDATE)\s+(" + "|".join(_BY_TENANT) + r")\b", re.IGNORECASE)
+_ACCESS_BY_CHAIN = re.compile(r"\b(?:FROM|JOIN|UPDATE)\s+(" + "|".join(_BY_CHAIN) + r")\b", re.IGNORECASE)
 _FILTER = re.compile(r"\btenant_id\s*=\s*p_tenant_id\b", re.IGNORECASE)
+_CHAIN_FILTER = re.compile(r"\bchain\s*=\s*p_chain\b", re.IGNORECASE)
 
 
 def functions() -> dict[str, tuple[list[str], str]]:
@@ -88,9 +84,15 @@ def functions() -> dict[str, tuple[list[str], str]]:
 
 
 def unfiltered_statements(body: str) -> list[str]:
-    """The statements of ``body`` that reach a tenant's table without ``tenant_id = p_tenant_id``."""
+    """The statements of ``body`` that reach a tenant's table without ``tenant_id = p_tenant_id`` (``chain =
+    p_chain`` for the audit chain's tables)."""
     text = re.sub(r"--[^\n]*", "", body)
-    return [" ".join(s.split()) for s in text.split(";") if _ACCESS.search(s) and not _FILTER.search(s)]
+    return [
+        " ".join(s.split())
+        for s in text.split(";")
+        if (_ACCESS_BY_TENANT.search(s) and not _FILTER.search(s))
+        or (_ACCESS_BY_CHAIN.search(s) and not _CHAIN_FILTER.search(s))
+    ]
 
 
 def test_every_hot_function_takes_the_tenant_by_name():

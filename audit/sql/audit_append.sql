@@ -14,6 +14,8 @@
 -- Lock order: the chain head is the last lock a transaction takes (docs/decisions.md, "Lock
 -- order"), so it is held from here to the commit only.
 --
+-- The chain is the tenant's (p_tenant_id; 'system' for events of no tenant): any other chain is refused
+-- (SQLSTATE TGTN1), so the rows it touches are the tenant's.
 -- Assumes: the server encoding is UTF8 (the sequence number is converted to UTF-8 bytes).
 CREATE OR REPLACE FUNCTION audit_append(
     p_chain text,
@@ -37,6 +39,9 @@ CREATE OR REPLACE FUNCTION audit_append(
 )
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF p_chain IS DISTINCT FROM COALESCE(p_tenant_id, 'system') THEN  -- a tenant's events go to its own chain only
+        RAISE EXCEPTION 'audit_append: chain % is not the chain of tenant %', p_chain, p_tenant_id USING ERRCODE = 'TGTN1';
+    END IF;
     SELECT h.seq + 1, h.head_hash INTO event_seq, event_prev_hash
       FROM audit_chain_head h WHERE h.chain = p_chain FOR NO KEY UPDATE;
     IF NOT FOUND THEN

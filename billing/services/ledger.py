@@ -54,10 +54,10 @@ from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import LedgerEntry, LedgerKind, SystemAccount, Wallet
 from billing.refusals import BALANCE_OVERFLOW, balance_overflow, refusal_exception
+from common import fastsql
+from common.errors import ApplicationError, NotFound, RequestValidationError
+from common.ids import new_id
 from common.records import record_json
-from config import fastsql
-from config.errors import ApplicationError, NotFound, RequestValidationError
-from config.ids import new_id
 from config.middleware import get_request_id
 
 CENT = Decimal("0.00000001")

@@ -11,7 +11,7 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from config import metrics
+from common import metrics
 from mcpgateway.models import Action, Tool
 from mcpgateway.services.call import CallRequest
 from mcpgateway.upstream.client import CallResult, UpstreamClient

@@ -42,9 +42,9 @@ from django.db import IntegrityError
 
 from billing.exceptions import VelocityLimitExceeded
 from billing.services import wallet_freeze_for_velocity
-from config.dbretry import run_retrying
-from config.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError, conflict_response
-from config.faults import fault_point
+from common.dbretry import run_retrying
+from common.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError, conflict_response
+from common.faults import fault_point
 from mcpgateway.argschema import ArgumentError
 from mcpgateway.exceptions import ToolSchemaUnusable
 from mcpgateway.models import Action, ActionState, ToolSource
@@ -94,7 +94,7 @@ def governed_call(req: CallRequest) -> CallAnswer:
     """
     principal = req.principal
     if principal.is_operator or principal.wallet_id is None:
-        from config.errors import WalletKeyRequired
+        from common.errors import WalletKeyRequired
 
         raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
     digest = request_hash_of(req.tool, req.arguments)

@@ -16,7 +16,7 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from billing.models import ServiceCategory
-from config import fastsql
+from common import fastsql
 from mcpgateway.argschema import ArgumentsSchema, SchemaUnusable, input_schema_problem, schema_compile
 from mcpgateway.models import Tool, ToolSource
 from mcpgateway.upstream.validators import output_schema_problem

@@ -7,13 +7,13 @@ apps" and "Each money rule lives once, in PostgreSQL"):
 - billing_refund (new): a refund and the spend it undoes (was Python's ``_move`` and ``_count_spend``);
 - billing_debit takes p_tenant_id first (and billing_debit_in, the debit as billing's ``debit_in``
   record); billing_daily_cap_over takes p_tenant_id first; billing_charge passes them its tenant and
-  appends its events with audit_append_in (audit 0009).
+  appends its events with audit_append_in (audit 0010).
 The old signatures are dropped.
 """
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS_DEBIT = (
     "billing_debit(text, numeric, timestamptz, text, numeric, text, text, text, text[], numeric, numeric, text)"
@@ -24,7 +24,7 @@ CAP_OVER = "billing_daily_cap_over(text, text[], text[], numeric[], timestamptz)
 
 
 class Migration(migrations.Migration):
-    dependencies = [("billing", "0022_rate_limit_charges_the_wallet_line"), ("audit", "0009_append_in")]
+    dependencies = [("billing", "0025_shard_keys"), ("audit", "0010_append_in")]
 
     operations = [
         run_sql_file(
@@ -41,7 +41,7 @@ class Migration(migrations.Migration):
         run_sql_file(
             "billing",
             "billing_debit",
-            sha256="99dab619ee703c77e0c7b92f4ae921b08ee3298124605377b5a1b2aa16a21859",
+            sha256="320ea5c707e613b40a5eae361bba772263d0dab157e620c64fff89d67728b102",
         ),
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_CAP_OVER};", reverse_sql=migrations.RunSQL.noop),
         run_sql_file(

@@ -7,7 +7,7 @@ from importlib import import_module
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS_CLAIM = import_module("mcpgateway.migrations.0013_claim_checks_the_policies_daily_caps").SIGNATURE
 CLAIM = "gateway_claim(text, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb, jsonb)"
@@ -20,10 +20,10 @@ FINISH = "gateway_finish(text, text, jsonb, text, text, text, text, jsonb, times
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0018_tool_input_schema_problem"),
-        ("billing", "0023_money_rules_once_with_the_tenant"),
-        ("permits", "0011_reserve_and_consume_with_the_tenant"),
-        ("audit", "0009_append_in"),
+        ("mcpgateway", "0020_shard_keys"),
+        ("billing", "0026_money_rules_once_with_the_tenant"),
+        ("permits", "0013_reserve_and_consume_with_the_tenant"),
+        ("audit", "0010_append_in"),
     ]
 
     operations = [

@@ -3,16 +3,16 @@ another tenant (docs/decisions.md, "Records between apps")."""
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):
-    dependencies = [("audit", "0008_event_immutable_from_sql_file")]
+    dependencies = [("audit", "0009_shard_keys")]
 
     operations = [
         run_sql_file(
             "audit",
             "audit_append",
-            sha256="3d08fe83de051d6fb8ef357878fc19ce5286997d389c1528486e005cbb21278e",
+            sha256="0ac1d0620ff8647b3574d60e6ec894653d29dc63c90b17840c7eaf09c1d02710",
         ),
     ]

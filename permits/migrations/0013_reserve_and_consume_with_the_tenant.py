@@ -4,7 +4,7 @@ and permits_quote_consume_in take permits' reservation and quote consumption as 
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS_RESERVE = (
     "permits_reserve(text, numeric, timestamptz, text, text, text, text, jsonb, numeric, integer, timestamptz)"
@@ -15,7 +15,7 @@ CONSUME = "permits_quote_consume(text, text, text, text, numeric, text, text, ti
 
 
 class Migration(migrations.Migration):
-    dependencies = [("permits", "0010_policy_change_proposal")]
+    dependencies = [("permits", "0012_shard_keys")]
 
     operations = [
         migrations.RunSQL(f"DROP FUNCTION IF EXISTS {PREVIOUS_RESERVE};", reverse_sql=migrations.RunSQL.noop),
