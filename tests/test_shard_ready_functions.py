@@ -179,6 +179,10 @@ def test_a_call_with_another_tenants_id_touches_nothing(tenant, other_tenant):
     event = audit_event_prepare(event="test.event", ok=True, tenant_id=tenant.agent.tenant_id, detail={})
     with pytest.raises(DatabaseError, match="not of tenant"), transaction.atomic():
         one("SELECT * FROM audit_append_in(%s, %s::jsonb)", [wrong, event.record_in()])
+    params = event.params()  # audit's own positional call: the chain must be the event's tenant's
+    params[0] = wrong
+    with pytest.raises(DatabaseError, match="is not the chain of tenant"), transaction.atomic():
+        one("SELECT * FROM audit_append(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s::jsonb, %s, %s, %s)", params)
     assert snapshot() == before
 
 
