@@ -38,14 +38,13 @@ from billing.models import (
 )
 from billing.selectors import spend_windows
 from billing.services.ledger import (
-    _check_line_may_spend,
-    _check_may_spend,
     _check_positive,
     _lock,
     _move,
     ledger_audit,
     ledger_refund,
     to_money,
+    wallet_check_may_spend,
 )
 from common.errors import Conflict, RequestValidationError, WalletAccessDenied
 from common.ids import new_id
@@ -159,8 +158,7 @@ def wallet_create_agent(
             ["body", "parent_wallet_id"], "A child wallet cannot have child wallets.", "wallet_hierarchy"
         )
     # Nothing is created beneath a frozen, expired or closed wallet, or below one (403).
-    _check_may_spend(locked_parent)
-    _check_line_may_spend(locked_parent, reach_wallet_id=_reach_of(actor_key_id))
+    wallet_check_may_spend(wallet=locked_parent, reach_wallet_id=_reach_of(actor_key_id))
     if (refill_threshold is None) != (refill_amount is None):
         raise RequestValidationError.single(
             ["body", "refill_amount"], "Set both refill_threshold and refill_amount, or neither.", "refill_pair"
@@ -255,8 +253,7 @@ def wallet_fund(
         raise Conflict("Wallets are funded by their direct parent only.", source=source.wallet_id)
     locked_source = _lock(source.wallet_id)
     locked_target = _lock(target.wallet_id)
-    _check_may_spend(locked_source)
-    _check_line_may_spend(locked_source, reach_wallet_id=_reach_of(actor_key_id))
+    wallet_check_may_spend(wallet=locked_source, reach_wallet_id=_reach_of(actor_key_id))
     if locked_target.status == WalletStatus.CLOSED:
         raise WalletClosed(wallet_id=locked_target.wallet_id)
     if locked_source.balance < amount:
