@@ -25,6 +25,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from common.errors import ApplicationError, RequestValidationError
 from common.jsonbody import storable_text
 
 # Lookups no console filter offers: a typed pattern is a PostgreSQL error ("invalid regular
@@ -154,6 +155,15 @@ def confirmation_page(
 def console_actor(request: HttpRequest) -> str:
     """The actor every console change is audited with: ``admin:<username>``."""
     return f"admin:{request.user.get_username()}" if request.user.is_authenticated else "admin"
+
+
+def console_failure(exc: Exception) -> str:
+    """An error as a console message: ``<code>: <message>``, or a validation failure's messages."""
+    if isinstance(exc, ApplicationError):
+        return f"{exc.code}: {exc.detail_message}"
+    if isinstance(exc, RequestValidationError):
+        return "; ".join(str(e.get("msg")) for e in exc.errors)
+    return str(exc)
 
 
 def has_perm(request: HttpRequest, permission: str) -> bool:

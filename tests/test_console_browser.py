@@ -11,7 +11,8 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 
 from access import login_throttle
-from billing.models import APIKey, Wallet
+from access.models import APIKey
+from billing.models import Wallet
 from tests.browser import browser_page, require_chromium, screenshot, wait_for
 from tests.conftest import make_tenant
 from tests.test_receipts import make_receipt
@@ -47,7 +48,7 @@ def test_lists_summary_and_links_at_1366(live_server: Any) -> None:
             ("/admin/receipts/receipt/", "console-receipts"),
             ("/admin/billing/ledgerentry/", "console-ledger"),
             ("/admin/billing/wallet/", "console-wallets"),
-            ("/admin/billing/apikey/", "console-keys"),
+            ("/admin/access/apikey/", "console-keys"),
         ):
             page.goto(f"{live_server.url}{path}")
             page.wait_for_selector("#result_list")
@@ -99,7 +100,7 @@ def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch
         agent = Wallet.objects.get(name="acme-bot")
         assert (agent.balance, agent.daily_limit) == (100, 25)
         screenshot(page, "console-wallet-created")
-        page.goto(f"{live_server.url}/admin/billing/apikey/add/")
+        page.goto(f"{live_server.url}/admin/access/apikey/add/")
         page.select_option("#id_wallet", agent.wallet_id)
         page.fill("#id_name", "bot key")
         page.click("input[name=_save]")
@@ -110,7 +111,7 @@ def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch
         page.reload()
         page.wait_for_selector("#secret-gone")
         assert secret not in page.content()
-        assert APIKey.objects.filter(wallet=agent).count() == 1
+        assert APIKey.objects.filter(wallet_id=agent.wallet_id).count() == 1
         # 7. Closing asks first, listing the balance that goes back, then closes.
         page.goto(f"{live_server.url}/admin/billing/wallet/")
         page.check(f"input.action-select[value='{agent.wallet_id}']")
