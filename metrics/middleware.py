@@ -50,7 +50,7 @@ class MetricsMiddleware:
         if request.path_info == METRICS_PATH and scrape_token_matches(request):
             # access.authentication.resolve_credential's per-request memo: (key, error).
             request._tollgate_auth = (None, None)  # type: ignore[attr-defined]
-            # access.ratelimit's marker for the scraper's bucket (billing may not import this app).
+            # access.ratelimit's marker for the scraper's bucket (access may not import this app).
             request._tollgate_scrape = True  # type: ignore[attr-defined]
         response = self.get_response(request)
         count_request(request, response.status_code)
