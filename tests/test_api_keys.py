@@ -481,3 +481,26 @@ def test_the_console_obeys_the_cap_and_says_why(tenant, settings) -> None:
     assert not APIKey.objects.filter(wallet_id=tenant.agent.wallet_id, name="console").exists()
     event = AuditEvent.objects.get(event="api_key.limit_reached")
     assert event.detail["actor"] == "admin:policy-admin"
+
+
+@pytest.mark.django_db
+def test_a_keys_wallet_is_read_with_the_key_and_otherwise_once(tenant, django_assert_num_queries):
+    """The key lookup reads the key and its wallet in one statement (billing's columns, registered in
+    access.wallets): the wallet then costs no query. A key loaded otherwise reads it once."""
+    from access.models import APIKey
+    from access.selectors import api_key_authenticate
+    from billing.models import Wallet
+
+    with django_assert_num_queries(1):
+        key = api_key_authenticate(secret=tenant.agent_secret)
+        wallet = key.wallet
+        assert isinstance(wallet, Wallet)
+        assert (wallet.wallet_id, wallet.path) == (tenant.agent.wallet_id, tenant.agent.path)
+    plain = APIKey.objects.get(pk=tenant.agent_key_id)
+    with django_assert_num_queries(1):
+        assert plain.wallet is not None
+        assert plain.wallet.wallet_id == tenant.agent.wallet_id
+        assert plain.wallet.line_id == tenant.agent.line_id
+    operator = APIKey(key_id="key_x", wallet_id=None)
+    with django_assert_num_queries(0):
+        assert operator.wallet is None

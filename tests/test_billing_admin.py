@@ -248,3 +248,20 @@ def test_wallet_creation_needs_its_permissions(client):
     client.force_login(get_user_model().objects.get(pk=user.pk))
     assert client.post("/admin/billing/wallet/add/", refilled).status_code == 302
     assert Wallet.objects.get(name="bot").refill_amount == 50
+
+
+@pytest.mark.django_db
+def test_the_wallet_pages_api_keys_link_lists_that_wallets_keys(admin_client):
+    """The keys are access's, with a plain wallet id: the wallet page's "API keys" link filters on it."""
+    import html
+    import re
+
+    sponsor = factories.make_sponsor("acme")
+    agent = factories.make_wallet(sponsor, "bot")
+    mine, other = factories.make_key(agent, "mine"), factories.make_key(sponsor, "other")
+    page = admin_client.get(f"/admin/billing/wallet/{agent.pk}/change/").content.decode()
+    (link,) = re.findall(r'href="(/admin/access/apikey/\?[^"]*)"', page)
+    listing = admin_client.get(html.unescape(link))
+    assert listing.status_code == 200
+    assert mine.key.key_id in listing.content.decode()
+    assert other.key.key_id not in listing.content.decode()
