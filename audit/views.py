@@ -7,6 +7,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.authentication import AllowAnyone, principal
 from audit import chain_verification, selectors, services
 from audit.serializers import (
     AlertListResponse,
@@ -24,7 +25,6 @@ from audit.serializers import (
     SigningKeyMetadataResponse,
     jwk_data,
 )
-from billing.authentication import AllowAnyone, principal
 from common.pagination import PageQuery, page, parse_body, parse_query
 from common.schema import error_responses
 

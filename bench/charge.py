@@ -88,9 +88,10 @@ def setup_data(env: dict[str, str]) -> dict[str, str]:
         "import json\n"
         "from decimal import Decimal\n"
         "from billing import services\n"
+        "from access import services as key_services\n"
         "s = services.wallet_create_sponsor(name='bench', initial_credits=Decimal(100000))\n"
         "a = services.wallet_create_agent(parent=s, name='bench-agent', initial_balance=Decimal(50000))\n"
-        "k = services.api_key_create(wallet=a, name='bench')\n"
+        "k = key_services.api_key_create(wallet=a, name='bench')\n"
         "print(json.dumps({'wallet_id': a.wallet_id, 'secret': k.secret}))\n"
     )
     out = subprocess.run(

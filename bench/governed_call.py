@@ -419,7 +419,8 @@ import json
 from datetime import timedelta
 from decimal import Decimal
 from django.utils import timezone
-from billing.services import api_key_create, wallet_create_agent, wallet_create_sponsor
+from access.services import api_key_create
+from billing.services import wallet_create_agent, wallet_create_sponsor
 from permits.services import permit_issue
 sponsor = wallet_create_sponsor(name="bench", initial_credits=Decimal("200000"))
 agent = wallet_create_agent(parent=sponsor, name="bench agent", initial_balance=Decimal("50000"))

@@ -179,7 +179,7 @@ _CALLS = [0]
 
 SECTIONS = [
     ("config.wsgi", None),  # placeholder: the whole request is timed around the client call
-    ("billing.ratelimit", "charge_request"),
+    ("access.ratelimit", "charge_request"),
     ("billing.selectors", "api_key_authenticate_charging"),
     ("mcpgateway.services.governed", "governed_call"),
     ("mcpgateway.services.lookup", "_cached"),

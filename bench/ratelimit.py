@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/ratelimit.py [--seconds 3] [--json PATH]
 
-Charges a key's window with ``billing.ratelimit.bucket_charge`` in a loop, as the
+Charges a key's window with ``access.ratelimit.bucket_charge`` in a loop, as the
 middleware does once per request (autocommit, no transaction), beside the round trip
 of ``SELECT 1`` on the same connection in the same run: the ratio is the limiter's
 cost in database round trips. A per-process memory cache is measured too, as the
@@ -36,7 +36,7 @@ from django.conf import settings  # noqa: E402
 from django.core.management import call_command  # noqa: E402
 from django.db import connection  # noqa: E402
 
-from billing.ratelimit import bucket_charge  # noqa: E402
+from access.ratelimit import bucket_charge  # noqa: E402
 
 
 def per_call_us(fn: Callable[[], object], seconds: float) -> tuple[float, int]:

@@ -1,4 +1,4 @@
-"""Operator console: wallets, money, prices and API keys. Every change goes through the services.
+"""Operator console: wallets, money and prices (API keys: ``access.admin``). Every change goes through the services.
 
 Wallet actions (each audited by its service): provision credits to sponsors
 (from mint), fund wallets from their parent, freeze, unfreeze, close. Amounts
@@ -12,28 +12,25 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.options import csrf_protect_m
 from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from access import services as key_services
+from access.models import APIKey, APIKeyStatus
 from audit.models import AuditEvent
 from billing import services
 from billing.exceptions import money_display
 from billing.models import (
-    APIKey,
-    APIKeyStatus,
     ChargeIdempotency,
-    KeyRotationLog,
     LedgerEntry,
     ServicePrice,
     Wallet,
@@ -46,6 +43,7 @@ from common.console import (
     changelist_link,
     confirmation_page,
     console_actor,
+    console_failure,
     console_log,
     has_perm,
     revocation_reason_form,
@@ -53,9 +51,6 @@ from common.console import (
 from common.errors import ApplicationError, RequestValidationError
 from common.formatting import credits_phrase
 from common.listing import short_id_column
-
-# Session key under which a new API key's secret waits for its single reveal.
-SECRET_SESSION_PREFIX = "tollgate:new-key-secret:"
 
 
 class AmountForm(forms.Form):
@@ -172,14 +167,6 @@ def _open_calls_display(wallet: Wallet) -> str:
     return ", ".join(owed) or "none"
 
 
-def _failure(exc: Exception) -> str:
-    if isinstance(exc, ApplicationError):
-        return f"{exc.code}: {exc.detail_message}"
-    if isinstance(exc, RequestValidationError):
-        return "; ".join(str(e.get("msg")) for e in exc.errors)
-    return str(exc)
-
-
 @admin.register(Wallet)
 class WalletAdmin(admin.ModelAdmin):
     list_display = [
@@ -213,7 +200,7 @@ class WalletAdmin(admin.ModelAdmin):
     def related(self, obj: Wallet) -> str:
         links = [
             changelist_link("billing.ledgerentry", "ledger", account=obj.wallet_id),
-            changelist_link("billing.apikey", "API keys", wallet__wallet_id__exact=obj.wallet_id),
+            changelist_link("access.apikey", "API keys", wallet_id__exact=obj.wallet_id),
             changelist_link("billing.wallet", "child wallets", parent__wallet_id__exact=obj.wallet_id),
             changelist_link("permits.permit", "permits", wallet__wallet_id__exact=obj.wallet_id),
             changelist_link("receipts.receipt", "receipts", wallet__wallet_id__exact=obj.wallet_id),
@@ -280,7 +267,7 @@ class WalletAdmin(admin.ModelAdmin):
                         actor=console_actor(request),
                     )
             except (ApplicationError, RequestValidationError) as exc:
-                form.add_error(None, _failure(exc))
+                form.add_error(None, console_failure(exc))
             else:
                 self.log_addition(request, wallet, [{"added": {}}])
                 self.message_user(
@@ -332,7 +319,7 @@ class WalletAdmin(admin.ModelAdmin):
                 done += 1
                 console_log(request, wallet, log)
             except (ApplicationError, RequestValidationError) as exc:
-                failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
+                failed.append(f"{wallet.wallet_id}: {console_failure(exc)}")
         if done:
             self.message_user(request, f"{verb} {done} wallet{pluralize(done)}.", messages.SUCCESS)
         for line in failed:
@@ -363,7 +350,7 @@ class WalletAdmin(admin.ModelAdmin):
                     wallet=wallet, changes=dict(form.cleaned_data), actor=console_actor(request)
                 )
             except (ApplicationError, RequestValidationError) as exc:
-                form.add_error(None, _failure(exc))
+                form.add_error(None, console_failure(exc))
             else:
                 if result.changes:
                     summary = "; ".join(
@@ -427,7 +414,7 @@ class WalletAdmin(admin.ModelAdmin):
         return has_perm(request, "billing.close_wallet")
 
     def has_revoke_key_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "billing.revoke_key")
+        return has_perm(request, "access.revoke_key")
 
     @admin.action(description="Provision credits (mint -> sponsor)", permissions=["provision_credits"])
     def provision_credits(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
@@ -548,7 +535,7 @@ class WalletAdmin(admin.ModelAdmin):
                     request, closed, "Closed the wallet; its balance returned to " + (wallet.parent_id or "mint")
                 )
             except ApplicationError as exc:
-                failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
+                failed.append(f"{wallet.wallet_id}: {console_failure(exc)}")
         if done:
             self.message_user(request, f"Closed {done} wallet(s).", messages.SUCCESS)
         for line in failed:
@@ -558,8 +545,9 @@ class WalletAdmin(admin.ModelAdmin):
     @admin.action(description="Emergency: revoke every API key of the wallets and below…", permissions=["revoke_key"])
     def emergency_revoke_keys(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
         def row(wallet: Wallet) -> list[str]:
+            subtree = Wallet.objects.filter(path__startswith=wallet.path, tenant_id=wallet.tenant_id)
             keys = APIKey.objects.filter(
-                wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE
+                wallet_id__in=subtree.values("wallet_id"), tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE
             ).count()
             return [wallet.wallet_id, wallet.wallet_type, wallet.name, str(keys)]
 
@@ -581,7 +569,7 @@ class WalletAdmin(admin.ModelAdmin):
         reason = form.cleaned_data["reason"]
         revoked = 0
         for wallet in queryset.order_by("path"):
-            keys = services.api_key_emergency_revoke(wallet=wallet, reason=reason, actor=console_actor(request))
+            keys = key_services.api_key_emergency_revoke(wallet=wallet, reason=reason, actor=console_actor(request))
             revoked += len(keys)
             console_log(request, wallet, f"Emergency revocation of {len(keys)} key(s) in the subtree: {reason}")
         self.message_user(request, f"Revoked {revoked} key(s).", messages.WARNING)
@@ -676,274 +664,3 @@ class ServicePriceAdmin(ServiceSavedAdmin):
         services.category_price_set(
             category=obj.category, credits_per_unit=form.cleaned_data["credits_per_unit"], actor=console_actor(request)
         )
-
-
-class APIKeyCreateForm(forms.ModelForm):
-    """Create a key for a wallet; an operator (full-access) key is a separate, confirmed choice.
-
-    Operator keys need ``billing.create_operator_key`` and a superuser, the box ticked and
-    the confirmation given; otherwise a wallet is required.
-    """
-
-    operator_key = forms.BooleanField(
-        required=False, label="Operator key", help_text="Full access to every tenant. Superusers only."
-    )
-    confirm_operator_key = forms.BooleanField(
-        required=False, label="I understand that an operator key can move money and revoke keys in every tenant"
-    )
-    may_create_operator_key = False
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        if "wallet" in self.fields:  # a closed wallet can never act again: not offered
-            self.fields["wallet"].queryset = Wallet.objects.exclude(status=WalletStatus.CLOSED)  # type: ignore[attr-defined]
-
-    class Meta:
-        model = APIKey
-        fields = ["wallet", "name"]
-        help_texts = {"wallet": "The wallet the key acts for (and, through it, the wallets below it)."}
-
-    def clean(self) -> dict[str, Any]:
-        data = super().clean() or {}
-        wallet, operator = data.get("wallet"), data.get("operator_key")
-        if operator:
-            if not self.may_create_operator_key:
-                raise forms.ValidationError("An operator (full-access) key needs a superuser with that permission.")
-            if wallet is not None:
-                self.add_error("wallet", "An operator key has no wallet: leave it empty.")
-            if not data.get("confirm_operator_key"):
-                self.add_error("confirm_operator_key", "Confirm that this key has full access.")
-        elif wallet is None:
-            self.add_error("wallet", "Choose a wallet (operator keys are a separate choice below).")
-        return data
-
-
-@admin.register(APIKey)
-class APIKeyAdmin(ServiceSavedAdmin):
-    list_display = ["key_short", "wallet_short", "name", "status", "created_at", "revoked_at"]
-    key_short = short_id_column("key_id", "key")
-    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
-    list_filter = ["status"]
-    search_fields = ["key_id", "name", "wallet__wallet_id", "created_by_key_id"]
-    ordering = ["-created_at"]
-    # The secret hash is deliberately not shown anywhere in the console.
-    readonly_fields = [
-        "key_id",
-        "wallet",
-        "tenant_id",
-        "name",
-        "masked",
-        "status",
-        "created_at",
-        "revoked_at",
-        "revoke_reason",
-        "rotated_from",
-        "created_by_key_id",
-    ]
-    actions = ["rotate_selected", "revoke_selected"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        """A wallet key acts with its wallet's money (it funds the wallets below it and charges them), so
-        issuing one moves money: it needs ``billing.fund_wallet`` besides ``billing.add_apikey``."""
-        return super().has_add_permission(request) and has_perm(request, "billing.fund_wallet")
-
-    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        if obj is None:
-            if has_perm(request, "billing.create_operator_key") and request.user.is_superuser:
-                return ["wallet", "name", "operator_key", "confirm_operator_key"]
-            return ["wallet", "name"]
-        return list(self.readonly_fields)
-
-    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [] if obj is None else list(self.readonly_fields)
-
-    def get_form(self, request: HttpRequest, obj: Any = None, change: bool = False, **kwargs: Any) -> Any:
-        if obj is None:
-            kwargs["form"] = APIKeyCreateForm
-        form = super().get_form(request, obj, change, **kwargs)
-        if obj is None:
-            form.may_create_operator_key = bool(  # type: ignore[attr-defined]
-                request.user.is_superuser and has_perm(request, "billing.create_operator_key")
-            )
-        return form
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """A key's page is read-only ("View API key", no Save that reports a change that never
-        happened); keys change only through the revoke action and rotation."""
-        return False if obj is not None else super().has_change_permission(request, obj)
-
-    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
-        """No filter on the secret hash: ``?secret_hash__startswith=`` would read it out by probing."""
-        return lookup.split(LOOKUP_SEP)[0] != "secret_hash" and super().lookup_allowed(lookup, value, request)
-
-    @csrf_protect_m
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        """The service may refuse the key (``API_KEYS_PER_WALLET``, a closed wallet): the form again, with why."""
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except ApplicationError as exc:
-            self.message_user(request, _failure(exc), messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
-
-    def save_model(self, request: HttpRequest, obj: APIKey, form: Any, change: bool) -> None:
-        if change:
-            return  # keys are immutable from the console; use the revoke action
-        wallet = form.cleaned_data.get("wallet")
-        name = form.cleaned_data.get("name") or ""
-        if wallet is None:
-            if not (request.user.is_superuser and has_perm(request, "billing.create_operator_key")):
-                raise PermissionDenied  # the form refuses it first
-            issued = services.operator_key_create(name=name or "operator", actor=console_actor(request))
-        else:
-            issued = services.api_key_create(wallet=wallet, name=name, actor=console_actor(request))
-        # Let the admin's change log and redirect use the real row.
-        obj.pk = issued.key.pk
-        obj.key_id = issued.key.key_id
-        obj._state.adding = False
-        request._tollgate_new_secret = issued.secret  # type: ignore[attr-defined]
-
-    def response_add(self, request: HttpRequest, obj: APIKey, post_url_continue: str | None = None) -> HttpResponse:
-        """Post/redirect/get: the secret waits in the session for one GET of the reveal page."""
-        secret = getattr(request, "_tollgate_new_secret", None)
-        if secret is None:
-            return super().response_add(request, obj, post_url_continue)
-        request.session[f"{SECRET_SESSION_PREFIX}{obj.pk}"] = secret
-        return HttpResponseRedirect(reverse("admin:billing_apikey_secret", args=[obj.pk]))
-
-    def get_urls(self) -> list[Any]:
-        reveal = path(
-            "<str:key_id>/secret/",
-            self.admin_site.admin_view(self.secret_view),
-            name="billing_apikey_secret",
-        )
-        return [reveal, *super().get_urls()]
-
-    def secret_view(self, request: HttpRequest, key_id: str) -> HttpResponse:
-        """Show a new key's secret once: the first GET takes it out of the session; a reload says so."""
-        key = APIKey.objects.filter(pk=key_id).first()
-        if key is None or not self.has_add_permission(request):
-            raise PermissionDenied
-        secret = request.session.pop(f"{SECRET_SESSION_PREFIX}{key_id}", None)
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "API key created" if secret else "API key secret already shown",
-            "key": key,
-            "secret": secret,
-            "opts": self.model._meta,
-        }
-        response = TemplateResponse(request, "admin/billing/apikey_secret.html", context)
-        response["Cache-Control"] = "no-store"
-        return response
-
-    def has_revoke_key_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "billing.revoke_key")
-
-    def has_rotate_key_permission(self, request: HttpRequest) -> bool:
-        """Rotating mints a successor (what adding a key needs) and revokes the old key (``revoke_key``)."""
-        return self.has_add_permission(request) and has_perm(request, "billing.revoke_key")
-
-    @admin.action(description="Rotate the selected key (new secret shown once)…", permissions=["rotate_key"])
-    def rotate_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> HttpResponse | None:
-        """One wallet key at a time: its successor's secret goes through the same one-time reveal as a new key's."""
-        keys = list(queryset.filter(status=APIKeyStatus.ACTIVE, wallet__isnull=False)[:2])
-        if len(keys) != 1:
-            self.message_user(request, "Select exactly one active wallet key to rotate.", messages.ERROR)
-            return None
-        key = keys[0]
-        page = confirmation_page(
-            self,
-            request,
-            queryset.filter(pk=key.pk),
-            action="rotate_selected",
-            title="Rotate this API key?",
-            warning="A successor key is created and its secret shown once. The old key, with every key it minted, "
-            "stops working at once.",
-            headings=["Key", "Wallet", "Name", "Keys it minted"],
-            row=lambda k: [
-                k.key_id,
-                k.wallet_id,
-                k.name,
-                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
-            ],
-            confirm_label="Yes, rotate it",
-            form=(form := revocation_reason_form(request)),
-        )
-        if page is not None:
-            return page
-        assert key.wallet is not None
-        reason = form.cleaned_data["reason"]
-        try:
-            issued = services.api_key_rotate(
-                wallet=key.wallet, key_id=key.key_id, revoke_old=True, reason=reason, actor=console_actor(request)
-            )
-        except ApplicationError as exc:
-            self.message_user(request, f"{key.key_id}: {_failure(exc)}", messages.ERROR)
-            return None
-        console_log(request, key, f"Rotated to {issued.key.key_id}; the old key was revoked: {reason}")
-        self.log_addition(request, issued.key, f"Created by rotating {key.key_id}")
-        request.session[f"{SECRET_SESSION_PREFIX}{issued.key.pk}"] = issued.secret
-        return HttpResponseRedirect(reverse("admin:billing_apikey_secret", args=[issued.key.pk]))
-
-    @admin.action(description="Revoke selected keys…", permissions=["revoke_key"])
-    def revoke_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> HttpResponse | None:
-        page = confirmation_page(
-            self,
-            request,
-            queryset.filter(status=APIKeyStatus.ACTIVE).order_by("key_id"),
-            action="revoke_selected",
-            title="Revoke these API keys?",
-            warning="Revoked keys stop working at once, with every key they minted. This cannot be undone.",
-            headings=["Key", "Wallet", "Name", "Keys it minted"],
-            row=lambda k: [
-                k.key_id,
-                k.wallet_id or "operator (all tenants)",
-                k.name,
-                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
-            ],
-            confirm_label="Yes, revoke them",
-            form=(form := revocation_reason_form(request)),
-        )
-        if page is not None:
-            return page
-        reason = form.cleaned_data["reason"]
-        count = 0
-        for key in queryset.filter(status=APIKeyStatus.ACTIVE):
-            if key.wallet is None:
-                if not has_perm(request, "billing.create_operator_key"):
-                    self.message_user(
-                        request, f"{key.key_id}: operator keys need the operator-key permission.", messages.ERROR
-                    )
-                    continue
-                services.operator_key_revoke(key_id=key.key_id, reason=reason, actor=console_actor(request))
-            else:
-                services.api_key_revoke(
-                    wallet=key.wallet, key_id=key.key_id, reason=reason, actor=console_actor(request)
-                )
-            count += 1
-            console_log(request, key, f"Revoked the key: {reason}")
-        self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
-        return None
-
-
-@admin.register(KeyRotationLog)
-class KeyRotationLogAdmin(admin.ModelAdmin):
-    list_display = ["created_at", "wallet", "action", "key_id", "new_key_id", "reason"]
-    list_filter = ["action"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

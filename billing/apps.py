@@ -1,4 +1,5 @@
-"""The billing app: registers its figures on the console index at start-up (docs/decisions.md, Foundation)."""
+"""The billing app: registers its figures on the console index and, for access below it, its wallet
+directory (``access.wallets``) at start-up (docs/decisions.md, Foundation)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,9 @@ class BillingConfig(AppConfig):
     name = "billing"
 
     def ready(self) -> None:
-        from billing.selectors import console_figures
+        from access.wallets import wallet_directory_register
+        from billing.selectors import console_figures, wallet_directory
         from common.console import console_figures_register
 
         console_figures_register(console_figures)
+        wallet_directory_register(wallet_directory())

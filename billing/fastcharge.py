@@ -48,9 +48,9 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
-from billing.authentication import credential_from_meta
-from billing.ratelimit import DeferredRefused
-from billing.selectors import Principal
+from access.authentication import credential_from_meta
+from access.ratelimit import DeferredRefused
+from access.selectors import Principal
 from billing.views import PLAIN_ACCEPT, ChargeView, charge, plain_charge_params
 from common.errors import RequestValidationError
 from common.idempotency import validate_idempotency_key
@@ -79,7 +79,7 @@ KEPT = frozenset(
         "common.jsonbody.BodySizeLimitMiddleware",
         "django.middleware.security.SecurityMiddleware",
         "metrics.middleware.MetricsMiddleware",
-        "billing.ratelimit.RateLimitMiddleware",
+        "access.ratelimit.RateLimitMiddleware",
         "django.middleware.common.CommonMiddleware",
         "django.middleware.clickjacking.XFrameOptionsMiddleware",
     }

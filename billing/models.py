@@ -1,8 +1,7 @@
-"""Wallets, the double-entry ledger, prices and API keys.
+"""Wallets, the double-entry ledger and prices.
 
 Wallets form the sponsor -> agent -> child hierarchy; ``tenant_id`` is the root
-sponsor's id on every row. API keys are wallet-scoped (``wallet`` set) or
-operator keys (``wallet`` null, created by ``manage.py`` or the admin only).
+sponsor's id on every row. API keys and their log are access's (``access.models``).
 
 The ledger (docs/architecture.md, "Money") has one row per account movement. Every
 movement is one ledger transaction (``transaction_id``) of two or more entries
@@ -405,84 +404,3 @@ class ToolPriceChange(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool}: {self.old_credits} -> {self.new_credits}"
-
-
-class APIKeyStatus(models.TextChoices):
-    ACTIVE = "active"
-    REVOKED = "revoked"
-
-
-class APIKey(models.Model):
-    """An API key. Only the SHA-256 of the full secret is stored; the secret is shown once.
-
-    Secret format: ``tg_<key_id>_<at least 32 random base62 characters>``.
-    """
-
-    key_id = models.CharField(max_length=40, primary_key=True)
-    wallet = models.ForeignKey(
-        Wallet, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="api_keys"
-    )
-    tenant_id = models.CharField(max_length=40, null=True, blank=True, db_index=True)
-    name = models.CharField(max_length=200, blank=True, default="")
-    secret_hash = models.CharField(max_length=64)
-    secret_last4 = models.CharField(max_length=4)
-    status = models.CharField(max_length=16, choices=APIKeyStatus.choices, default=APIKeyStatus.ACTIVE)
-    created_at = models.DateTimeField(auto_now_add=True)
-    revoked_at = models.DateTimeField(null=True, blank=True)
-    revoke_reason = models.CharField(max_length=200, blank=True, default="")
-    rotated_from = models.CharField(max_length=40, blank=True, default="")
-    created_by_key_id = models.CharField(max_length=40, blank=True, default="")
-
-    class Meta:
-        db_table = "billing_api_key"
-        # Console permissions a superuser grants (docs/architecture.md, "Tenancy and authority"; the
-        # groups in mcpgateway 0002).
-        permissions = [
-            ("revoke_key", "Can revoke API keys"),
-            ("create_operator_key", "Can create operator (full-access) API keys"),
-        ]
-        verbose_name = "API key"
-        constraints = [
-            models.CheckConstraint(
-                condition=Q(status="active", revoked_at__isnull=True) | Q(status="revoked", revoked_at__isnull=False),
-                name="api_key_revocation_consistent",
-            ),
-        ]
-
-    def __str__(self) -> str:
-        return f"{self.key_id} ({'operator' if self.wallet_id is None else self.wallet_id})"
-
-    @property
-    def is_operator(self) -> bool:
-        return self.wallet_id is None
-
-    @property
-    def masked(self) -> str:
-        return f"tg_{self.key_id}_{'*' * 8}{self.secret_last4}"
-
-
-class KeyLogAction(models.TextChoices):
-    CREATED = "created"
-    ROTATED = "rotated"
-    REVOKED = "revoked"
-    EMERGENCY_REVOKED = "emergency_revoked"
-
-
-class KeyRotationLog(models.Model):
-    """The lifecycle log of a wallet's API keys (creation, rotation, revocation)."""
-
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="key_logs")
-    tenant_id = models.CharField(max_length=40, db_index=True)
-    action = models.CharField(max_length=32, choices=KeyLogAction.choices)
-    key_id = models.CharField(max_length=40)
-    new_key_id = models.CharField(max_length=40, blank=True, default="")
-    reason = models.CharField(max_length=200, blank=True, default="")
-    actor_key_id = models.CharField(max_length=40, blank=True, default="")
-    created_at = models.DateTimeField(auto_now_add=True)
-
-    class Meta:
-        db_table = "billing_key_rotation_log"
-        ordering = ["-created_at", "-id"]
-
-    def __str__(self) -> str:
-        return f"{self.action} {self.key_id}"

@@ -1,9 +1,9 @@
-"""Billing reads, each with the caller's permission scope applied."""
+"""Billing reads, each with the caller's permission scope applied. The caller (``Principal``) is
+access's; the reach rule it carries is here (``scope_to_caller``), given to access at start-up
+(``billing.apps``)."""
 
 from __future__ import annotations
 
-import functools
-import hmac
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
@@ -14,145 +14,73 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from access.keys import MIN_SECRET_LENGTH, hash_secret, parse_secret
+from access.selectors import Principal
+from access.wallets import KeyWallet, WalletDirectory
+from billing.exceptions import WalletClosed
 from billing.models import (
     DEFAULT_CATEGORY_PRICES,
     ZERO,
-    APIKey,
-    APIKeyStatus,
-    KeyRotationLog,
     LedgerEntry,
     ServiceCategory,
     ServicePrice,
     SpendBucket,
     ToolPrice,
     Wallet,
+    WalletStatus,
 )
 from common import fastsql
-from common.errors import InvalidAPIKey, NotFound, WalletAccessDenied
+from common.errors import NotFound, WalletAccessDenied
 
 MONEY_FIELD = models.DecimalField(max_digits=20, decimal_places=8)
 ZERO_DEC = Value(ZERO, output_field=MONEY_FIELD)
 
 
-def api_key_authenticate(*, secret: str) -> APIKey:
-    """The active key for a presented secret. Raises InvalidAPIKey (401) otherwise.
-
-    Looks the key up by id and compares SHA-256 digests in constant time.
-    """
-    key_id = _key_id_of(secret)
-    row = fastsql.fetch_row(_key_with_wallet_sql(), [key_id])
-    return _verified(row, secret)
-
-
-def api_key_authenticate_charging(*, secret: str, window_index: int) -> tuple[APIKey, int]:
-    """:func:`api_key_authenticate`, and one unit charged to the key's rate-limit window, in one round trip.
-
-    Returns the key and the larger of its windows' counts after the charge. The window rows of
-    ``key:<key_id>`` and of its wallet line (``billing.ratelimit``) are charged only when the presented
-    secret's digest is the key's and the key is active, so a caller guessing
-    secrets for a known key id never spends that key's allowance (it is charged
-    to its own address by the rate limiter, as before). Raises InvalidAPIKey
-    exactly as :func:`api_key_authenticate` does, having charged nothing.
-    """
-    key_id = _key_id_of(secret)
-    row = fastsql.fetch_row(_key_charge_sql(), [key_id, hash_secret(secret), window_index, key_id])
-    key = _verified(row[:-1] if row is not None else None, secret)
-    assert row is not None
-    if row[-1] is None:
-        # The row read active, but the function, reading afresh, refused: the key was revoked (or its
-        # secret replaced) while the statement ran. Answered as the key now reads; nothing was charged.
-        api_key_authenticate(secret=secret)
-        raise InvalidAPIKey("The API key is not valid.", key_id=key.key_id)
-    return key, int(row[-1])
-
-
-def _key_id_of(secret: str) -> str:
-    if len(secret) < MIN_SECRET_LENGTH:
-        raise InvalidAPIKey("The API key is missing, malformed or too short.")
-    key_id = parse_secret(secret)
-    if key_id is None:
-        raise InvalidAPIKey("The API key is malformed.")
-    return key_id
-
-
-def _verified(row: tuple[Any, ...] | None, secret: str) -> APIKey:
-    """The key of a ``_key_with_wallet_sql`` row if ``secret`` is its active secret; InvalidAPIKey otherwise."""
-    if row is None:
-        raise InvalidAPIKey("The API key is not valid.")
-    split = fastsql.width(APIKey)
-    key = fastsql.instance(APIKey, row[:split])
-    if not hmac.compare_digest(key.secret_hash, hash_secret(secret)):
-        raise InvalidAPIKey("The API key is not valid.")
-    if key.status != APIKeyStatus.ACTIVE:
-        raise InvalidAPIKey("The API key has been revoked.", key_id=key.key_id)
-    fastsql.attach(key, "wallet", fastsql.instance(Wallet, row[split:]) if key.wallet_id else None)
-    return key
-
-
-@functools.cache
-def _key_with_wallet_sql() -> str:
-    """The key and its wallet (NULLs for operator keys) in one precompiled query (every request runs it)."""
-    # Column names come from the models' metadata, never from input.
-    return (
-        f"SELECT {fastsql.columns(APIKey, 'k')}, {fastsql.columns(Wallet, 'w')} "  # noqa: S608
-        "FROM billing_api_key k LEFT JOIN billing_wallet w ON w.wallet_id = k.wallet_id WHERE k.key_id = %s"
+def wallet_directory() -> WalletDirectory:
+    """What access reads of wallets (``access.wallets``): the wallet table's columns for the key
+    lookup's join, one wallet by id, and the ids a caller reaches (``wallets_visible``)."""
+    return WalletDirectory(
+        columns=lambda alias: fastsql.columns(Wallet, alias),
+        width=fastsql.width(Wallet),
+        from_row=lambda row: fastsql.instance(Wallet, row),
+        get=lambda wallet_id: Wallet.objects.filter(wallet_id=wallet_id).first(),
+        ids_in_reach=lambda principal: wallets_visible(principal).values("wallet_id"),
+        for_caller=lambda principal, wallet_id: wallet_for_caller(principal, wallet_id),
+        lock=_wallet_lock,
+        require_open=_wallet_require_open,
+        subtree_ids=_wallet_subtree_ids,
+        choices=lambda: Wallet.objects.exclude(status=WalletStatus.CLOSED),
     )
 
 
-@functools.cache
-def _key_charge_sql() -> str:
-    """``_key_with_wallet_sql`` plus one unit on the key's rate-limit window and its wallet line's
-    (``billing.ratelimit``), charged by ``billing_rate_limit_key_charge`` (billing/sql), which charges
-    only the holder of the key's secret: the count (the larger window's) is NULL when it refused
-    (unknown key, wrong secret, revoked key).
+def _wallet_lock(wallet_id: str) -> Wallet | None:
+    """The wallet's row locked (the lock closing and emergency revocation take), as it now reads."""
+    return Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=wallet_id).first()
+
+
+def _wallet_require_open(wallet: KeyWallet) -> None:
+    """No key is minted for a closed wallet (403 ``wallet_closed``).
+
+    Closing needs every child closed first, so a wallet below a closed one is closed itself.
+    A frozen or expired wallet still gets keys: a freeze is a spend control, and its remedy
+    after a leaked key (a velocity freeze) is to rotate that key; nothing it mints can spend.
     """
-    # Column names come from the models' metadata, never from input. One row at most (the key's id is
-    # its primary key), so the window is charged at most once.
-    return (
-        f"SELECT {fastsql.columns(APIKey, 'k')}, {fastsql.columns(Wallet, 'w')}, "  # noqa: S608
-        "billing_rate_limit_key_charge(%s, %s, %s, NULL) "
-        "FROM billing_api_key k LEFT JOIN billing_wallet w ON w.wallet_id = k.wallet_id WHERE k.key_id = %s"
+    if wallet.status == WalletStatus.CLOSED:
+        raise WalletClosed("A closed wallet gets no new API keys.", wallet_id=wallet.wallet_id)
+
+
+def _wallet_subtree_ids(wallet: KeyWallet) -> QuerySet[Wallet, str]:
+    """The ids of ``wallet`` and every wallet below it, as a subquery."""
+    return Wallet.objects.filter(path__startswith=wallet.path, tenant_id=wallet.tenant_id).values_list(
+        "wallet_id", flat=True
     )
 
 
-@dataclass(frozen=True)
-class Principal:
-    """The authenticated caller: one API key, wallet-scoped or operator.
-
-    Here beside the reach rule it carries (``wallets_visible``); ``billing.authentication``
-    puts it on ``request.user``.
-    """
-
-    key: APIKey
-
-    @property
-    def key_id(self) -> str:
-        return self.key.key_id
-
-    @property
-    def wallet_id(self) -> str | None:
-        return self.key.wallet_id
-
-    @property
-    def tenant_id(self) -> str | None:
-        return self.key.tenant_id
-
-    @property
-    def is_operator(self) -> bool:
-        return self.key.wallet_id is None
-
-    def wallet_ids_in_reach(self) -> Any:
-        """The ids of the wallets a wallet key reaches (its own and its descendants), as a subquery.
-
-        For apps below billing (audit) that store plain wallet ids and cannot read the tree.
-        """
-        return wallets_visible(self).values("wallet_id")
-
-    # DRF and Django treat request.user as a user object.
-    @property
-    def is_authenticated(self) -> bool:
-        return True
+def caller_wallet(principal: Principal) -> Wallet:
+    """A wallet key's wallet, as the key lookup read it with the key (no query): billing's ``Wallet``,
+    since billing gives access the reader (``wallet_directory``). Operator keys have none."""
+    wallet = principal.key.wallet
+    assert isinstance(wallet, Wallet), "a wallet key's wallet"
+    return wallet
 
 
 def wallet_in_reach(principal: Principal, wallet: Wallet) -> bool:
@@ -197,14 +125,6 @@ def scope_to_caller(qs: QuerySet[Any], principal: Principal, wallet_path: str = 
 def wallets_visible(principal: Principal) -> QuerySet[Wallet]:
     """Wallets the caller may see: all for operators; own wallet and descendants for wallet keys."""
     return scope_to_caller(Wallet.objects.all(), principal, wallet_path="path")
-
-
-def api_keys_of_wallet(wallet: Wallet) -> QuerySet[APIKey]:
-    return APIKey.objects.filter(wallet=wallet).order_by("-created_at", "key_id")
-
-
-def key_logs_of_wallet(wallet: Wallet) -> QuerySet[KeyRotationLog]:
-    return KeyRotationLog.objects.filter(wallet=wallet).order_by("-created_at", "-id")
 
 
 # --- Wallet figures, ledger and prices -------------------------------------------------

@@ -1,4 +1,4 @@
-"""Billing HTTP API: wallets, ledger, pricing, charge (spec "Billing") and API keys (spec "API keys")."""
+"""Billing HTTP API: wallets, ledger, pricing, charge (spec "Billing"). API keys are access's (``access.views``)."""
 
 from __future__ import annotations
 
@@ -9,50 +9,37 @@ from typing import Any
 
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
 from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.authentication import principal
+from access.ratelimit import DeferredRefused
+from access.selectors import Principal
 from billing import selectors, services
-from billing.authentication import principal
 from billing.models import ServiceCategory
-from billing.ratelimit import DeferredRefused
-from billing.selectors import Principal
 from billing.serializers import (
-    APIKeyListResponse,
-    APIKeyWithSecret,
     ChargeQuery,
     ChargeResponse,
     CreateAgentWalletRequest,
-    CreateAPIKeyRequest,
     CreateSponsorWalletRequest,
-    EmergencyKeyRevocationRequest,
-    EmergencyKeyRevocationResponse,
     InsufficientFundsError,
-    KeyLogQuery,
-    KeyRotationLogEntry,
     LedgerQuery,
     LedgerResponse,
     PricingTableResponse,
-    RevokeQuery,
-    RotateAPIKeyRequest,
-    RotationResponse,
     WalletListQuery,
     WalletListResponse,
     WalletResponse,
     WalletSettingsRequest,
     WalletSettingsResponse,
-    api_key_data,
 )
 from common.errors import OperatorKeyRequired
 from common.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
 from common.idempotency import HEADER_SCHEMA, validate_idempotency_key
-from common.pagination import PageQuery, page, parse_body, parse_query
-from common.schema import ERRORS_KEY, error_responses
+from common.pagination import page, parse_body, parse_query
+from common.schema import error_responses
 
-TAG = ["api_keys"]
 BILLING = ["billing"]
 
 IDEMPOTENCY_HEADER = OpenApiParameter(
@@ -68,9 +55,6 @@ IDEMPOTENCY_HEADER = OpenApiParameter(
     ),
 )
 INSUFFICIENT_FUNDS = OpenApiResponse(InsufficientFundsError, description="Insufficient credits.")
-
-# The answers that carry a key's secret (create, rotate): no cache (browser, proxy) may keep a copy.
-NO_STORE = {"Cache-Control": "no-store"}
 
 
 class SponsorWalletCreateView(APIView):
@@ -250,7 +234,7 @@ def charge(
     Raises ``DeferredRefused`` when the rate-limit charge deferred to the statement refuses it.
     """
     # The wallet's reach is checked in the charge's own statement (``caller``), and so is a key's rate limit
-    # when the middleware deferred its charge (billing.ratelimit); a refusal there is the middleware's to answer.
+    # when the middleware deferred its charge (access.ratelimit); a refusal there is the middleware's to answer.
     return services.wallet_charge(
         wallet=params["wallet_id"],
         service_category=params["service_category"],
@@ -313,117 +297,3 @@ def plain_charge_params(query: Mapping[str, str]) -> dict[str, Any] | None:
                 "description": description,
             }
     return None
-
-
-class APIKeyCreateView(APIView):
-    @extend_schema(
-        operation_id="api_keys_create",
-        tags=TAG,
-        request=CreateAPIKeyRequest,
-        responses={201: APIKeyWithSecret, **error_responses(401, 403, 404, 409, 422)},
-        summary="Create a wallet-scoped API key (the secret is shown once)",
-    )
-    def post(self, request: Request) -> Response:
-        caller = principal(request)
-        data = parse_body(request, CreateAPIKeyRequest)
-        wallet = selectors.wallet_for_caller(caller, data["wallet_id"])
-        issued = services.api_key_create(wallet=wallet, name=data["name"], actor_key_id=caller.key_id)
-        return Response(api_key_data(issued.key, issued.secret), status=status.HTTP_201_CREATED, headers=NO_STORE)
-
-
-class APIKeyListView(APIView):
-    @extend_schema(
-        operation_id="api_keys_list",
-        tags=TAG,
-        parameters=[PageQuery],
-        responses={200: APIKeyListResponse, **ERRORS_KEY},
-        summary="List a wallet's API keys (masked)",
-    )
-    def get(self, request: Request, wallet_id: str) -> Response:
-        caller = principal(request)
-        params = parse_query(request, PageQuery)
-        wallet = selectors.wallet_for_caller(caller, wallet_id)
-        from billing.serializers import APIKeyResponse
-
-        return Response(page(selectors.api_keys_of_wallet(wallet), params, APIKeyResponse))
-
-
-class APIKeyRotateView(APIView):
-    @extend_schema(
-        operation_id="api_keys_rotate",
-        tags=TAG,
-        request=RotateAPIKeyRequest,
-        responses={200: RotationResponse, **error_responses(401, 403, 404, 409, 422)},
-        summary="Rotate a key: create its successor (shown once), optionally revoking it",
-    )
-    def post(self, request: Request) -> Response:
-        caller = principal(request)
-        data = parse_body(request, RotateAPIKeyRequest)
-        wallet = selectors.wallet_for_caller(caller, data["wallet_id"])
-        issued = services.api_key_rotate(
-            wallet=wallet,
-            key_id=data["key_id"],
-            revoke_old=data["revoke_old"],
-            reason=data["reason"],
-            actor_key_id=caller.key_id,
-        )
-        body = {
-            "old_key_id": data["key_id"],
-            "old_key_revoked": data["revoke_old"],
-            "new_key": api_key_data(issued.key, issued.secret),
-        }
-        return Response(body, headers=NO_STORE)
-
-
-class APIKeyRevokeView(APIView):
-    @extend_schema(
-        operation_id="api_keys_revoke",
-        tags=TAG,
-        parameters=[RevokeQuery],
-        responses={204: OpenApiResponse(description="Revoked."), **ERRORS_KEY},
-        summary="Revoke one API key immediately (cannot be undone)",
-    )
-    def delete(self, request: Request, wallet_id: str, key_id: str) -> Response:
-        caller = principal(request)
-        params = parse_query(request, RevokeQuery)
-        wallet = selectors.wallet_for_caller(caller, wallet_id)
-        services.api_key_revoke(wallet=wallet, key_id=key_id, reason=params["reason"], actor_key_id=caller.key_id)
-        return Response(status=status.HTTP_204_NO_CONTENT)
-
-
-class APIKeyEmergencyRevokeView(APIView):
-    @extend_schema(
-        operation_id="api_keys_emergency_revoke",
-        tags=TAG,
-        request=EmergencyKeyRevocationRequest,
-        responses={200: EmergencyKeyRevocationResponse, **error_responses(401, 403, 404, 422)},
-        summary="Revoke every key of a wallet immediately",
-    )
-    def post(self, request: Request) -> Response:
-        caller = principal(request)
-        data = parse_body(request, EmergencyKeyRevocationRequest)
-        wallet = selectors.wallet_for_caller(caller, data["wallet_id"])
-        revoked = services.api_key_emergency_revoke(wallet=wallet, reason=data["reason"], actor_key_id=caller.key_id)
-        body = {
-            "wallet_id": wallet.wallet_id,
-            "revoked_count": len(revoked),
-            "revoked_key_ids": revoked,
-            "reason": data["reason"],
-        }
-        return Response(body)
-
-
-class APIKeyLogsView(APIView):
-    @extend_schema(
-        operation_id="api_keys_logs",
-        tags=TAG,
-        parameters=[KeyLogQuery],
-        responses={200: KeyRotationLogEntry(many=True), **ERRORS_KEY},
-        summary="Key lifecycle log of a wallet (creation, rotation, revocation)",
-    )
-    def get(self, request: Request, wallet_id: str) -> Response:
-        caller = principal(request)
-        params = parse_query(request, KeyLogQuery)
-        wallet = selectors.wallet_for_caller(caller, wallet_id)
-        rows = selectors.key_logs_of_wallet(wallet)[: params["limit"]]
-        return Response(KeyRotationLogEntry(rows, many=True).data)

@@ -27,6 +27,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from common.errors import ApplicationError, RequestValidationError
 from common.jsonbody import storable_text
 
 # Lookups no console filter offers: a typed pattern is a PostgreSQL error ("invalid regular
@@ -188,6 +189,15 @@ def console_log(request: HttpRequest, obj: Any, message: str) -> None:
     LogEntry.objects.log_actions(
         user_id=request.user.pk, queryset=[obj], action_flag=CHANGE, change_message=message[:2000], single_object=True
     )
+
+
+def console_failure(exc: Exception) -> str:
+    """An error as a console message: ``<code>: <message>``, or a validation failure's messages."""
+    if isinstance(exc, ApplicationError):
+        return f"{exc.code}: {exc.detail_message}"
+    if isinstance(exc, RequestValidationError):
+        return "; ".join(str(e.get("msg")) for e in exc.errors)
+    return str(exc)
 
 
 def has_perm(request: HttpRequest, permission: str) -> bool:

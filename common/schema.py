@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
+from drf_spectacular.plumbing import ResolvedComponent
 from drf_spectacular.utils import OpenApiResponse
 from rest_framework import serializers
 
@@ -157,3 +159,32 @@ def postprocess_alternatives(result: dict[str, Any], generator: Any, request: An
             components[name]["dependentRequired"] = dependent
     _positive(result)
     return result
+
+
+class NamedChoiceField(serializers.ChoiceField):
+    """A choice field documented as a named enum component (``component``) in the schema."""
+
+    def __init__(self, *, component: str, **kwargs: Any) -> None:
+        self.component = component
+        super().__init__(**kwargs)
+
+
+class NamedChoiceFieldSchema(OpenApiSerializerFieldExtension):
+    """Reference one named enum component instead of an inline enum.
+
+    Several records have a ``status`` with different choice sets; inline enums of one
+    name used in several components cannot be named unambiguously by the enum post-processing.
+    """
+
+    target_class = "common.schema.NamedChoiceField"
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> Any:
+        field = self.target
+        component = ResolvedComponent(
+            name=field.component,
+            type=ResolvedComponent.SCHEMA,
+            object=field.component,
+            schema={"type": "string", "enum": [str(choice) for choice in field.choices]},
+        )
+        auto_schema.registry.register_on_missing(component)
+        return component.ref

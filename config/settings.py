@@ -149,7 +149,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Counts every response by route and status; before the rate limiter, so its 429s count too.
     "metrics.middleware.MetricsMiddleware",
-    "billing.ratelimit.RateLimitMiddleware",
+    "access.ratelimit.RateLimitMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -223,7 +223,7 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 CACHES = {"default": env.cache_url("CACHE_URL", default="locmemcache://tollgate")}
 
-# Where rate-limit windows are counted (billing/ratelimit.py): "database" (an UNLOGGED PostgreSQL
+# Where rate-limit windows are counted (access/ratelimit.py): "database" (an UNLOGGED PostgreSQL
 # table every worker and instance shares, the default) or "cache" (CACHE_URL; used when it names
 # Redis). Tests default to the cache (cleared between tests) and exercise "database" explicitly.
 _shared_cache = env.str("CACHE_URL", default="").startswith(("redis://", "rediss://"))
@@ -292,8 +292,8 @@ LOGIN_URL = "/approvals/login"
 LOGIN_REDIRECT_URL = "/approvals/"
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["billing.authentication.APIKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["billing.authentication.HasAPIKey"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["access.authentication.APIKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["access.authentication.HasAPIKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["common.jsonbody.BoundedJSONParser"],
     "DEFAULT_SCHEMA_CLASS": "common.schema.TollgateAutoSchema",

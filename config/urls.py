@@ -14,6 +14,7 @@ admin.site.index_title = "Operations"
 urlpatterns = [
     path("", include("mcpgateway.urls")),
     path("", include("billing.urls")),
+    path("", include("access.urls")),
     path("", include("publicsite.health_urls")),
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),

@@ -34,10 +34,10 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from billing.authentication import resolve_credential
+from access.authentication import resolve_credential
+from access.ratelimit import DeferredRefused
+from access.selectors import Principal
 from billing.models import ToolPrice
-from billing.ratelimit import DeferredRefused
-from billing.selectors import Principal
 from common.errors import (
     ApplicationError,
     InvalidAPIKey,
@@ -282,7 +282,7 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
                 quote_id=quote_id,
                 transport=ex.transport,
                 endpoint=ex.endpoint,
-                # The key's rate-limit charge, when the middleware deferred it to the claim (billing.ratelimit).
+                # The key's rate-limit charge, when the middleware deferred it to the claim (access.ratelimit).
                 deferred=getattr(ex.request, "_tollgate_rate", None),
             )
         )

@@ -10,7 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
+from access.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
 from common.errors import NotFound, RequestValidationError, flatten_drf_errors
 from common.pagination import parse_query
 from common.schema import error_responses

@@ -48,9 +48,9 @@ class MetricsMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path_info == METRICS_PATH and scrape_token_matches(request):
-            # billing.authentication.resolve_credential's per-request memo: (key, error).
+            # access.authentication.resolve_credential's per-request memo: (key, error).
             request._tollgate_auth = (None, None)  # type: ignore[attr-defined]
-            # billing.ratelimit's marker for the scraper's bucket (billing may not import this app).
+            # access.ratelimit's marker for the scraper's bucket (access may not import this app).
             request._tollgate_scrape = True  # type: ignore[attr-defined]
         response = self.get_response(request)
         count_request(request, response.status_code)

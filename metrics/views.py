@@ -43,10 +43,10 @@ from rest_framework.renderers import BaseRenderer
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
+from access.authentication import APIKeyAuthentication
+from access.selectors import Principal
 from audit.models import ChainHead
-from billing.authentication import APIKeyAuthentication
 from billing.models import LedgerEntry, LedgerKind, SystemAccount
-from billing.selectors import Principal
 from common.errors import NotAuthenticated, OperatorKeyRequired
 from common.metrics import exposition, multiprocess_dir
 from common.schema import error_responses

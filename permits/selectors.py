@@ -9,8 +9,9 @@ from typing import Any
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
 
+from access.selectors import Principal
 from billing.models import Wallet
-from billing.selectors import Principal, scope_to_caller, tool_price, wallet_spend
+from billing.selectors import scope_to_caller, tool_price, wallet_spend
 from common.errors import NotFound
 from permits.exceptions import PolicyReadOnly
 from permits.models import (

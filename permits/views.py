@@ -16,11 +16,11 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.authentication import principal, wallet_principal
 from audit.signing import verify_statement
-from billing.authentication import principal, wallet_principal
 from billing.exceptions import money
 from billing.models import Wallet, WalletStatus
-from billing.selectors import wallet_for_caller, wallet_spend
+from billing.selectors import caller_wallet, wallet_for_caller, wallet_spend
 from common.errors import NotFound
 from common.idempotency import HEADER_SCHEMA, idempotency_scope, request_hash, validate_idempotency_key
 from common.jsonbody import storable_text
@@ -114,7 +114,7 @@ class PermitCollectionView(APIView):
         assert key is not None
         data = parse_body(request, PermitCreateRequest)
         subject = wallet_for_caller(caller, data["wallet_id"])
-        issuer = None if caller.is_operator else caller.key.wallet
+        issuer = None if caller.is_operator else caller_wallet(caller)
         result = services.permit_issue(
             wallet=subject,
             issuer_wallet=issuer,

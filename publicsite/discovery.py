@@ -469,7 +469,7 @@ def _view_auth(route: Route) -> str:
         return "session"
     view_class = _drf_view_class(route.callback)
     if view_class is not None:
-        from billing.authentication import HasAPIKey
+        from access.authentication import HasAPIKey
 
         permissions = getattr(view_class, "permission_classes", ())
         if any(isinstance(p, type) and issubclass(p, HasAPIKey) for p in permissions):

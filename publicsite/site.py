@@ -27,7 +27,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.authentication import AllowAnyone, optional_principal, principal
+from access.authentication import AllowAnyone, optional_principal, principal
 from common.errors import NotFound, json_error
 from common.pagination import parse_body, parse_query
 from common.schema import error_responses

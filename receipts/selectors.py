@@ -7,11 +7,12 @@ from typing import Any
 
 from django.db.models import QuerySet
 
+from access.selectors import Principal
 from audit.chain_verification import audit_chain_verify
 from audit.models import AuditEvent, SigningKey
 from audit.signing import verify_statement
 from billing.models import LedgerKind
-from billing.selectors import Principal, scope_to_caller
+from billing.selectors import scope_to_caller
 from common.canonical import (
     MAX_SAFE_INTEGER,
     CanonicalizationError,

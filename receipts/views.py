@@ -7,8 +7,8 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from access.authentication import principal, wallet_principal
 from audit.signing import verify_statement
-from billing.authentication import principal, wallet_principal
 from common.errors import OperatorKeyRequired
 from common.jsonbody import storable_text
 from common.pagination import page, parse_body, parse_query

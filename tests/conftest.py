@@ -32,7 +32,7 @@ def _rate_limit_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     import time
     import types
 
-    from billing import ratelimit
+    from access import ratelimit
 
     frozen = time.time() // 60 * 60 + 30
     monkeypatch.setattr(ratelimit, "time", types.SimpleNamespace(time=lambda: frozen))

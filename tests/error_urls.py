@@ -5,7 +5,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from billing.authentication import AllowAnyone
+from access.authentication import AllowAnyone
 
 
 class Boom(APIView):

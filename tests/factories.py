@@ -6,6 +6,7 @@ from __future__ import annotations
 from decimal import Decimal
 from typing import Any
 
+from access import services as key_services
 from billing import services
 from billing.models import Wallet, WalletType
 
@@ -40,12 +41,12 @@ def top_up(wallet: Wallet, amount: Decimal | int) -> None:
     services.wallet_fund(source=wallet.parent, target=wallet, amount=amount)
 
 
-def make_key(wallet: Wallet, name: str = "") -> services.IssuedKey:
-    return services.api_key_create(wallet=wallet, name=name)
+def make_key(wallet: Wallet, name: str = "") -> key_services.IssuedKey:
+    return key_services.api_key_create(wallet=wallet, name=name)
 
 
-def make_operator_key() -> services.IssuedKey:
-    return services.operator_key_create(name="test operator")
+def make_operator_key() -> key_services.IssuedKey:
+    return key_services.operator_key_create(name="test operator")
 
 
 def relax_policy(policy_id: str, **changes: Any) -> object:

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from django.db import connection
 
+from access.models import APIKey
 from audit.models import AuditEvent
-from billing.models import APIKey
 from tests import factories
 from tests.conftest import client_for
 
@@ -294,8 +294,8 @@ def test_a_key_revoked_while_its_statement_runs_is_401_not_500(tenant, monkeypat
     afresh: a revocation that commits between the two reads the key active but charges nothing. The
     request is then answered as the key now reads (401, the rejection audited), never a 500."""
     settings.RATE_LIMIT_BACKEND = "database"  # production's default: the key and its window in one statement
-    from billing import selectors, services
-    from billing.ratelimit import bucket_charge
+    from access import selectors, services
+    from access.ratelimit import bucket_charge
     from common import fastsql
 
     real = fastsql.fetch_row
@@ -329,7 +329,7 @@ def race_a_new_key(monkeypatch: Any, create: Callable[[], Any], revoke: Callable
 
     from django.db import connections
 
-    from billing.services import api_keys as keys_service
+    from access import services as keys_service
     from tests.test_billing_charge_fn import wait_for_a_lock_wait
 
     written, release = threading.Event(), threading.Event()
@@ -367,7 +367,7 @@ def test_a_key_minted_while_an_ancestor_key_is_revoked_is_revoked_too(tenant, mo
     """Revoking K0 reads K0's lineage, then locks each key of it. A mint by K1 (minted by K0) in flight at
     that moment holds K1's row and commits its new key after the lineage was read: the revocation reads the
     lineage again once it holds the locks, and the new key is revoked with the rest."""
-    from billing.services import api_keys as keys_service
+    from access import services as keys_service
 
     agent = tenant.agent
     k1 = keys_service.api_key_create(wallet=agent, name="k1", actor_key_id=tenant.agent_key_id).key
@@ -376,7 +376,7 @@ def test_a_key_minted_while_an_ancestor_key_is_revoked_is_revoked_too(tenant, mo
         lambda: keys_service.api_key_create(wallet=agent, name="late", actor_key_id=k1.key_id).key,
         lambda: keys_service.api_key_revoke(wallet=agent, key_id=tenant.agent_key_id),
     )
-    statuses = dict(APIKey.objects.filter(wallet=agent).values_list("key_id", "status"))
+    statuses = dict(APIKey.objects.filter(wallet_id=agent.wallet_id).values_list("key_id", "status"))
     assert statuses[tenant.agent_key_id] == "revoked"
     assert statuses[k1.key_id] == "revoked"
     assert statuses[late.key_id] == "revoked"
@@ -387,7 +387,7 @@ def test_a_key_rotated_during_an_emergency_revocation_does_not_survive_it(tenant
     """The emergency revocation locks the subtree's active keys. A rotation in flight (revoking the old key)
     commits while it waits: the old key is then skipped as revoked, and its successor, not in that read,
     is caught by the next pass."""
-    from billing.services import api_keys as keys_service
+    from access import services as keys_service
 
     agent = tenant.agent
     successor, revoked = race_a_new_key(
@@ -397,7 +397,7 @@ def test_a_key_rotated_during_an_emergency_revocation_does_not_survive_it(tenant
     )
     assert APIKey.objects.get(pk=successor.pk).status == "revoked"
     assert successor.key_id in revoked
-    assert not APIKey.objects.filter(wallet=agent, status="active").exists()
+    assert not APIKey.objects.filter(wallet_id=agent.wallet_id, status="active").exists()
 
 
 # -- API_KEYS_PER_WALLET (issue 27, item 3) --------------------------------------------------------
@@ -413,7 +413,7 @@ def test_a_wallet_holds_at_most_api_keys_per_wallet_active_keys(tenant, settings
     assert r.status_code == 409, r.content
     detail = r.json()["detail"]
     assert (detail["error"], detail["limit"], detail["active_keys"]) == ("api_key_limit_reached", 3, 3)
-    assert APIKey.objects.filter(wallet=tenant.agent, status="active").count() == 3
+    assert APIKey.objects.filter(wallet_id=tenant.agent.wallet_id, status="active").count() == 3
     event = AuditEvent.objects.get(event="api_key.limit_reached")
     assert (event.ok, event.wallet_id, event.key_id) == (False, tenant.agent.wallet_id, tenant.agent_key_id)
     assert event.detail["limit"] == 3
@@ -437,7 +437,7 @@ def test_rotation_that_revokes_the_old_key_works_at_the_cap_and_one_that_keeps_i
     assert AuditEvent.objects.filter(event="api_key.limit_reached", endpoint=url).count() == 1
     r = tenant.sponsor_client.post(url, {**body, "revoke_old": True}, format="json")
     assert r.status_code == 200, r.content
-    assert APIKey.objects.filter(wallet=tenant.agent, status="active").count() == 2
+    assert APIKey.objects.filter(wallet_id=tenant.agent.wallet_id, status="active").count() == 2
 
 
 @pytest.mark.django_db(transaction=True)
@@ -445,8 +445,8 @@ def test_concurrent_creations_never_pass_the_cap(tenant, settings) -> None:
     """Eight creations at once for a wallet with room for two: exactly two keys, six refusals, each audited."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from billing.exceptions import APIKeyLimitReached
-    from billing.services import api_key_create
+    from access.exceptions import APIKeyLimitReached
+    from access.services import api_key_create
 
     settings.API_KEYS_PER_WALLET = 3  # the tenant's agent already has one
 
@@ -462,7 +462,7 @@ def test_concurrent_creations_never_pass_the_cap(tenant, settings) -> None:
     with ThreadPoolExecutor(8) as pool:
         outcomes = list(pool.map(create, range(8)))
     assert sorted(outcomes) == ["created"] * 2 + ["refused"] * 6
-    assert APIKey.objects.filter(wallet=tenant.agent, status="active").count() == 3
+    assert APIKey.objects.filter(wallet_id=tenant.agent.wallet_id, status="active").count() == 3
     assert AuditEvent.objects.filter(event="api_key.limit_reached").count() == 6
 
 
@@ -472,12 +472,35 @@ def test_the_console_obeys_the_cap_and_says_why(tenant, settings) -> None:
     from tests.test_permits_hardening import staff_client
 
     settings.API_KEYS_PER_WALLET = 1
-    console = staff_client("billing.add_apikey", "billing.fund_wallet", "billing.view_apikey")
-    r = console.post("/admin/billing/apikey/add/", {"wallet": tenant.agent.pk, "name": "console"})
+    console = staff_client("access.add_apikey", "billing.fund_wallet", "access.view_apikey")
+    r = console.post("/admin/access/apikey/add/", {"wallet": tenant.agent.pk, "name": "console"})
     assert r.status_code == 302, r.content[:300]
-    assert r["Location"] == "/admin/billing/apikey/add/"
+    assert r["Location"] == "/admin/access/apikey/add/"
     page = console.get(r["Location"])
     assert any("api_key_limit_reached" in str(m) for m in page.context["messages"])
-    assert not APIKey.objects.filter(wallet=tenant.agent, name="console").exists()
+    assert not APIKey.objects.filter(wallet_id=tenant.agent.wallet_id, name="console").exists()
     event = AuditEvent.objects.get(event="api_key.limit_reached")
     assert event.detail["actor"] == "admin:policy-admin"
+
+
+@pytest.mark.django_db
+def test_a_keys_wallet_is_read_with_the_key_and_otherwise_once(tenant, django_assert_num_queries):
+    """The key lookup reads the key and its wallet in one statement (billing's columns, registered in
+    access.wallets): the wallet then costs no query. A key loaded otherwise reads it once."""
+    from access.models import APIKey
+    from access.selectors import api_key_authenticate
+    from billing.models import Wallet
+
+    with django_assert_num_queries(1):
+        key = api_key_authenticate(secret=tenant.agent_secret)
+        wallet = key.wallet
+        assert isinstance(wallet, Wallet)
+        assert (wallet.wallet_id, wallet.path) == (tenant.agent.wallet_id, tenant.agent.path)
+    plain = APIKey.objects.get(pk=tenant.agent_key_id)
+    with django_assert_num_queries(1):
+        assert plain.wallet is not None
+        assert plain.wallet.wallet_id == tenant.agent.wallet_id
+        assert plain.wallet.line_id == tenant.agent.line_id
+    operator = APIKey(key_id="key_x", wallet_id=None)
+    with django_assert_num_queries(0):
+        assert operator.wallet is None

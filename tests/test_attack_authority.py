@@ -525,8 +525,8 @@ def test_emergency_revocation_covers_the_subtree(tenant: Tenant) -> None:
 def test_a_revoked_minter_cannot_mint(tenant: Tenant) -> None:
     from django.utils import timezone
 
-    from billing.models import APIKey
-    from billing.services import api_key_create
+    from access.models import APIKey
+    from access.services import api_key_create
     from common.errors import InvalidAPIKey
 
     APIKey.objects.filter(key_id=tenant.agent_key_id).update(status="revoked", revoked_at=timezone.now())

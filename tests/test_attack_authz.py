@@ -31,8 +31,9 @@ from django.db import transaction
 from django.db.models import Count, Sum
 from rest_framework.test import APIClient
 
+from access.models import APIKey, KeyRotationLog
 from audit.models import Alert, AuditEvent
-from billing.models import APIKey, ChargeIdempotency, KeyRotationLog, LedgerEntry, Wallet
+from billing.models import ChargeIdempotency, LedgerEntry, Wallet
 from billing.services import ledger_debit, tool_price_set
 from common.ids import new_id
 from mcpgateway import services as gateway_services

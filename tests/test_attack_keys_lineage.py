@@ -9,8 +9,9 @@ from typing import Any
 
 import pytest
 
-from billing.models import APIKey, KeyRotationLog, Wallet
-from billing.services import api_keys as keys_service
+from access import services as keys_service
+from access.models import APIKey, KeyRotationLog
+from billing.models import Wallet
 from billing.services import wallet_close, wallet_freeze
 from tests import factories
 from tests.conftest import Tenant, client_for
@@ -33,7 +34,7 @@ def _alive(secret: str, wallet_id: str) -> bool:
 
 
 def _active_keys(wallet: Wallet) -> set[str]:
-    return set(APIKey.objects.filter(wallet=wallet, status="active").values_list("key_id", flat=True))
+    return set(APIKey.objects.filter(wallet_id=wallet.wallet_id, status="active").values_list("key_id", flat=True))
 
 
 # --- A key cannot rotate a key it descends from ------------------------------------------------
@@ -57,7 +58,7 @@ def test_a_delegate_cannot_rotate_away_the_key_that_minted_it(tenant: Tenant, re
     assert _active_keys(tenant.agent) == before  # nothing minted, nothing revoked
     assert _alive(tenant.agent_secret, agent_id)
     assert _alive(delegate["secret"], agent_id)
-    assert not KeyRotationLog.objects.filter(wallet=tenant.agent, action="rotated").exists()
+    assert not KeyRotationLog.objects.filter(wallet_id=tenant.agent.wallet_id, action="rotated").exists()
 
 
 def test_a_key_cannot_rotate_any_key_above_it_in_its_lineage(tenant: Tenant) -> None:
@@ -115,7 +116,7 @@ def test_a_successor_never_outlives_its_minters_revocation(tenant: Tenant, monke
     assert r.status_code == 403, r.content
     assert r.json()["detail"]["error"] == "ancestor_key_rotation"
     assert _active_keys(tenant.agent) == before
-    assert APIKey.objects.filter(wallet=tenant.agent).count() == len(before)
+    assert APIKey.objects.filter(wallet_id=tenant.agent.wallet_id).count() == len(before)
 
 
 # --- No key is minted for a closed wallet -----------------------------------------------------

@@ -123,13 +123,13 @@ def test_admin_prices_and_read_only_ledger(admin_client):
 
 @pytest.mark.django_db
 def test_admin_creates_api_keys_through_the_service(admin_client):
-    from billing.models import APIKey
+    from access.models import APIKey
 
     sponsor = factories.make_sponsor("acme")
-    r = admin_client.post("/admin/billing/apikey/add/", {"wallet": sponsor.pk, "name": "console"})
+    r = admin_client.post("/admin/access/apikey/add/", {"wallet": sponsor.pk, "name": "console"})
     assert r.status_code == 302, r.content[:300]  # post/redirect/get
-    key = APIKey.objects.get(wallet=sponsor, name="console")
-    assert r["Location"] == f"/admin/billing/apikey/{key.key_id}/secret/"
+    key = APIKey.objects.get(wallet_id=sponsor.wallet_id, name="console")
+    assert r["Location"] == f"/admin/access/apikey/{key.key_id}/secret/"
     reveal = admin_client.get(r["Location"])
     assert reveal.status_code == 200
     assert "no-store" in reveal["Cache-Control"]
@@ -141,7 +141,7 @@ def test_admin_creates_api_keys_through_the_service(admin_client):
     again = admin_client.get(r["Location"])
     assert b"already shown" in again.content
     assert secret.encode() not in again.content
-    assert APIKey.objects.filter(wallet=sponsor).count() == 1
+    assert APIKey.objects.filter(wallet_id=sponsor.wallet_id).count() == 1
     # The stored key works with the secret shown once.
     from tests.conftest import client_for
 
@@ -150,21 +150,21 @@ def test_admin_creates_api_keys_through_the_service(admin_client):
 
 @pytest.mark.django_db
 def test_operator_keys_are_an_explicit_confirmed_choice(admin_client):
-    from billing.models import APIKey
+    from access.models import APIKey
 
-    before = APIKey.objects.filter(wallet__isnull=True).count()
-    r = admin_client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root"})
+    before = APIKey.objects.filter(wallet_id__isnull=True).count()
+    r = admin_client.post("/admin/access/apikey/add/", {"wallet": "", "name": "root"})
     assert r.status_code == 200
     assert b"Choose a wallet" in r.content
-    r = admin_client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root", "operator_key": "on"})
+    r = admin_client.post("/admin/access/apikey/add/", {"wallet": "", "name": "root", "operator_key": "on"})
     assert b"Confirm that this key has full access" in r.content
-    assert APIKey.objects.filter(wallet__isnull=True).count() == before
+    assert APIKey.objects.filter(wallet_id__isnull=True).count() == before
     r = admin_client.post(
-        "/admin/billing/apikey/add/",
+        "/admin/access/apikey/add/",
         {"wallet": "", "name": "root", "operator_key": "on", "confirm_operator_key": "on"},
     )
     assert r.status_code == 302
-    assert APIKey.objects.filter(wallet__isnull=True).count() == before + 1
+    assert APIKey.objects.filter(wallet_id__isnull=True).count() == before + 1
 
 
 @pytest.mark.django_db
@@ -248,3 +248,20 @@ def test_wallet_creation_needs_its_permissions(client):
     client.force_login(get_user_model().objects.get(pk=user.pk))
     assert client.post("/admin/billing/wallet/add/", refilled).status_code == 302
     assert Wallet.objects.get(name="bot").refill_amount == 50
+
+
+@pytest.mark.django_db
+def test_the_wallet_pages_api_keys_link_lists_that_wallets_keys(admin_client):
+    """The keys are access's, with a plain wallet id: the wallet page's "API keys" link filters on it."""
+    import html
+    import re
+
+    sponsor = factories.make_sponsor("acme")
+    agent = factories.make_wallet(sponsor, "bot")
+    mine, other = factories.make_key(agent, "mine"), factories.make_key(sponsor, "other")
+    page = admin_client.get(f"/admin/billing/wallet/{agent.pk}/change/").content.decode()
+    (link,) = re.findall(r'href="(/admin/access/apikey/\?[^"]*)"', page)
+    listing = admin_client.get(html.unescape(link))
+    assert listing.status_code == 200
+    assert mine.key.key_id in listing.content.decode()
+    assert other.key.key_id not in listing.content.decode()

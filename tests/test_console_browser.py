@@ -14,7 +14,8 @@ from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 
 from access import login_throttle
-from billing.models import APIKey, Wallet
+from access.models import APIKey
+from billing.models import Wallet
 from tests.browser import browser_page, require_chromium, screenshot, wait_for
 from tests.conftest import make_tenant
 from tests.test_receipts import make_receipt
@@ -50,7 +51,7 @@ def test_lists_summary_and_links_at_1366(live_server: Any) -> None:
             ("/admin/receipts/receipt/", "console-receipts"),
             ("/admin/billing/ledgerentry/", "console-ledger"),
             ("/admin/billing/wallet/", "console-wallets"),
-            ("/admin/billing/apikey/", "console-keys"),
+            ("/admin/access/apikey/", "console-keys"),
         ):
             page.goto(f"{live_server.url}{path}")
             page.wait_for_selector("#result_list")
@@ -102,7 +103,7 @@ def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch
         agent = Wallet.objects.get(name="acme-bot")
         assert (agent.balance, agent.daily_limit) == (100, 25)
         screenshot(page, "console-wallet-created")
-        page.goto(f"{live_server.url}/admin/billing/apikey/add/")
+        page.goto(f"{live_server.url}/admin/access/apikey/add/")
         page.select_option("#id_wallet", agent.wallet_id)
         page.fill("#id_name", "bot key")
         page.click("input[name=_save]")
@@ -113,7 +114,7 @@ def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch
         page.reload()
         page.wait_for_selector("#secret-gone")
         assert secret not in page.content()
-        assert APIKey.objects.filter(wallet=agent).count() == 1
+        assert APIKey.objects.filter(wallet_id=agent.wallet_id).count() == 1
         # 7. Closing asks first, listing the balance that goes back, then closes.
         page.goto(f"{live_server.url}/admin/billing/wallet/")
         page.check(f"input.action-select[value='{agent.wallet_id}']")
@@ -266,7 +267,7 @@ def test_day_two_in_the_console(live_server: Any, monkeypatch: pytest.MonkeyPatc
         assert ToolPriceChange.objects.filter(tool="notes.append", removed=True).count() == 0
 
         # 3. A key is rotated: the reason asked for, the successor's secret shown once.
-        _run_action(page, f"{live_server.url}/admin/billing/apikey/", tenant.agent_key_id, "rotate_selected")
+        _run_action(page, f"{live_server.url}/admin/access/apikey/", tenant.agent_key_id, "rotate_selected")
         wait_for(page, "#confirm-form")
         assert page.get_attribute("#id_reason", "required") is not None  # the browser asks for it first
         page.fill("#id_reason", "laptop lost")

@@ -19,8 +19,9 @@ from django.core.management import call_command
 from django.db import connection
 from django.test import Client
 
+from access.models import APIKey
 from audit.models import AuditEvent, ChainVerificationRecord
-from billing.models import APIKey, ToolPrice, ToolPriceChange, Wallet
+from billing.models import ToolPrice, ToolPriceChange, Wallet
 from billing.services import tool_price_set, wallet_settings_change
 from permits.models import PolicyBundle, Quote
 from tests import factories
@@ -294,22 +295,22 @@ def test_manage_py_writes_the_same_history_and_quotes_keep_their_price(tenant: T
 
 # 3. Keys: rotation and revocation reasons ----------------------------------------------------------------------
 
-ROTATE = ("billing.view_apikey", "billing.add_apikey", "billing.fund_wallet", "billing.revoke_key")
+ROTATE = ("access.view_apikey", "access.add_apikey", "billing.fund_wallet", "access.revoke_key")
 
 
 def test_rotating_a_key_in_the_console_reveals_the_successor_once(tenant: Tenant) -> None:
     data = {"action": "rotate_selected", "_selected_action": [tenant.agent_key_id]}
     # Without every permission rotation needs, it is not offered and does nothing.
-    partial, _ = _staff("billing.view_apikey", "billing.revoke_key")
-    assert b'value="rotate_selected"' not in partial.get("/admin/billing/apikey/").content
-    partial.post("/admin/billing/apikey/", {**data, "post": "yes", "reason": "leaked"})
+    partial, _ = _staff("access.view_apikey", "access.revoke_key")
+    assert b'value="rotate_selected"' not in partial.get("/admin/access/apikey/").content
+    partial.post("/admin/access/apikey/", {**data, "post": "yes", "reason": "leaked"})
     assert APIKey.objects.filter(rotated_from=tenant.agent_key_id).count() == 0
 
     client, user = _staff(*ROTATE)
-    page = client.post("/admin/billing/apikey/", data)
+    page = client.post("/admin/access/apikey/", data)
     assert page.status_code == 200
     assert b'name="reason"' in page.content
-    r = client.post("/admin/billing/apikey/", {**data, "post": "yes", "reason": "leaked in CI logs"})
+    r = client.post("/admin/access/apikey/", {**data, "post": "yes", "reason": "leaked in CI logs"})
     assert r.status_code == 302
     new = APIKey.objects.get(rotated_from=tenant.agent_key_id)
     reveal = client.get(r["Location"])
@@ -326,14 +327,14 @@ def test_rotating_a_key_in_the_console_reveals_the_successor_once(tenant: Tenant
 
 
 def test_revocations_ask_for_a_reason_and_store_it(tenant: Tenant) -> None:
-    client, _ = _staff("billing.view_apikey", "billing.revoke_key")
+    client, _ = _staff("access.view_apikey", "access.revoke_key")
     data = {"action": "revoke_selected", "_selected_action": [tenant.agent_key_id], "post": "yes"}
     for reason in ("", "  ", "x" * 201):
-        r = client.post("/admin/billing/apikey/", {**data, "reason": reason})
+        r = client.post("/admin/access/apikey/", {**data, "reason": reason})
         assert r.status_code == 200, reason
         assert b"errorlist" in r.content, reason
         assert APIKey.objects.get(pk=tenant.agent_key_id).status == "active"
-    client.post("/admin/billing/apikey/", {**data, "reason": "contractor left"})
+    client.post("/admin/access/apikey/", {**data, "reason": "contractor left"})
     key = APIKey.objects.get(pk=tenant.agent_key_id)
     assert (key.status, key.revoke_reason) == ("revoked", "contractor left")
     event = AuditEvent.objects.filter(event="api_key.revoked", wallet_id=tenant.agent.wallet_id).first()

@@ -83,11 +83,11 @@ def test_lists_show_seconds_and_zone_and_detail_pages_full_precision(admin_clien
 
 def test_read_only_pages_say_view_and_offer_no_save(admin_client, tenant):
     key = factories.make_key(tenant.agent, "ro").key
-    page = admin_client.get(f"/admin/billing/apikey/{quote(key.pk)}/change/").content.decode()
+    page = admin_client.get(f"/admin/access/apikey/{quote(key.pk)}/change/").content.decode()
     assert "View API key" in page
     assert "Change API key" not in page
     assert 'name="_save"' not in page
-    assert admin_client.post(f"/admin/billing/apikey/{quote(key.pk)}/change/", {"name": "x"}).status_code == 403
+    assert admin_client.post(f"/admin/access/apikey/{quote(key.pk)}/change/", {"name": "x"}).status_code == 403
     wallet_page = admin_client.get(f"/admin/billing/wallet/{quote(tenant.agent.pk)}/change/").content.decode()
     assert 'id="back-to-list"' in wallet_page
     assert "Back to the list of wallets" in wallet_page
@@ -114,7 +114,7 @@ def test_closed_wallets_are_not_offered_as_targets(admin_client, tenant):
     ).content.decode()
     assert 'id="closed-left-out"' in page
     assert f'name="_selected_action" value="{closed.pk}"' not in page
-    key_form = admin_client.get("/admin/billing/apikey/add/").content.decode()
+    key_form = admin_client.get("/admin/access/apikey/add/").content.decode()
     assert closed.wallet_id not in key_form
     assert tenant.agent.wallet_id in key_form
 

@@ -16,9 +16,10 @@ from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
 
+from access.models import APIKey
 from audit.models import AuditEvent
 from billing import services
-from billing.models import APIKey, LedgerEntry, ServicePrice, Wallet
+from billing.models import LedgerEntry, ServicePrice, Wallet
 from common.errors import RequestValidationError
 from permits.models import TenantApprover
 from tests import factories
@@ -100,11 +101,11 @@ def test_change_group_alone_cannot_widen_a_group(tenant: Tenant) -> None:
     client, user = staff("auth.change_group")
     group = Group.objects.get(name="Read-only auditor")
     user.groups.add(group)
-    extra = Permission.objects.get(content_type__app_label="billing", codename="create_operator_key")
+    extra = Permission.objects.get(content_type__app_label="access", codename="create_operator_key")
     form = {"name": group.name, "permissions": [p.pk for p in group.permissions.all()] + [extra.pk]}
     assert client.post(f"/admin/auth/group/{group.pk}/change/", form).status_code == 403
     assert client.post("/admin/auth/group/add/", {"name": "mine", "permissions": [extra.pk]}).status_code == 403
-    assert not get_user_model().objects.get(pk=user.pk).has_perm("billing.create_operator_key")
+    assert not get_user_model().objects.get(pk=user.pk).has_perm("access.create_operator_key")
     assert not Group.objects.filter(name="mine").exists()
 
 
@@ -224,17 +225,17 @@ def test_funding_past_the_largest_balance_is_refused_by_the_service(tenant: Tena
 
 
 def test_secret_hash_lookups_are_refused(tenant: Tenant) -> None:
-    client, _ = staff("billing.view_apikey")
+    client, _ = staff("access.view_apikey")
     key = APIKey.objects.get(pk=tenant.agent_key_id)
     for query in (
         f"secret_hash__startswith={key.secret_hash[:6]}",
         f"secret_hash={key.secret_hash}",
         f"secret_hash__gt={key.secret_hash[:6]}",
     ):
-        r = client.get(f"/admin/billing/apikey/?{query}")
+        r = client.get(f"/admin/access/apikey/?{query}")
         assert_bad_request(r)
         assert key.key_id not in r.content.decode()
-    assert key.key_id in client.get("/admin/billing/apikey/?status=active").content.decode()
+    assert key.key_id in client.get("/admin/access/apikey/?status=active").content.decode()
 
 
 # 5. A crafted filter is refused, not a 500; normal filters, search and date hierarchy still work.

@@ -36,7 +36,7 @@ KEY_COLUMNS = {
         "description",
     ],
     "/admin/billing/wallet/": ["wallet_short", "wallet_type", "name", "status", "balance_col", "created_at"],
-    "/admin/billing/apikey/": ["key_short", "wallet_short", "name", "status", "created_at"],
+    "/admin/access/apikey/": ["key_short", "wallet_short", "name", "status", "created_at"],
     "/admin/mcpgateway/action/": [
         "action_short",
         "created_at",

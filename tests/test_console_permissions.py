@@ -18,8 +18,9 @@ from django.contrib.auth.models import Group, Permission
 from django.test import Client
 from django.utils import timezone
 
+from access.models import APIKey
 from audit.models import AuditEvent, ChainVerificationRecord
-from billing.models import APIKey, Wallet
+from billing.models import Wallet
 from billing.services import wallet_freeze
 from common.ids import new_id
 from mcpgateway.models import Action
@@ -101,7 +102,7 @@ CASES = [
     Case("close", "/admin/billing/wallet/", "close_wallets", "billing.close_wallet",
          lambda w: [w.frozen_wallet_id], {"apply": "1", "post": "yes"},
          lambda w: Wallet.objects.get(pk=w.frozen_wallet_id).status),
-    Case("revoke key", "/admin/billing/apikey/", "revoke_selected", "billing.revoke_key",
+    Case("revoke key", "/admin/access/apikey/", "revoke_selected", "access.revoke_key",
          lambda w: [w.tenant.agent_key_id], {"apply": "1", "post": "yes", "reason": "leaked in a log"},
          lambda w: APIKey.objects.get(pk=w.tenant.agent_key_id).status),
     Case("revoke permit", "/admin/permits/permit/", "revoke_selected", "permits.revoke_permit",
@@ -113,7 +114,7 @@ CASES = [
     Case("unfreeze", "/admin/billing/wallet/", "unfreeze_wallets", "billing.freeze_wallet",
          lambda w: [w.frozen_wallet_id], {},
          lambda w: Wallet.objects.get(pk=w.frozen_wallet_id).status),
-    Case("emergency revoke", "/admin/billing/wallet/", "emergency_revoke_keys", "billing.revoke_key",
+    Case("emergency revoke", "/admin/billing/wallet/", "emergency_revoke_keys", "access.revoke_key",
          lambda w: [w.tenant.agent.wallet_id], {"post": "yes", "reason": "compromised host"},
          lambda w: APIKey.objects.get(pk=w.tenant.agent_key_id).status),
     Case("reconciled executed", "/admin/mcpgateway/action/", "reconciled_executed", "receipts.reconcile",
@@ -184,7 +185,7 @@ def test_staff_without_permissions_sees_no_tenant_data(tenant: Tenant) -> None:
         "/admin/permits/permit/",
         "/admin/receipts/receipt/",
         "/admin/billing/wallet/",
-        "/admin/billing/apikey/",
+        "/admin/access/apikey/",
         "/admin/mcpgateway/action/",
         "/admin/audit/auditevent/",
         f"/admin/receipts/receipt/{world.receipt_id}/change/",
@@ -198,36 +199,36 @@ def test_staff_without_permissions_sees_no_tenant_data(tenant: Tenant) -> None:
 def test_a_wallet_key_moves_money_so_issuing_one_needs_fund_wallet(tenant: Tenant) -> None:
     """A sponsor key funds agents from the sponsor and charges any wallet of the tenant: a staff user
     with add_apikey alone gets no key (403), whichever wallet it names."""
-    client, _ = staff("billing.view_apikey", "billing.add_apikey", "billing.view_wallet")
+    client, _ = staff("access.view_apikey", "access.add_apikey", "billing.view_wallet")
     for wallet in (tenant.sponsor, tenant.agent):
-        assert client.get("/admin/billing/apikey/add/").status_code == 403
-        r = client.post("/admin/billing/apikey/add/", {"wallet": wallet.wallet_id, "name": "mine"})
+        assert client.get("/admin/access/apikey/add/").status_code == 403
+        r = client.post("/admin/access/apikey/add/", {"wallet": wallet.wallet_id, "name": "mine"})
         assert r.status_code == 403
     assert not APIKey.objects.filter(name="mine").exists()
-    allowed, _ = staff("billing.view_apikey", "billing.add_apikey", "billing.fund_wallet")
-    r = allowed.post("/admin/billing/apikey/add/", {"wallet": tenant.sponsor.wallet_id, "name": "mine"})
+    allowed, _ = staff("access.view_apikey", "access.add_apikey", "billing.fund_wallet")
+    r = allowed.post("/admin/access/apikey/add/", {"wallet": tenant.sponsor.wallet_id, "name": "mine"})
     assert r.status_code == 302, r.content
-    assert APIKey.objects.filter(wallet=tenant.sponsor, name="mine").exists()
+    assert APIKey.objects.filter(wallet_id=tenant.sponsor.wallet_id, name="mine").exists()
 
 
 def test_operator_keys_need_their_own_permission(tenant: Tenant) -> None:
-    client, _ = staff("billing.view_apikey", "billing.add_apikey", "billing.fund_wallet")
-    before = APIKey.objects.filter(wallet__isnull=True).count()
-    r = client.post("/admin/billing/apikey/add/", {"wallet": "", "name": "root", "operator_key": "on",
+    client, _ = staff("access.view_apikey", "access.add_apikey", "billing.fund_wallet")
+    before = APIKey.objects.filter(wallet_id__isnull=True).count()
+    r = client.post("/admin/access/apikey/add/", {"wallet": "", "name": "root", "operator_key": "on",
                                                    "confirm_operator_key": "on"})  # fmt: skip
     assert r.status_code == 200
     assert b"needs a superuser" in r.content
-    assert APIKey.objects.filter(wallet__isnull=True).count() == before
+    assert APIKey.objects.filter(wallet_id__isnull=True).count() == before
     # A wallet key is fine with add_apikey and fund_wallet.
-    r = client.post("/admin/billing/apikey/add/", {"wallet": tenant.agent.wallet_id, "name": "bot"})
+    r = client.post("/admin/access/apikey/add/", {"wallet": tenant.agent.wallet_id, "name": "bot"})
     assert r.status_code in (200, 302)
-    assert APIKey.objects.filter(wallet=tenant.agent, name="bot").exists()
+    assert APIKey.objects.filter(wallet_id=tenant.agent.wallet_id, name="bot").exists()
 
 
 def test_revoking_an_operator_key_in_the_console_is_audited(tenant: Tenant) -> None:
     operator = factories.make_operator_key()
-    client, user = staff("billing.view_apikey", "billing.revoke_key", "billing.create_operator_key")
-    client.post("/admin/billing/apikey/", {"action": "revoke_selected", "_selected_action": [operator.key.key_id],
+    client, user = staff("access.view_apikey", "access.revoke_key", "access.create_operator_key")
+    client.post("/admin/access/apikey/", {"action": "revoke_selected", "_selected_action": [operator.key.key_id],
                                            "apply": "1", "post": "yes", "reason": "rotating operators"})  # fmt: skip
     assert APIKey.objects.get(pk=operator.key.key_id).status == "revoked"
     event = AuditEvent.objects.get(event="api_key.operator_revoked")
@@ -308,7 +309,7 @@ def test_destructive_actions_confirm_first(tenant: Tenant, case: Case) -> None:
 def test_emergency_revocation_from_the_console_covers_the_subtree(tenant: Tenant) -> None:
     child = factories.make_wallet(tenant.agent, "kid")
     child_key = factories.make_key(child)
-    client, user = staff("billing.view_wallet", "billing.revoke_key")
+    client, user = staff("billing.view_wallet", "access.revoke_key")
     data = {"action": "emergency_revoke_keys", "_selected_action": [tenant.agent.wallet_id]}
     page = client.post("/admin/billing/wallet/", data)
     assert b"Revoke every API key" in page.content

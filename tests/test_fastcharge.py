@@ -32,7 +32,9 @@ from hypothesis import strategies as st
 from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
-from billing import fastcharge, ratelimit, services
+from access import ratelimit
+from access import services as key_services
+from billing import fastcharge, services
 from billing.fastcharge import Gateway
 from billing.models import Wallet
 from billing.views import ChargeView, charge_query
@@ -259,7 +261,7 @@ def test_rejected_and_revoked_keys_are_answered_by_drf(twins: tuple[Side, Side],
         (charge(), {"HTTP_X_API_KEY": "tg_key_wrong"}),
         (charge(), {"HTTP_X_API_KEY": "", "HTTP_AUTHORIZATION": "Basic abc"}),
         (charge(), {}),  # the key is now known to the process: its next charge is deferred
-        lambda side: services.api_key_revoke(wallet=side.wallet, key_id=side.key_id),
+        lambda side: key_services.api_key_revoke(wallet=side.wallet, key_id=side.key_id),
         (charge(), {}),  # revoked while cached: the statement finds it out, DRF answers 401
     ]
     answers = assert_same(steps, full, fast)

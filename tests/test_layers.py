@@ -60,6 +60,17 @@ def test_config_imports_no_app_at_module_level():
     assert _offenders("config", APPS, module_level=True) == []
 
 
+def test_access_imports_no_app_above_it():
+    """access sits below billing (docs/architecture.md, "The apps"): what it needs of wallets billing
+    registers at start-up (access.wallets), so no module of it imports billing or an app above."""
+    assert (
+        _offenders(
+            "access", {"billing", "permits", "receipts", "mcpgateway", "publicsite", "metrics"}, module_level=False
+        )
+        == []
+    )
+
+
 def test_the_walk_sees_a_module_level_import_and_skips_a_function_body():
     tree = ast.parse("import os\nfrom billing import x\nclass A:\n    import audit\ndef f():\n    import permits\n")
     assert [package for _, package in _imports(tree, module_level=True)] == ["os", "billing", "audit"]
@@ -184,3 +195,70 @@ def test_the_sign_in_lockouts_move_to_access_with_their_rows_and_grants():
     finally:
         MigrationExecutor(connection).migrate(graph.leaf_nodes())
         ContentType.objects.clear_cache()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_api_keys_move_to_access_with_their_rows_and_grants():
+    """billing 0028 moves APIKey and KeyRotationLog in state only: keys and log rows written before it
+    are still there (their wallet a plain id), and a group and a user granted billing's key permissions
+    before it hold access's after it; reversed, they are billing's again."""
+    from django.contrib.auth.models import Group, Permission, User
+    from django.contrib.contenttypes.models import ContentType
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    from access.models import APIKey, KeyRotationLog
+
+    sponsor = factories.make_sponsor("moving", balance=5)
+    issued = factories.make_key(sponsor, name="before the move")
+    target = ("billing", "0028_api_keys_move_to_access")
+    graph = MigrationExecutor(connection).loader.graph
+    (before,) = [parent.key for parent in graph.node_map[target].parents if parent.key[0] == "billing"]
+    try:
+        MigrationExecutor(connection).migrate([before])
+        ContentType.objects.clear_cache()
+        old_key = ContentType.objects.get(app_label="billing", model="apikey")
+        old_log = ContentType.objects.get(app_label="billing", model="keyrotationlog")
+        group = Group.objects.create(name="key keepers")
+        group.permissions.add(
+            Permission.objects.get(content_type=old_key, codename="add_apikey"),
+            Permission.objects.get(content_type=old_key, codename="revoke_key"),
+            Permission.objects.get(content_type=old_log, codename="view_keyrotationlog"),
+        )
+        user = User.objects.create_user("keeper", password="pw-for-tests-only", is_staff=True)
+        user.user_permissions.add(Permission.objects.get(content_type=old_key, codename="create_operator_key"))
+        MigrationExecutor(connection).migrate([target])
+        ContentType.objects.clear_cache()
+        assert not ContentType.objects.filter(app_label="billing", model__in=["apikey", "keyrotationlog"]).exists()
+        assert sorted(group.permissions.values_list("content_type__app_label", "codename")) == [
+            ("access", "add_apikey"),
+            ("access", "revoke_key"),
+            ("access", "view_keyrotationlog"),
+        ]
+        assert User.objects.get(pk=user.pk).has_perm("access.create_operator_key")
+        key = APIKey.objects.get(pk=issued.key.key_id)
+        assert (key.wallet_id, key.name) == (sponsor.wallet_id, "before the move")
+        assert KeyRotationLog.objects.filter(wallet_id=sponsor.wallet_id, key_id=key.key_id).exists()
+        MigrationExecutor(connection).migrate([before])
+        ContentType.objects.clear_cache()
+        assert sorted(group.permissions.values_list("content_type__app_label", "codename")) == [
+            ("billing", "add_apikey"),
+            ("billing", "revoke_key"),
+            ("billing", "view_keyrotationlog"),
+        ]
+    finally:
+        MigrationExecutor(connection).migrate(graph.leaf_nodes())
+        ContentType.objects.clear_cache()
+
+
+@pytest.mark.django_db
+def test_the_operator_group_holds_the_key_permissions_under_access():
+    """The console's Operator group (mcpgateway 0002 granted billing's) issues and revokes keys as
+    ``access.add_apikey`` and ``access.revoke_key``; operator keys stay in no group."""
+    from django.contrib.auth.models import Group
+
+    operator = set(Group.objects.get(name="Operator").permissions.values_list("content_type__app_label", "codename"))
+    assert {("access", "add_apikey"), ("access", "revoke_key"), ("access", "view_apikey")} <= operator
+    assert not any(label == "billing" for label, _ in operator if _.endswith(("apikey", "_key")))
+    everyone = Group.objects.filter(permissions__codename="create_operator_key")
+    assert not everyone.exists()

@@ -25,8 +25,8 @@ from django.db import connection
 from django.test import Client
 from django.utils import timezone
 
+from access.services import api_key_create
 from audit.models import AuditEvent
-from billing.services import api_key_create
 from common.ids import new_id
 from permits import services
 from permits.exceptions import (

@@ -94,7 +94,7 @@ def test_limits_hold_across_workers_and_instances_with_no_extra_service(tmp_path
         pytest.skip("the shared-cache case is tests/test_scale_out.py (Redis)")
     import time
 
-    from billing.ratelimit import bucket_charge
+    from access.ratelimit import bucket_charge
     from tests.conftest import make_tenant
     from tests.live import running_gateway
 
@@ -132,7 +132,7 @@ def test_limits_hold_across_workers_and_instances_with_no_extra_service(tmp_path
 
 def test_windows_are_fixed_and_reset_at_their_boundary(backend: str) -> None:
     """A window counts from its start to its end; the next one starts at zero (both backends)."""
-    from billing.ratelimit import bucket_charge
+    from access.ratelimit import bucket_charge
 
     start = 1_800_000_000 // 60 * 60  # the start of some minute
     assert bucket_charge("edge", 5, 60, now=start + 0.5) == (5, 60)
@@ -143,7 +143,7 @@ def test_windows_are_fixed_and_reset_at_their_boundary(backend: str) -> None:
 
 def test_a_guessed_secret_never_spends_the_keys_allowance(tenant, backend: str) -> None:
     """Right key id, wrong secret: refused, charged to the caller's address, never to the key's window."""
-    from billing.ratelimit import bucket_charge
+    from access.ratelimit import bucket_charge
 
     key_id = tenant.sponsor_key_id
     forged = tenant.sponsor_secret[:-4] + ("AAAA" if not tenant.sponsor_secret.endswith("AAAA") else "BBBB")
@@ -159,7 +159,7 @@ def test_a_guessed_secret_never_spends_the_keys_allowance(tenant, backend: str) 
 
 
 def test_a_revoked_key_is_not_charged_to_its_own_window(tenant, backend: str) -> None:
-    from billing.ratelimit import bucket_charge
+    from access.ratelimit import bucket_charge
 
     assert tenant.agent_client.get("/v1/me/permits").status_code == 200
     tenant.sponsor_client.delete(f"/v1/api-keys/{tenant.agent.wallet_id}/{tenant.agent_key_id}")
@@ -212,7 +212,7 @@ def test_an_agent_minting_keys_for_itself_does_not_multiply_its_limit(tenant) ->
 def test_child_wallets_with_keys_share_their_agents_limit(tenant) -> None:
     """An agent cannot multiply its limit through child wallets: a child's keys count against the agent's line;
     a sibling agent's line is its own."""
-    from billing.ratelimit import bucket_charge
+    from access.ratelimit import bucket_charge
     from tests import factories
 
     child_a = factories.make_wallet(tenant.agent, "child-a")
@@ -281,7 +281,7 @@ def test_one_address_cannot_lock_others_out_of_public_key_material(signing_key) 
 
 
 def test_a_key_on_a_public_document_is_still_charged_to_the_key(tenant, signing_key) -> None:
-    from billing.ratelimit import bucket_charge
+    from access.ratelimit import bucket_charge
 
     keyed = client_for(tenant.agent_secret)
     r = keyed.get("/.well-known/jwks.json")

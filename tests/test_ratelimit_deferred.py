@@ -1,4 +1,4 @@
-"""The rate-limit charge deferred to the claim (billing/ratelimit.py, "deferred").
+"""The rate-limit charge deferred to the claim (access/ratelimit.py, "deferred").
 
 A governed ``tools/call`` in the stateless era whose key the process authenticated before is charged
 by its claim (``gateway_claim`` checks the key and charges its window in the same statement), not by
@@ -20,11 +20,12 @@ from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from access import ratelimit
 from access.keys import hash_secret
+from access.models import APIKey
+from access.ratelimit import bucket_charge
 from audit.models import AuditEvent
-from billing import ratelimit
-from billing.models import APIKey, LedgerEntry, Wallet
-from billing.ratelimit import bucket_charge
+from billing.models import LedgerEntry, Wallet
 from common import fastsql
 from mcpgateway.models import Action
 from mcpgateway.services import claim as claiming

@@ -1,6 +1,7 @@
-"""Billing writes: API keys, wallets, the double-entry ledger, charges and prices.
+"""Billing writes: wallets, the double-entry ledger, charges and prices (API keys are access's:
+``access.services``).
 
-One module per entity: ``api_keys``, ``ledger`` (the building blocks every movement of money goes
+One module per entity: ``ledger`` (the building blocks every movement of money goes
 through, and the spend controls), ``wallets``, ``charge`` (POST /v1/billing/charge) and ``prices``.
 This package names their public services, so callers import from ``billing.services``.
 
@@ -18,15 +19,6 @@ audit chain head last. Two transactions therefore never wait on each other in a
 cycle.
 """
 
-from billing.services.api_keys import (
-    IssuedKey,
-    api_key_create,
-    api_key_emergency_revoke,
-    api_key_revoke,
-    api_key_rotate,
-    operator_key_create,
-    operator_key_revoke,
-)
 from billing.services.charge import ChargeOutcome, charge_call, wallet_charge
 from billing.services.ledger import (
     CENT,
@@ -69,12 +61,7 @@ __all__ = [
     "ChargeOutcome",
     "DebitCall",
     "DebitResult",
-    "IssuedKey",
     "WalletSettingsChange",
-    "api_key_create",
-    "api_key_emergency_revoke",
-    "api_key_revoke",
-    "api_key_rotate",
     "category_price_set",
     "charge_call",
     "debit_call",
@@ -82,8 +69,6 @@ __all__ = [
     "ledger_debit",
     "ledger_event_detail",
     "ledger_refund",
-    "operator_key_create",
-    "operator_key_revoke",
     "refusal_for_viewer",
     "to_money",
     "tool_price_remove",

@@ -31,13 +31,13 @@ from typing import Any, Unpack
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
+from access.ratelimit import DeferredCharge, DeferredRefused
+from access.selectors import Principal
 from audit.models import AuditEvent
 from audit.services import EventFields, audit_event_prepare
 from billing.exceptions import VelocityLimitExceeded, money
 from billing.models import DEFAULT_CATEGORY_PRICES, LedgerKind, ServiceCategory, SystemAccount, Wallet
-from billing.ratelimit import DeferredCharge, DeferredRefused
 from billing.refusals import DEBIT_REFUSALS, refusal_exception
-from billing.selectors import Principal
 from billing.serializers import charge_response_in_order, charge_response_template
 from billing.services.ledger import (
     DEBIT_COLUMNS,
@@ -87,7 +87,7 @@ def charge_request_hash(
 
 
 CHARGE_ENDPOINT = "/v1/billing/charge"
-# billing_charge's last arguments: the deferred rate-limit charge (billing.ratelimit), NULLs without one.
+# billing_charge's last arguments: the deferred rate-limit charge (access.ratelimit), NULLs without one.
 _RATE_ARGUMENTS = ("k_key_id", "k_secret_hash", "k_window_index", "k_limit")
 # The arguments of billing_charge (billing/sql/billing_charge.sql) in order, with the casts they need.
 CHARGE_ARGUMENTS = (
@@ -269,7 +269,7 @@ def wallet_charge(
     Owns its transaction: refuses to run inside another one (tests' transactions excepted).
 
     With ``deferred`` (the API, for a key the process authenticated before), the statement also
-    checks the key and charges its rate-limit window (``billing.ratelimit``); past the limit it
+    checks the key and charges its rate-limit window (``access.ratelimit``); past the limit it
     raises ``DeferredRefused`` with nothing charged, and a key that no longer checks out is charged
     on the rate limiter's path (which may refuse it) before the charge runs without it.
     """
@@ -351,7 +351,7 @@ class ChargeCall:
     now: datetime
     ids: tuple[str, str, str, str, str, str]
     body: dict[str, Any]
-    # The deferred rate-limit charge's key, secret digest, window and limit (billing.ratelimit), or None.
+    # The deferred rate-limit charge's key, secret digest, window and limit (access.ratelimit), or None.
     rate: tuple[str, str, int, int] | None = None
 
     def arguments(self, *, refill_event: bool) -> dict[str, Any]:

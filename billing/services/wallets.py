@@ -15,6 +15,7 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
+from access.models import APIKey
 from audit.services import alert_raise, audit_record
 from billing.exceptions import (
     InsufficientFunds,
@@ -28,7 +29,6 @@ from billing.exceptions import (
 )
 from billing.models import (
     WALLET_PREFIX,
-    APIKey,
     LedgerEntry,
     LedgerKind,
     SystemAccount,

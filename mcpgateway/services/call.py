@@ -10,8 +10,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from billing.ratelimit import DeferredCharge
-from billing.selectors import Principal
+from access.ratelimit import DeferredCharge
+from access.selectors import Principal
 from common.canonical import canonical_bytes_fast, sha256_hex
 from common.jsonbody import check_storable
 from receipts.models import Outcome
@@ -47,7 +47,7 @@ class CallRequest:
     quote_id: str
     transport: str
     endpoint: str
-    # The key's rate-limit charge, deferred to the claim (billing.ratelimit): the principal's key then
+    # The key's rate-limit charge, deferred to the claim (access.ratelimit): the principal's key then
     # comes from the process's cache, and the request must be charged before it writes anything else.
     deferred: DeferredCharge | None = None
 

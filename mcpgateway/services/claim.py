@@ -15,10 +15,11 @@ from typing import Any
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
+from access.ratelimit import DeferredCharge
 from audit.services import PreparedEvent, audit_event_prepare
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
-from billing.ratelimit import DeferredCharge
+from billing.selectors import caller_wallet
 from billing.services import (
     DEBIT_COLUMNS,
     DebitCall,
@@ -172,8 +173,7 @@ def _phase1(
     """
     now = timezone.now()
     key = req.principal.key
-    wallet = key.wallet
-    assert wallet is not None
+    wallet = caller_wallet(req.principal)
     action = Action(
         action_id=new_id("act"),
         tenant_id=wallet.tenant_id,

@@ -17,10 +17,11 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
+from access.models import APIKey
 from audit.services import audit_record
 from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
-from billing.models import APIKey, Wallet
+from billing.models import Wallet
 from common.canonical import iso_utc
 from common.errors import IdempotencyKeyReused, RequestValidationError
 from common.ids import new_id
@@ -152,7 +153,7 @@ def _check_subject_key(wallet: Wallet, subject_key_id: str | None) -> None:
     """A permit (or a request for one) may bind only an active key of its own subject wallet."""
     if subject_key_id is None:
         return
-    if not APIKey.objects.filter(key_id=subject_key_id, wallet=wallet, status="active").exists():
+    if not APIKey.objects.filter(key_id=subject_key_id, wallet_id=wallet.wallet_id, status="active").exists():
         raise RequestValidationError.single(
             ["body", "subject_key_id"], "Not an active API key of the subject wallet.", "value_error"
         )

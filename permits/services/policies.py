@@ -19,10 +19,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from access.models import APIKey
 from audit.models import AuditEvent
 from audit.services import audit_record
 from billing.exceptions import money
-from billing.models import APIKey, ServiceCategory, Wallet
+from billing.models import ServiceCategory, Wallet
 from common.errors import RequestValidationError
 from common.ids import new_id
 from common.jsonbody import check_storable

@@ -17,12 +17,12 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
-from billing.services import operator_key_create
+from access.services import operator_key_create
 
 
 def _still_valid(path: Path) -> bool:
     from access.keys import parse_secret
-    from billing.models import APIKey, APIKeyStatus
+    from access.models import APIKey, APIKeyStatus
 
     try:
         secret = json.loads(path.read_text())["operator_api_key"]

@@ -17,8 +17,9 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
+from access.services import api_key_create
 from billing.selectors import tool_price
-from billing.services import api_key_create, tool_price_set, wallet_create_agent, wallet_create_sponsor
+from billing.services import tool_price_set, wallet_create_agent, wallet_create_sponsor
 from common.ids import new_id
 from mcpgateway.models import Tool
 from permits.services import permit_issue
@@ -34,7 +35,7 @@ DEMO_PRICES = {
 
 def _still_valid(path: Path) -> bool:
     from access.keys import parse_secret
-    from billing.models import APIKey, APIKeyStatus
+    from access.models import APIKey, APIKeyStatus
 
     try:
         secret = json.loads(path.read_text())["agent_api_key"]

@@ -61,16 +61,16 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import get_conditional_response
 
+from access.authentication import credential_from_headers, resolve_credential
 from access.keys import hash_secret
+from access.selectors import api_key_authenticate_charging
 from audit.services import audit_record
-from billing.authentication import credential_from_headers, resolve_credential
-from billing.selectors import api_key_authenticate_charging
 from common import metrics
 from common.errors import InvalidAPIKey, RateLimited, json_error
 from common.records import record_json
 
 if TYPE_CHECKING:
-    from billing.models import APIKey
+    from access.models import APIKey
 
 logger = logging.getLogger("tollgate.ratelimit")
 

@@ -1,6 +1,9 @@
 """API keys: creation (a key's secret is shown once), rotation and revocation, which takes the
 keys a revoked key minted with it (its lineage), and the operator's keys.
 
+A key's wallet is billing's: the services take it as a ``KeyWallet`` and lock it, refuse a closed
+one and read its subtree through billing's registered ``WalletDirectory`` (``access.wallets``).
+
 Every service owns its transaction (``@transaction.atomic(durable=True)``) and writes its audit
 events inside it, as the last statements.
 """
@@ -14,10 +17,11 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from access.exceptions import AncestorKeyRotation, APIKeyLimitReached
 from access.keys import hash_secret, make_secret
+from access.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog
+from access.wallets import KeyWallet, wallet_directory
 from audit.services import alert_raise, audit_record
-from billing.exceptions import AncestorKeyRotation, APIKeyLimitReached, WalletClosed
-from billing.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog, Wallet, WalletStatus
 from common.errors import NotFound
 from common.ids import new_id
 
@@ -30,12 +34,12 @@ class IssuedKey:
     secret: str
 
 
-def _new_key(*, wallet: Wallet | None, name: str, rotated_from: str = "", actor_key_id: str = "") -> IssuedKey:
+def _new_key(*, wallet: KeyWallet | None, name: str, rotated_from: str = "", actor_key_id: str = "") -> IssuedKey:
     key_id = new_id("key")
     secret = make_secret(key_id)
     key = APIKey.objects.create(
         key_id=key_id,
-        wallet=wallet,
+        wallet_id=wallet.wallet_id if wallet else None,
         tenant_id=wallet.tenant_id if wallet else None,
         name=name,
         secret_hash=hash_secret(secret),
@@ -46,7 +50,7 @@ def _new_key(*, wallet: Wallet | None, name: str, rotated_from: str = "", actor_
     return IssuedKey(key=key, secret=secret)
 
 
-def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "", actor: str = "") -> IssuedKey:
+def api_key_create(*, wallet: KeyWallet, name: str = "", actor_key_id: str = "", actor: str = "") -> IssuedKey:
     """Create a wallet-scoped key (``_api_key_create``), or refuse one beyond ``API_KEYS_PER_WALLET``
     active keys (409 ``api_key_limit_reached``), the refusal audited (``api_key.limit_reached``) in a
     transaction of its own, since the refused one rolls back. The API and the console both come here.
@@ -59,7 +63,7 @@ def api_key_create(*, wallet: Wallet, name: str = "", actor_key_id: str = "", ac
 
 
 @transaction.atomic(durable=True)
-def _api_key_create(*, wallet: Wallet, name: str, actor_key_id: str, actor: str) -> IssuedKey:
+def _api_key_create(*, wallet: KeyWallet, name: str, actor_key_id: str, actor: str) -> IssuedKey:
     """Create a wallet-scoped key. The secret is returned once and only its hash is stored.
 
     ``actor_key_id`` (the minting key) is recorded as the new key's creator: revoking the
@@ -75,7 +79,7 @@ def _api_key_create(*, wallet: Wallet, name: str, actor_key_id: str, actor: str)
     _require_active_minter(actor_key_id)
     issued = _new_key(wallet=wallet, name=name, actor_key_id=actor_key_id)
     KeyRotationLog.objects.create(
-        wallet=wallet,
+        wallet_id=wallet.wallet_id,
         tenant_id=wallet.tenant_id,
         action=KeyLogAction.CREATED,
         key_id=issued.key.key_id,
@@ -108,7 +112,7 @@ def operator_key_create(*, name: str = "operator", actor: str = "") -> IssuedKey
 @transaction.atomic(durable=True)
 def operator_key_revoke(*, key_id: str, reason: str = "operator_console", actor: str = "") -> APIKey:
     """Revoke an operator key (the console), audited on the system chain. Revoking a revoked key changes nothing."""
-    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet__isnull=True).first()
+    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet_id__isnull=True).first()
     if key is None:
         raise NotFound("No such operator key.", key_id=key_id)
     if _revoke(key, reason):
@@ -120,26 +124,20 @@ def operator_key_revoke(*, key_id: str, reason: str = "operator_console", actor:
     return key
 
 
-def _lock_wallet(wallet: Wallet) -> Wallet:
+def _lock_wallet(wallet: KeyWallet) -> KeyWallet:
     """Lock the wallet's row (the lock closing and emergency revocation take) and return its current state."""
-    locked = Wallet.objects.select_for_update(no_key=True, of=("self",)).filter(wallet_id=wallet.wallet_id).first()
+    locked = wallet_directory().lock(wallet.wallet_id)
     if locked is None:
         raise NotFound("No such wallet.", wallet_id=wallet.wallet_id)
     return locked
 
 
-def _require_open_wallet(wallet: Wallet) -> None:
-    """No key is minted for a closed wallet (403 ``wallet_closed``).
-
-    Closing needs every child closed first, so a wallet below a closed one is closed itself.
-    A frozen or expired wallet still gets keys: a freeze is a spend control, and its remedy
-    after a leaked key (a velocity freeze) is to rotate that key; nothing it mints can spend.
-    """
-    if wallet.status == WalletStatus.CLOSED:
-        raise WalletClosed("A closed wallet gets no new API keys.", wallet_id=wallet.wallet_id)
+def _require_open_wallet(wallet: KeyWallet) -> None:
+    """No key is minted for a closed wallet (403 ``wallet_closed``): billing's rule, through its directory."""
+    wallet_directory().require_open(wallet)
 
 
-def _require_key_room(wallet: Wallet, *, freed: int = 0) -> None:
+def _require_key_room(wallet: KeyWallet, *, freed: int = 0) -> None:
     """Refuse a new key when the wallet holds ``API_KEYS_PER_WALLET`` active keys, not counting the
     ``freed`` ones the same transaction revokes (409 ``api_key_limit_reached``).
 
@@ -153,7 +151,7 @@ def _require_key_room(wallet: Wallet, *, freed: int = 0) -> None:
 
 
 def _audit_key_limit(
-    refused: APIKeyLimitReached, wallet: Wallet, *, actor_key_id: str, actor: str, endpoint: str | None
+    refused: APIKeyLimitReached, wallet: KeyWallet, *, actor_key_id: str, actor: str, endpoint: str | None
 ) -> None:
     """The refusal of a key beyond the cap, on the wallet's chain (its own transaction: the refused one rolled back)."""
     audit_record(
@@ -171,8 +169,8 @@ def _audit_key_limit(
     )
 
 
-def _lock_key(wallet: Wallet, key_id: str) -> APIKey:
-    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet=wallet).first()
+def _lock_key(wallet: KeyWallet, key_id: str) -> APIKey:
+    key = APIKey.objects.select_for_update(no_key=True).filter(key_id=key_id, wallet_id=wallet.wallet_id).first()
     if key is None:
         raise NotFound("No such API key in this wallet.", key_id=key_id)
     return key
@@ -264,7 +262,6 @@ def _active_lineage(wallet_roots: list[str], exclude: tuple[str, ...]) -> list[A
         lineage = [row[0] for row in cursor.fetchall()]
     return list(
         APIKey.objects.select_for_update(no_key=True, of=("self",))
-        .select_related("wallet")
         .filter(key_id__in=lineage, status=APIKeyStatus.ACTIVE)
         .order_by("key_id")
     )
@@ -278,10 +275,8 @@ def _revoke_lineage_keys(keys: list[APIKey], wallet_roots: list[str], *, reason:
         if not _revoke(key, lineage_reason):
             continue
         revoked.append(key.key_id)
-        assert key.wallet is not None
         _record_revocation(
             key,
-            key.wallet,
             reason=lineage_reason,
             actor_key_id=actor_key_id,
             message=f"API key {key.key_id} was revoked with the key that minted it.",
@@ -294,7 +289,6 @@ def _revoke_lineage_keys(keys: list[APIKey], wallet_roots: list[str], *, reason:
 
 def _record_revocation(
     key: APIKey,
-    wallet: Wallet,
     *,
     reason: str,
     actor_key_id: str,
@@ -303,18 +297,21 @@ def _record_revocation(
     actor: str = "",
     **detail: Any,
 ) -> None:
-    """A key's revocation in its wallet's key log, an alert and an audit event. Caller holds the transaction."""
+    """A key's revocation in its wallet's key log, an alert and an audit event. Caller holds the transaction.
+
+    The key's own wallet and tenant ids are its wallet's (a key never changes wallet)."""
+    wallet_id, tenant_id = str(key.wallet_id), str(key.tenant_id)
     KeyRotationLog.objects.create(
-        wallet=wallet,
-        tenant_id=wallet.tenant_id,
+        wallet_id=wallet_id,
+        tenant_id=tenant_id,
         action=KeyLogAction.REVOKED,
         key_id=key.key_id,
         reason=reason,
         actor_key_id=actor_key_id,
     )
     alert_raise(
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
+        tenant_id=tenant_id,
+        wallet_id=wallet_id,
         kind="api_key_revoked",
         message=message,
         detail={"key_id": key.key_id, "reason": reason},
@@ -322,8 +319,8 @@ def _record_revocation(
     audit_record(
         event="api_key.revoked",
         ok=True,
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
+        tenant_id=tenant_id,
+        wallet_id=wallet_id,
         key_id=actor_key_id or None,
         endpoint=endpoint,
         detail={"revoked_key_id": key.key_id, "reason": reason, **detail, **({"actor": actor} if actor else {})},
@@ -342,7 +339,7 @@ def _revoke(key: APIKey, reason: str) -> bool:
 
 def api_key_rotate(
     *,
-    wallet: Wallet,
+    wallet: KeyWallet,
     key_id: str,
     revoke_old: bool = True,
     reason: str = "rotation",
@@ -366,7 +363,7 @@ def api_key_rotate(
 
 @transaction.atomic(durable=True)
 def _api_key_rotate(
-    *, wallet: Wallet, key_id: str, revoke_old: bool, reason: str, actor_key_id: str, actor: str
+    *, wallet: KeyWallet, key_id: str, revoke_old: bool, reason: str, actor_key_id: str, actor: str
 ) -> IssuedKey:
     """Create a successor for ``key_id``; optionally revoke the old key in the same transaction.
 
@@ -395,7 +392,7 @@ def _api_key_rotate(
             # successor is spared as the rotation's own, so its minter must have survived the revocation.
             raise AncestorKeyRotation(key_id=old.key_id)
     KeyRotationLog.objects.create(
-        wallet=wallet,
+        wallet_id=wallet.wallet_id,
         tenant_id=wallet.tenant_id,
         action=KeyLogAction.ROTATED,
         key_id=old.key_id,
@@ -432,7 +429,7 @@ def _api_key_rotate(
 
 @transaction.atomic(durable=True)
 def api_key_revoke(
-    *, wallet: Wallet, key_id: str, reason: str = "user_request", actor_key_id: str = "", actor: str = ""
+    *, wallet: KeyWallet, key_id: str, reason: str = "user_request", actor_key_id: str = "", actor: str = ""
 ) -> APIKey:
     """Revoke one key immediately and for good, with every key it minted (``_revoke_lineage``).
 
@@ -445,7 +442,6 @@ def api_key_revoke(
     if revoked_now:
         _record_revocation(
             key,
-            wallet,
             reason=reason,
             actor_key_id=actor_key_id,
             actor=actor,
@@ -457,7 +453,7 @@ def api_key_revoke(
 
 @transaction.atomic(durable=True)
 def api_key_emergency_revoke(
-    *, wallet: Wallet, reason: str = "emergency", actor_key_id: str = "", actor: str = ""
+    *, wallet: KeyWallet, reason: str = "emergency", actor_key_id: str = "", actor: str = ""
 ) -> list[str]:
     """Revoke every active key of ``wallet`` and of every wallet below it at once, with their lineage.
 
@@ -466,6 +462,7 @@ def api_key_emergency_revoke(
     row), so no key created concurrently can survive the revocation.
     """
     _lock_wallet(wallet)
+    subtree_ids = wallet_directory().subtree_ids(wallet)  # a subquery, read afresh by each statement
     revoked: list[str] = []
     while True:
         # Each pass reads the subtree afresh: a key rotated or created in it that committed while the previous
@@ -473,22 +470,20 @@ def api_key_emergency_revoke(
         # next one. The lineage starts from every key of the subtree, revoked ones included.
         keys = list(
             APIKey.objects.select_for_update(no_key=True, of=("self",))
-            .select_related("wallet")
-            .filter(wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE)
+            .filter(wallet_id__in=subtree_ids, tenant_id=wallet.tenant_id, status=APIKeyStatus.ACTIVE)
             .order_by("key_id")
         )
         now_revoked = [k for k in keys if _revoke(k, reason)]
         for key in now_revoked:
-            assert key.wallet is not None
             KeyRotationLog.objects.create(
-                wallet=key.wallet,
+                wallet_id=str(key.wallet_id),
                 tenant_id=wallet.tenant_id,
                 action=KeyLogAction.EMERGENCY_REVOKED,
                 key_id=key.key_id,
                 reason=reason if key.wallet_id == wallet.wallet_id else f"{reason} (wallet {wallet.wallet_id})"[:200],
                 actor_key_id=actor_key_id,
             )
-        subtree = list(APIKey.objects.filter(wallet__path__startswith=wallet.path, tenant_id=wallet.tenant_id))
+        subtree = list(APIKey.objects.filter(wallet_id__in=subtree_ids, tenant_id=wallet.tenant_id))
         lineage = _revoke_lineage(roots=subtree, reason=reason, actor_key_id=actor_key_id)
         revoked += [key.key_id for key in now_revoked] + lineage
         if not keys and not lineage:

@@ -4,9 +4,8 @@ Credentials: ``X-API-Key: <key>`` or ``Authorization: Bearer <key>``. The
 rate-limit middleware resolves the credential first (it must know whose bucket
 to charge) and leaves the result on the request; authentication reuses it.
 
-The caller it authenticates is a :class:`billing.selectors.Principal`, defined
-in billing beside the reach rule it carries; this module wires billing's key
-lookup into DRF and gives views the caller.
+The caller it authenticates is a :class:`access.selectors.Principal`; this
+module wires the key lookup into DRF and gives views the caller.
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from rest_framework.authentication import BaseAuthentication
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
-from billing.models import APIKey
-from billing.selectors import Principal, api_key_authenticate
+from access.models import APIKey
+from access.selectors import Principal, api_key_authenticate
 from common.errors import InvalidAPIKey, NotAuthenticated, WalletKeyRequired
 
 
@@ -114,7 +113,7 @@ def optional_principal(request: Request) -> Principal | None:
 
 
 class APIKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "billing.authentication.APIKeyAuthentication"
+    target_class = "access.authentication.APIKeyAuthentication"
     name = ["APIKeyHeader", "BearerAuth"]
 
     def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:
