@@ -92,6 +92,12 @@ if not LOGIN_COOLOFF_MINUTES or min(LOGIN_COOLOFF_MINUTES) < 1 or LOGIN_LOCKOUT_
 # environment, or a file outside the repository. `make run` generates the file.
 SIGNING_KEY_PRIVATE = env.str("SIGNING_KEY_PRIVATE", default="")
 SIGNING_KEY_FILE = env.str("SIGNING_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "signing-keys.json"))
+# Upstream servers' credentials are stored encrypted (mcpgateway.upstream.secrets): a Fernet key in the
+# environment, or a file created mode 0600 on first use.
+UPSTREAM_SECRETS_KEY = env.str("UPSTREAM_SECRETS_KEY", default="")
+UPSTREAM_SECRETS_KEY_FILE = env.str(
+    "UPSTREAM_SECRETS_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "upstream-secrets.key")
+)
 
 if PRODUCTION:
     problems = []
