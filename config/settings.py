@@ -296,6 +296,7 @@ SPECTACULAR_SETTINGS = {
         "PermitStatusEnum": [(v, v) for v in ("active", "revoked", "expired", "exhausted")],
         "PermitRequestStatusEnum": [(v, v) for v in ("pending", "approved", "rejected", "expired")],
         "QuoteStatusEnum": [(v, v) for v in ("active", "consumed", "expired")],
+        "ServiceCategoryEnum": "billing.models.ServiceCategory",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

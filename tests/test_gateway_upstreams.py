@@ -312,3 +312,61 @@ def test_the_sweep_waits_the_timeouts_of_the_server_the_call_was_claimed_on(flee
         fleet.slow.release.set()
         thread.join(30)
     assert Action.objects.get(pk=action.pk).state == "delivery_uncertain"
+
+
+# --- The operator API (/v1/upstreams) -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_operator_api_manages_servers_and_write_only_credentials(operator_client: Any, tenant: Tenant) -> None:
+    with running_sdk_upstream("pay", tokens={PAY_TOKEN}) as pay:
+        body = {"slug": "pay", "url": pay.url, "tool_prefix": "pay", "credentials_required": True}
+        r = operator_client.post("/v1/upstreams", body, format="json")
+        assert r.status_code == 201, r.content
+        assert r.json()["credentials"] == []
+        assert operator_client.post("/v1/upstreams", {**body, "slug": "pay2"}, format="json").status_code == 409
+
+        # A failed sync (no credentials yet: the server answers 401) changes nothing and says why, in a word.
+        r = operator_client.post("/v1/upstreams/pay/sync")
+        assert r.status_code == 502, r.content
+        assert r.json()["detail"]["error_class"] == "auth_refused"
+        assert operator_client.post("/v1/upstreams/pay/test").json() == {
+            "reachable": False,
+            "protocol_version": None,
+            "error": "auth_refused",
+        }
+
+        r = operator_client.put("/v1/upstreams/pay/credentials", {"kind": "bearer", "token": PAY_TOKEN}, format="json")
+        assert r.status_code == 204, r.content
+        detail = operator_client.get("/v1/upstreams/pay")
+        assert detail.json()["credentials"] == [None]
+        assert PAY_TOKEN not in detail.content.decode()
+        assert PAY_TOKEN not in str(AuditEvent.objects.filter(event="upstream_credential.set").values("detail"))
+        probe = operator_client.post("/v1/upstreams/pay/test").json()
+        assert probe["reachable"] is True
+        assert probe["protocol_version"]
+
+        r = operator_client.post("/v1/upstreams/pay/sync")
+        assert r.status_code == 200, r.content
+        assert sorted(r.json()["created"]) == ["pay.append", "pay.charge", "pay.quick"]
+
+        r = operator_client.patch("/v1/upstreams/pay", {"enabled": False, "tenant_ids": ["t1"]}, format="json")
+        assert (r.json()["enabled"], r.json()["tenant_ids"]) == (False, ["t1"])
+        event = AuditEvent.objects.filter(event="upstream_server.updated").order_by("-seq").first()
+        assert event is not None
+        assert event.detail["before"]["enabled"] is True
+        assert event.detail["actor"].startswith("key:")
+        assert operator_client.delete("/v1/upstreams/pay/credentials").status_code == 204
+        assert operator_client.get("/v1/upstreams/pay").json()["credentials"] == []
+
+    bad = operator_client.patch("/v1/upstreams/pay", {"read_timeout": 0, "tool_prefix": "a.b"}, format="json")
+    assert bad.status_code == 422
+    assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("body", "read_timeout"), ("body", "tool_prefix")}
+    assert operator_client.get("/v1/upstreams/nope").status_code == 404
+    # An agent's or a sponsor's key may not read or change servers.
+    for client in (tenant.agent_client, tenant.sponsor_client):
+        assert client.get("/v1/upstreams").status_code == 403
+        assert (
+            client.put("/v1/upstreams/pay/credentials", {"kind": "bearer", "token": "x"}, format="json").status_code
+            == 403
+        )

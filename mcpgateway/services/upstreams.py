@@ -79,6 +79,12 @@ class UpstreamServerConflict(Conflict):
     message = "Another upstream server has this slug or tool prefix."
 
 
+class UpstreamSyncFailed(ApplicationError):
+    code = "upstream_sync_failed"
+    http_status = 502
+    message = "The upstream server's tools/list failed; nothing was changed."
+
+
 class UpstreamServerNotFound(NotFound):
     code = "upstream_server_not_found"
     message = "No such upstream server."
