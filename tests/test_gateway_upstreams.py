@@ -370,3 +370,55 @@ def test_operator_api_manages_servers_and_write_only_credentials(operator_client
             client.put("/v1/upstreams/pay/credentials", {"kind": "bearer", "token": "x"}, format="json").status_code
             == 403
         )
+
+
+# --- UPSTREAM_MCP_URL as the server "default"; the secrets' key -------------------------------------------
+
+
+@pytest.mark.django_db
+def test_upstream_mcp_url_becomes_the_server_default_and_its_tools_keep_their_names(settings: Any) -> None:
+    from mcpgateway import services
+    from mcpgateway.services.upstreams import upstream_default_ensure
+
+    settings.ENABLE_DOGFOOD_TOOL = False
+    with running_demo_upstream() as demo:
+        # Tools registered before servers were records (no server) ...
+        settings.UPSTREAM_MCP_URL = demo.url
+        call_command("sync_tools", "--url", demo.url, stdout=StringIO())
+        assert Tool.objects.get(service_id="notes.append").server_id is None
+        # ... are the server default's after the next sync, under the same names.
+        out = StringIO()
+        call_command("sync_tools", stdout=out)
+        default = UpstreamServer.objects.get(slug="default")
+        assert (default.url, default.tool_prefix, default.tenant_ids) == (demo.url, "", None)
+        assert Tool.objects.get(service_id="notes.append").server_id == default.server_id
+        assert Tool.objects.get(service_id="notes.append").remote_name == "notes.append"
+        assert f"from server default ({demo.url})" in out.getvalue()
+        assert services.tool_get("notes.append") is not None
+    # A restart with another URL or timeouts updates it; what the operator set stays.
+    upstream_server_update(server_id=default.server_id, tenant_ids=["t1"], actor="admin:ops")
+    settings.UPSTREAM_MCP_URL = "http://127.0.0.1:9/mcp"
+    settings.UPSTREAM_READ_TIMEOUT = 7
+    upstream_default_ensure()
+    default.refresh_from_db()
+    assert (default.url, default.read_timeout, default.tenant_ids) == ("http://127.0.0.1:9/mcp", 7.0, ["t1"])
+    assert upstream_default_ensure() is not None
+    assert AuditEvent.objects.filter(event="upstream_server.updated", detail__actor="UPSTREAM_MCP_URL").count() == 1
+
+
+def test_secrets_are_encrypted_under_a_key_file_created_0600(settings: Any, tmp_path: Any) -> None:
+    from cryptography.fernet import Fernet
+
+    from mcpgateway.upstream import secrets
+
+    settings.UPSTREAM_SECRETS_KEY = ""
+    settings.UPSTREAM_SECRETS_KEY_FILE = str(tmp_path / "keys" / "upstream.key")
+    blob = secrets.secret_encrypt({"token": "s3cret"})
+    assert b"s3cret" not in blob
+    key_file = tmp_path / "keys" / "upstream.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert secrets.secret_decrypt(blob) == {"token": "s3cret"}
+    # Another key (from the environment) cannot read it.
+    settings.UPSTREAM_SECRETS_KEY = Fernet.generate_key().decode()
+    with pytest.raises(secrets.SecretUnreadable):
+        secrets.secret_decrypt(blob)
