@@ -7,23 +7,10 @@ Signing keys show public metadata only (the private keys are not in the database
 
 from __future__ import annotations
 
-from typing import Any
-
 from django.contrib import admin
-from django.http import HttpRequest
 
 from audit.models import Alert, AuditEvent, ChainHead, SigningKey
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+from common.console import ReadOnlyAdmin
 
 
 @admin.register(AuditEvent)

@@ -23,11 +23,11 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.canonical import CanonicalizationError, canonical_bytes, event_bytes, fast_text, iso_utc
 from audit.evidence_core import CHAIN_ROW_FIELDS, GENESIS_HASH, ChainCheck, _scan_json
 from audit.models import AuditEvent, ChainHead, ChainVerificationRecord
 from audit.signing import sign_statement, verify_statement
-from config.errors import RequestValidationError
+from common.canonical import CanonicalizationError, canonical_bytes, event_bytes, fast_text, iso_utc
+from common.errors import RequestValidationError
 
 logger = logging.getLogger("tollgate.audit")
 

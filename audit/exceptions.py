@@ -1,10 +1,10 @@
-"""Failures of the evidence services, in the one error model (config.errors)."""
+"""Failures of the evidence services, in the one error model (common.errors)."""
 
 from __future__ import annotations
 
 from rest_framework import status
 
-from config.errors import ApplicationError
+from common.errors import ApplicationError
 
 
 class SigningKeyUnavailable(ApplicationError):

@@ -39,9 +39,9 @@ from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
 from django.utils import timezone
 
-from audit.canonical import b64url_decode_strict, b64url_encode
 from audit.evidence_core import key_id_for_public_key, private_key_from_seed, raw_public_key
 from common.cache import BoundedCache
+from common.canonical import b64url_decode_strict, b64url_encode
 
 # Private keys by kid, once read from the environment or the key file (a kid names one key forever).
 _cache: BoundedCache[str, Ed25519PrivateKey] = BoundedCache("audit.private_keys", max_entries=1_000)

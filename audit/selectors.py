@@ -9,13 +9,21 @@ wallet are operator-only. ``/v1/me/*`` narrows further to the caller's own walle
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any, Protocol
 
 from django.db.models import Count, Q, QuerySet
 
-from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, ChainHead, SigningKey, SigningKeyState
-from config.errors import NotFound, WalletAccessDenied, WalletKeyRequired
+from audit.models import (
+    SYSTEM_CHAIN,
+    Alert,
+    AuditEvent,
+    ChainHead,
+    ChainVerificationRecord,
+    SigningKey,
+    SigningKeyState,
+)
+from common.errors import NotFound, WalletAccessDenied, WalletKeyRequired
 
 
 class Caller(Protocol):
@@ -141,3 +149,14 @@ def signing_keys_published() -> list[SigningKey]:
     """Every published key: the active one first, then retired keys, newest first."""
     keys = SigningKey.objects.all()
     return sorted(keys, key=lambda k: (k.state != SigningKeyState.ACTIVE, -k.created_at.timestamp(), k.key_id))
+
+
+def console_figures(user: Any, now: datetime) -> dict[str, Any]:
+    """The console index's audit figures: alerts of the last day (``view_alert``) and the last chain
+    verification (``view_auditevent``)."""
+    figures: dict[str, Any] = {}
+    if user.has_perm("audit.view_alert"):
+        figures["alerts_24h"] = Alert.objects.filter(created_at__gte=now - timedelta(hours=24)).count()
+    if user.has_perm("audit.view_auditevent"):
+        figures["last_verification"] = ChainVerificationRecord.objects.order_by("-verified_at").first() or "never"
+    return figures

@@ -6,7 +6,7 @@ from typing import Any
 
 from rest_framework import serializers
 
-from config.pagination import PageQuery, list_envelope
+from common.pagination import PageQuery, list_envelope
 
 
 class SigningKeyMetadataResponse(serializers.Serializer):

@@ -21,13 +21,13 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from audit import keystore
-from audit.canonical import check_round_trip, event_bytes, iso_utc
 from audit.evidence_core import chain_hash
 from audit.exceptions import SigningKeyRetired, SigningKeyUnavailable
 from audit.models import SYSTEM_CHAIN, Alert, AuditEvent, SigningKey, SigningKeyState
+from common import fastsql
 from common.cache import BoundedCache
-from config import fastsql
-from config.ids import new_id
+from common.canonical import check_round_trip, event_bytes, iso_utc
+from common.ids import new_id
 from config.middleware import get_request_id
 
 logger = logging.getLogger("tollgate.audit")

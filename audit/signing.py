@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from audit import keystore
-from audit.canonical import CanonicalizationError, canonical_bytes_fast
 from audit.evidence_core import (
     VerificationResult,
     kid_matches_key,
@@ -31,7 +30,8 @@ from audit.exceptions import SigningKeyUnavailable
 from audit.models import SigningKey
 from audit.services import active_kid, signing_key_ensure
 from common.cache import BoundedCache
-from config.jsonbody import storable_text
+from common.canonical import CanonicalizationError, canonical_bytes_fast
+from common.jsonbody import storable_text
 
 logger = logging.getLogger("tollgate.audit")
 

@@ -24,9 +24,9 @@ from audit.serializers import (
     SigningKeyMetadataResponse,
     jwk_data,
 )
-from config.authentication import AllowAnyone, principal
-from config.pagination import PageQuery, page, parse_body, parse_query
-from config.schema import error_responses
+from billing.authentication import AllowAnyone, principal
+from common.pagination import PageQuery, page, parse_body, parse_query
+from common.schema import error_responses
 
 AUDIT = ["audit"]
 SIGNING_KEYS = ["signing_keys"]

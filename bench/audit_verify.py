@@ -42,6 +42,10 @@ def _setup(db_name: str, key_dir: str) -> None:
     os.environ["TOLLGATE_TEST_DB"] = db_name
     os.environ["SIGNING_KEY_FILE"] = str(Path(key_dir) / "signing-keys.json")
     os.environ["SIGNING_KEY_PRIVATE"] = ""
+    if not os.environ.get("DATABASE_URL"):
+        from devtools import pg  # the settings only point at the embedded server; start it
+
+        pg.ensure_running()
     import django
 
     django.setup()
@@ -53,10 +57,10 @@ def _fill(chain: str, n: int) -> tuple[list[tuple[Any, ...]], list[int]]:
     from django.utils import timezone
     from psycopg.types.json import Jsonb
 
-    from audit.canonical import event_bytes, iso_utc
     from audit.evidence_core import GENESIS_HASH
     from audit.models import ChainHead
-    from config.ids import new_id
+    from common.canonical import event_bytes, iso_utc
+    from common.ids import new_id
 
     prev_hex = GENESIS_HASH
     prev_raw = bytes.fromhex(prev_hex)

@@ -196,8 +196,8 @@ SECTIONS = [
     ("audit.signing", "sign_statement"),
     ("receipts.services", "receipt_statement"),
     ("mcpgateway.services.call", "request_document"),
-    ("audit.canonical", "check_round_trip"),
-    ("audit.canonical", "event_bytes"),
+    ("common.canonical", "check_round_trip"),
+    ("common.canonical", "event_bytes"),
     ("mcpgateway.services.dispatch", "upstream_client"),
 ]
 

@@ -23,6 +23,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+if not os.environ.get("DATABASE_URL"):
+    from devtools import pg  # the settings only point at the embedded server; start it
+
+    pg.ensure_running()
 
 import django  # noqa: E402
 

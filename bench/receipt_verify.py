@@ -21,8 +21,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from audit.canonical import b64url_decode_strict  # noqa: E402
 from audit.evidence_core import load_public_key  # noqa: E402
+from common.canonical import b64url_decode_strict  # noqa: E402
 from receipts.verify import verify_portable  # noqa: E402
 
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from decimal import Decimal
 from typing import Any
-from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
@@ -26,7 +25,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
-from billing import login_throttle, services
+from billing import services
 from billing.exceptions import money_display
 from billing.models import (
     APIKey,
@@ -34,13 +33,13 @@ from billing.models import (
     ChargeIdempotency,
     KeyRotationLog,
     LedgerEntry,
-    LoginThrottle,
     ServicePrice,
     Wallet,
     WalletStatus,
 )
 from billing.services import wallets
-from config.errors import ApplicationError, RequestValidationError
+from common.console import ReadOnlyAdmin, ServiceSavedAdmin, changelist_link, confirmation_page, console_actor, has_perm
+from common.errors import ApplicationError, RequestValidationError
 
 # Session key under which a new API key's secret waits for its single reveal.
 SECRET_SESSION_PREFIX = "tollgate:new-key-secret:"
@@ -113,85 +112,9 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(max_length=200, required=False, initial="frozen by operator")
 
 
-def confirmation_page(
-    modeladmin: admin.ModelAdmin,
-    request: HttpRequest,
-    queryset: QuerySet[Any],
-    *,
-    action: str,
-    title: str,
-    warning: str,
-    headings: list[str],
-    row: Any,
-    confirm_label: str,
-) -> HttpResponse | None:
-    """An intermediate confirmation page like Django's delete confirmation, or None once confirmed.
-
-    Destructive console actions (close, revoke, reconciliation results and refunds) list the
-    objects and their balances or effects, and act only on the POST that carries ``post=yes``.
-    """
-    if request.POST.get("post") == "yes":
-        return None
-    objects = list(queryset)
-    opts = modeladmin.model._meta
-    context = {
-        **modeladmin.admin_site.each_context(request),
-        "title": title,
-        "warning": warning,
-        "headings": headings,
-        "rows": [row(obj) for obj in objects],
-        "selected": [obj.pk for obj in objects],
-        "action": action,
-        "confirm_label": confirm_label,
-        "cancel_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"),
-        "opts": opts,
-    }
-    return TemplateResponse(request, "admin/confirm_action.html", context)
-
-
-class ServiceSavedAdmin(admin.ModelAdmin):
-    """A change form whose ``save_model`` calls a service.
-
-    Django wraps the add/change view in ``transaction.atomic()``; the services
-    own durable transactions, which cannot nest in it. The form is validated and
-    rendered the same; the service's transaction is the only one.
-    """
-
-    @csrf_protect_m
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
-        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
-
-
-def _actor(request: HttpRequest) -> str:
-    return f"admin:{request.user.get_username()}" if request.user.is_authenticated else "admin"
-
-
-def console_actor(request: HttpRequest) -> str:
-    """The actor every console change is audited with: ``admin:<username>``."""
-    return _actor(request)
-
-
-def has_perm(request: HttpRequest, permission: str) -> bool:
-    """Django's model permission check (``app_label.codename``); never ``is_staff`` alone."""
-    return bool(request.user.is_active and request.user.has_perm(permission))
-
-
 def credits_cell(value: Decimal | None) -> str:
     """A right-aligned credits cell for list pages (1,250.5)."""
     return format_html('<span class="credits" style="display:block;text-align:right">{}</span>', money_display(value))
-
-
-def changelist_link(model: str, label: str, **query: str) -> str:
-    """A link to ``app.model``'s list page filtered by ``query`` (for "related objects" fields)."""
-    app_label, model_name = model.split(".")
-    url = reverse(f"admin:{app_label}_{model_name}_changelist") + "?" + urlencode(query)
-    return format_html('<a href="{}">{}</a>', url, label)
 
 
 def _open_calls_display(wallet: Wallet) -> str:
@@ -271,7 +194,7 @@ class WalletAdmin(admin.ModelAdmin):
                         initial_credits=data["amount"],
                         daily_limit=data["daily_limit"],
                         expires_at=data["expires_at"],
-                        actor=_actor(request),
+                        actor=console_actor(request),
                     )
                 else:
                     wallet = services.wallet_create_agent(
@@ -283,7 +206,7 @@ class WalletAdmin(admin.ModelAdmin):
                         refill_threshold=data["refill_threshold"],
                         refill_amount=data["refill_amount"],
                         expires_at=data["expires_at"],
-                        actor=_actor(request),
+                        actor=console_actor(request),
                     )
             except (ApplicationError, RequestValidationError) as exc:
                 form.add_error(None, _failure(exc))
@@ -371,7 +294,7 @@ class WalletAdmin(admin.ModelAdmin):
             queryset,
             "Provisioned",
             lambda w: services.wallet_provision(
-                wallet=w, amount=amount, description=description, actor=_actor(request)
+                wallet=w, amount=amount, description=description, actor=console_actor(request)
             ),
         )
         return None
@@ -394,7 +317,11 @@ class WalletAdmin(admin.ModelAdmin):
             if wallet.parent is None:
                 raise RequestValidationError.single(["wallet"], "A sponsor has no parent; provision it.", "no_parent")
             services.wallet_fund(
-                source=wallet.parent, target=wallet, amount=amount, description=description, actor=_actor(request)
+                source=wallet.parent,
+                target=wallet,
+                amount=amount,
+                description=description,
+                actor=console_actor(request),
             )
 
         self._apply(request, queryset, "Funded", fund)
@@ -412,7 +339,7 @@ class WalletAdmin(admin.ModelAdmin):
             request,
             queryset,
             "Froze",
-            lambda w: services.wallet_freeze(wallet=w, reason=reason, actor=_actor(request)),
+            lambda w: services.wallet_freeze(wallet=w, reason=reason, actor=console_actor(request)),
         )
         return None
 
@@ -422,7 +349,7 @@ class WalletAdmin(admin.ModelAdmin):
             request,
             queryset.filter(status=WalletStatus.FROZEN),
             "Unfroze",
-            lambda w: services.wallet_unfreeze(wallet=w, actor=_actor(request)),
+            lambda w: services.wallet_unfreeze(wallet=w, actor=console_actor(request)),
         )
 
     @admin.action(description="Close wallets for good…", permissions=["close_wallet"])
@@ -453,7 +380,7 @@ class WalletAdmin(admin.ModelAdmin):
         done, failed = 0, []
         for wallet in wallets:
             try:
-                services.wallet_close(wallet=wallet, actor=_actor(request))
+                services.wallet_close(wallet=wallet, actor=console_actor(request))
                 done += 1
             except ApplicationError as exc:
                 failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
@@ -488,7 +415,9 @@ class WalletAdmin(admin.ModelAdmin):
         revoked = 0
         for wallet in queryset.order_by("path"):
             revoked += len(
-                services.api_key_emergency_revoke(wallet=wallet, reason="emergency (console)", actor=_actor(request))
+                services.api_key_emergency_revoke(
+                    wallet=wallet, reason="emergency (console)", actor=console_actor(request)
+                )
             )
         self.message_user(request, f"Revoked {revoked} key(s).", messages.WARNING)
         return None
@@ -535,19 +464,8 @@ class ConsoleGroupAdmin(SuperuserChangesOnly, GroupAdmin):
     """Console roles (the groups of ``mcpgateway.0002_console_groups``), changed by superusers only."""
 
 
-class _ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-
 @admin.register(LedgerEntry)
-class LedgerEntryAdmin(_ReadOnlyAdmin):
+class LedgerEntryAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "account", "kind", "amount_col", "balance_after_col", "description"]
     list_filter = ["kind", "service_category"]
     search_fields = ["entry_id", "transaction_id", "account", "tenant_id", "correlation_id"]
@@ -564,7 +482,7 @@ class LedgerEntryAdmin(_ReadOnlyAdmin):
 
 
 @admin.register(ChargeIdempotency)
-class ChargeIdempotencyAdmin(_ReadOnlyAdmin):
+class ChargeIdempotencyAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "wallet", "key", "status", "response_status", "entry"]
     search_fields = ["wallet__wallet_id", "key"]
 
@@ -590,7 +508,7 @@ class ServicePriceAdmin(ServiceSavedAdmin):
 
     def save_model(self, request: HttpRequest, obj: ServicePrice, form: Any, change: bool) -> None:
         services.category_price_set(
-            category=obj.category, credits_per_unit=form.cleaned_data["credits_per_unit"], actor=_actor(request)
+            category=obj.category, credits_per_unit=form.cleaned_data["credits_per_unit"], actor=console_actor(request)
         )
 
 
@@ -706,9 +624,9 @@ class APIKeyAdmin(ServiceSavedAdmin):
         if wallet is None:
             if not (request.user.is_superuser and has_perm(request, "billing.create_operator_key")):
                 raise PermissionDenied  # the form refuses it first
-            issued = services.operator_key_create(name=name or "operator", actor=_actor(request))
+            issued = services.operator_key_create(name=name or "operator", actor=console_actor(request))
         else:
-            issued = services.api_key_create(wallet=wallet, name=name, actor=_actor(request))
+            issued = services.api_key_create(wallet=wallet, name=name, actor=console_actor(request))
         # Let the admin's change log and redirect use the real row.
         obj.pk = issued.key.pk
         obj.key_id = issued.key.key_id
@@ -779,10 +697,10 @@ class APIKeyAdmin(ServiceSavedAdmin):
                         request, f"{key.key_id}: operator keys need the operator-key permission.", messages.ERROR
                     )
                     continue
-                services.operator_key_revoke(key_id=key.key_id, reason="operator_console", actor=_actor(request))
+                services.operator_key_revoke(key_id=key.key_id, reason="operator_console", actor=console_actor(request))
             else:
                 services.api_key_revoke(
-                    wallet=key.wallet, key_id=key.key_id, reason="operator_console", actor=_actor(request)
+                    wallet=key.wallet, key_id=key.key_id, reason="operator_console", actor=console_actor(request)
                 )
             count += 1
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
@@ -802,38 +720,3 @@ class KeyRotationLogAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-
-@admin.register(LoginThrottle)
-class LoginThrottleAdmin(admin.ModelAdmin):
-    """The sign-ins locked now (billing.login_throttle): an account from one client, an account from
-    every client, or a client for every account, with the lockout level and its end. Read-only; the
-    "Unlock" action (``billing.unlock_login``) lifts a lock through ``login_throttle_unlock``, audited."""
-
-    list_display = ["scope", "account_label", "client", "level", "locked_until"]
-    list_filter = ["scope"]
-    search_fields = ["account_label", "client"]
-    ordering = ["-locked_until"]
-    actions = ["unlock_selected"]
-
-    def get_queryset(self, request: HttpRequest) -> QuerySet[LoginThrottle]:
-        return super().get_queryset(request).filter(locked_until__gt=login_throttle.clock())
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_unlock_login_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "billing.unlock_login")
-
-    @admin.action(description="Unlock selected sign-ins", permissions=["unlock_login"])
-    def unlock_selected(self, request: HttpRequest, queryset: QuerySet[LoginThrottle]) -> None:
-        unlocked = login_throttle.login_throttle_unlock(
-            throttle_ids=list(queryset.values_list("pk", flat=True)), actor=_actor(request)
-        )
-        self.message_user(request, f"Unlocked {len(unlocked)} sign-in lockout(s).", messages.SUCCESS)

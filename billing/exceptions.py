@@ -1,4 +1,4 @@
-"""Billing failures, one class per domain failure (rendered by ``config.errors``)."""
+"""Billing failures, one class per domain failure (rendered by ``common.errors``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from typing import Any
 
 from rest_framework import status
 
-from config.errors import ApplicationError, Conflict, PermissionDeniedError
+from common.errors import ApplicationError, Conflict, PermissionDeniedError
 
 
 def money(value: Decimal) -> str:

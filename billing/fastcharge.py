@@ -1,13 +1,14 @@
 """``POST /v1/billing/charge`` without URL resolution, DRF, or the middleware that does nothing for it.
 
-The charge is the gateway's cheapest request and its busiest. Django's full path costs more CPU
-for it than the charge itself: thirteen middleware, URL resolution, DRF's request, authentication,
-negotiation and rendering (measured in docs/decisions.md, Hot path). ``config.wsgi`` sends a
-charge here when ``plain_request`` finds it plain: a POST to exactly ``CHARGE_PATH``, an
-``Accept`` DRF answers with JSON without negotiating (none, ``*/*`` or ``application/json``), no
-``format`` parameter, a credential header, a valid or absent ``Idempotency-Key``, and query values
-``billing.views.plain_charge_params`` reads without ``ChargeQuery``. Everything else takes the full
-path unchanged, before anything was charged or written.
+The charge is the gateway's cheapest request and its busiest. Django's full path costs more CPU for
+it than the charge itself: thirteen middleware, URL resolution, DRF's request, authentication,
+negotiation and rendering (measured in docs/decisions.md, Hot path). ``Gateway`` (the WSGI
+application ``config.wsgi`` serves) sends a charge here when ``plain_request`` finds it plain: a
+POST to exactly ``CHARGE_PATH``, an ``Accept`` DRF answers with JSON without negotiating (none,
+``*/*`` or ``application/json``), no ``format`` parameter, a credential header, a valid or absent
+``Idempotency-Key``, and query values ``billing.views.plain_charge_params`` reads without
+``ChargeQuery``. Everything else takes the full path unchanged, before anything was charged or
+written.
 
 ``ChargeHandler`` is Django's own WSGI handler (request, signals, response, the log of 4xx and 5xx)
 with the project's middleware minus ``SKIPPED``, the middleware that does nothing for such a
@@ -32,6 +33,7 @@ resolves to ``ChargeView``.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import Any
 from urllib.parse import parse_qsl
 
@@ -46,12 +48,12 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.settings import api_settings
 
+from billing.authentication import credential_from_meta
 from billing.ratelimit import DeferredRefused
 from billing.selectors import Principal
 from billing.views import PLAIN_ACCEPT, ChargeView, charge, plain_charge_params
-from config.authentication import credential_from_meta
-from config.errors import RequestValidationError
-from config.idempotency import validate_idempotency_key
+from common.errors import RequestValidationError
+from common.idempotency import validate_idempotency_key
 
 logger = logging.getLogger("tollgate.fastcharge")
 
@@ -74,7 +76,7 @@ KEPT = frozenset(
     {
         "config.middleware.RequestIdMiddleware",
         "config.middleware.SecurityHeadersMiddleware",
-        "config.jsonbody.BodySizeLimitMiddleware",
+        "common.jsonbody.BodySizeLimitMiddleware",
         "django.middleware.security.SecurityMiddleware",
         "metrics.middleware.MetricsMiddleware",
         "billing.ratelimit.RateLimitMiddleware",
@@ -179,3 +181,22 @@ def charge_handler() -> ChargeHandler | None:
         logger.warning("charge fast path off: %s is not served by ChargeView", CHARGE_PATH)
         return None
     return handler
+
+
+class Gateway:
+    """The WSGI application: a plain ``POST /v1/billing/charge`` to ``charge_handler``, anything else to Django.
+
+    Built here, beside the fast path it routes to; ``config.wsgi`` builds it through the
+    ``GATEWAY_WSGI_APPLICATION`` setting, so that config imports no app.
+    """
+
+    def __init__(self) -> None:
+        self.django = WSGIHandler()
+        self.charge = charge_handler()
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        params = plain_request(environ) if self.charge is not None else None
+        if self.charge is not None and params is not None:
+            environ[PARAMS] = params
+            return self.charge(environ, start_response)
+        return self.django(environ, start_response)

@@ -52,7 +52,9 @@ class Wallet(models.Model):
 
     wallet_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
-    parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="children"
+    )
     wallet_type = models.CharField(max_length=16, choices=WalletType.choices)
     status = models.CharField(max_length=16, choices=WalletStatus.choices, default=WalletStatus.ACTIVE)
     # Ancestry from the root sponsor down to this wallet: "spn_x/agt_y/chd_z".
@@ -215,7 +217,13 @@ class LedgerEntry(models.Model):
     transaction_id = models.CharField(max_length=40)
     tenant_id = models.CharField(max_length=40)
     wallet = models.ForeignKey(
-        Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="ledger_entries", db_index=False
+        Wallet,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="ledger_entries",
+        db_index=False,
     )
     account = models.CharField(max_length=40)
     counterparty = models.CharField(max_length=40)
@@ -229,7 +237,13 @@ class LedgerEntry(models.Model):
     correlation_id = models.CharField(max_length=128, blank=True, default="")
     # A refund points at the charge it reverses.
     refund_of = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.PROTECT, related_name="refunds", db_index=False
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="refunds",
+        db_index=False,
     )
     created_at = models.DateTimeField(default=timezone.now)
 
@@ -276,7 +290,7 @@ class SpendBucket(models.Model):
     """
 
     id = models.BigAutoField(primary_key=True)
-    wallet = models.ForeignKey(Wallet, on_delete=models.CASCADE, related_name="+", db_index=False)
+    wallet = models.ForeignKey(Wallet, on_delete=models.CASCADE, db_constraint=False, related_name="+", db_index=False)
     tenant_id = models.CharField(max_length=40)
     hour = models.DateTimeField()
     amount = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
@@ -284,7 +298,7 @@ class SpendBucket(models.Model):
     class Meta:
         db_table = "billing_spend_bucket"
         constraints = [
-            models.UniqueConstraint(fields=["wallet", "hour"], name="spend_bucket_wallet_hour"),
+            models.UniqueConstraint(fields=["wallet", "hour", "tenant_id"], name="spend_bucket_wallet_hour"),
             models.CheckConstraint(condition=Q(amount__gte=0), name="spend_bucket_non_negative"),
         ]
 
@@ -304,21 +318,27 @@ class ChargeIdempotency(models.Model):
     ``billing.services.wallet_charge``), never in a cache.
     """
 
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="charge_keys", db_index=False)
+    wallet = models.ForeignKey(
+        Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="charge_keys", db_index=False
+    )
     tenant_id = models.CharField(max_length=40)
     key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
     status = models.CharField(max_length=16, choices=IdempotencyStatus.choices, default=IdempotencyStatus.DONE)
     response_status = models.PositiveSmallIntegerField(null=True, blank=True)
     response_body = models.JSONField(null=True, blank=True)
-    entry = models.ForeignKey(LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    entry = models.ForeignKey(
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="+"
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
         db_table = "billing_charge_idempotency"
         verbose_name_plural = "charge idempotency keys"
-        constraints = [models.UniqueConstraint(fields=["wallet", "key"], name="charge_idempotency_wallet_key")]
+        constraints = [
+            models.UniqueConstraint(fields=["wallet", "key", "tenant_id"], name="charge_idempotency_wallet_key")
+        ]
 
     def __str__(self) -> str:
         return f"{self.wallet_id}:{self.key}"
@@ -372,7 +392,9 @@ class APIKey(models.Model):
     """
 
     key_id = models.CharField(max_length=40, primary_key=True)
-    wallet = models.ForeignKey(Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="api_keys")
+    wallet = models.ForeignKey(
+        Wallet, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="api_keys"
+    )
     tenant_id = models.CharField(max_length=40, null=True, blank=True, db_index=True)
     name = models.CharField(max_length=200, blank=True, default="")
     secret_hash = models.CharField(max_length=64)
@@ -422,7 +444,7 @@ class KeyLogAction(models.TextChoices):
 class KeyRotationLog(models.Model):
     """The lifecycle log of a wallet's API keys (creation, rotation, revocation)."""
 
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="key_logs")
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="key_logs")
     tenant_id = models.CharField(max_length=40, db_index=True)
     action = models.CharField(max_length=32, choices=KeyLogAction.choices)
     key_id = models.CharField(max_length=40)
@@ -437,46 +459,3 @@ class KeyRotationLog(models.Model):
 
     def __str__(self) -> str:
         return f"{self.action} {self.key_id}"
-
-
-class LoginThrottleScope(models.TextChoices):
-    CLIENT = "client", "account from one client"
-    ACCOUNT = "account", "account from every client"
-    ADDRESS = "address", "client, every account"
-
-
-class LoginThrottle(models.Model):
-    """Failed password sign-ins (console and approval pages) of one scope, and its lockout.
-
-    One row per (scope, account, client): ``client`` scope is one account from one client address,
-    ``account`` one account from every client (``client`` empty), ``address`` one client address
-    for every account (``account_key`` empty). ``failures`` is a leaky bucket: it drains at the
-    scope's hourly limit from ``updated_at``, so there is no window boundary to straddle. A failure
-    that leaves no room for another locks the row until ``locked_until``, for the cool-off of
-    ``level`` (the lockouts so far), which resets after a quiet period. Written only by
-    ``billing.login_throttle`` under the row lock (docs/decisions.md, Operator console).
-    """
-
-    scope = models.CharField(max_length=16, choices=LoginThrottleScope.choices)
-    # "user:<pk>" where the account exists, else "name:<sha256 of the NFKC-casefolded username>".
-    account_key = models.CharField(max_length=80, blank=True, default="")
-    # What the console shows for the account: the user's username, or the normalized name typed.
-    account_label = models.CharField(max_length=150, blank=True, default="")
-    client = models.CharField(max_length=64, blank=True, default="")
-    failures = models.FloatField(default=0)
-    updated_at = models.DateTimeField()
-    level = models.PositiveSmallIntegerField(default=0)
-    locked_until = models.DateTimeField(null=True, blank=True, db_index=True)
-
-    class Meta:
-        db_table = "billing_login_throttle"
-        verbose_name = "sign-in lockout"
-        constraints = [
-            models.UniqueConstraint(fields=["scope", "account_key", "client"], name="login_throttle_unique"),
-            models.CheckConstraint(condition=Q(failures__gte=0), name="login_throttle_failures_nonnegative"),
-        ]
-        permissions = [("unlock_login", "Can unlock locked sign-ins")]
-
-    def __str__(self) -> str:
-        who = " from ".join(part for part in (self.account_label, self.client) if part)
-        return f"{self.scope}: {who}"

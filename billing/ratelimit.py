@@ -61,12 +61,12 @@ from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.utils.cache import get_conditional_response
 
+from access.keys import hash_secret
 from audit.services import audit_record
-from billing.keys import hash_secret
+from billing.authentication import credential_from_headers, resolve_credential
 from billing.selectors import api_key_authenticate_charging
-from config import metrics
-from config.authentication import credential_from_headers, resolve_credential
-from config.errors import InvalidAPIKey, RateLimited, json_error
+from common import metrics
+from common.errors import InvalidAPIKey, RateLimited, json_error
 
 if TYPE_CHECKING:
     from billing.models import APIKey

@@ -14,7 +14,7 @@ from django.db.models import OuterRef, Q, QuerySet, Subquery, Sum, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from billing.keys import MIN_SECRET_LENGTH, hash_secret, parse_secret
+from access.keys import MIN_SECRET_LENGTH, hash_secret, parse_secret
 from billing.models import (
     DEFAULT_CATEGORY_PRICES,
     ZERO,
@@ -28,8 +28,8 @@ from billing.models import (
     ToolPrice,
     Wallet,
 )
-from config import fastsql
-from config.errors import InvalidAPIKey, NotFound, WalletAccessDenied
+from common import fastsql
+from common.errors import InvalidAPIKey, NotFound, WalletAccessDenied
 
 MONEY_FIELD = models.DecimalField(max_digits=20, decimal_places=8)
 ZERO_DEC = Value(ZERO, output_field=MONEY_FIELD)
@@ -120,7 +120,7 @@ def _key_charge_sql() -> str:
 class Principal:
     """The authenticated caller: one API key, wallet-scoped or operator.
 
-    Here beside the reach rule it carries (``wallets_visible``); ``config.authentication``
+    Here beside the reach rule it carries (``wallets_visible``); ``billing.authentication``
     puts it on ``request.user``.
     """
 
@@ -330,3 +330,12 @@ def pricing_table() -> dict[str, Any]:
     ]
     tools = [{"tool": t.tool, "credits_per_call": t.credits} for t in ToolPrice.objects.order_by("tool")]
     return {"unit": "credits", "categories": categories, "tools": tools}
+
+
+def console_figures(user: Any, now: datetime) -> dict[str, Any]:
+    """The console index's billing figure: the ten tenants holding the most credits (``view_wallet``)."""
+    if not user.has_perm("billing.view_wallet"):
+        return {}
+    totals = Wallet.objects.values("tenant_id").annotate(total=Sum("balance")).order_by("-total")[:10]
+    names = dict(Wallet.objects.filter(wallet_id__in=[t["tenant_id"] for t in totals]).values_list("pk", "name"))
+    return {"tenants": [(t["tenant_id"], names.get(t["tenant_id"], ""), t["total"]) for t in totals]}

@@ -11,7 +11,7 @@ from drf_spectacular.plumbing import ResolvedComponent
 from rest_framework import serializers
 
 from billing.models import APIKey, KeyRotationLog, ServiceCategory, WalletStatus, WalletType
-from config.pagination import MAX_LIMIT, MAX_OFFSET, list_envelope
+from common.pagination import MAX_LIMIT, MAX_OFFSET, list_envelope
 
 
 class NamedChoiceField(serializers.ChoiceField):

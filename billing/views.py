@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from billing import selectors, services
+from billing.authentication import principal
 from billing.models import ServiceCategory
 from billing.ratelimit import DeferredRefused
 from billing.selectors import Principal
@@ -43,12 +44,11 @@ from billing.serializers import (
     WalletResponse,
     api_key_data,
 )
-from config.authentication import principal
-from config.errors import OperatorKeyRequired
-from config.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
-from config.idempotency import HEADER_SCHEMA, validate_idempotency_key
-from config.pagination import PageQuery, page, parse_body, parse_query
-from config.schema import ERRORS_KEY, error_responses
+from common.errors import OperatorKeyRequired
+from common.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
+from common.idempotency import HEADER_SCHEMA, validate_idempotency_key
+from common.pagination import PageQuery, page, parse_body, parse_query
+from common.schema import ERRORS_KEY, error_responses
 
 TAG = ["api_keys"]
 BILLING = ["billing"]

@@ -1,6 +1,6 @@
 """gunicorn settings for the gateway: ``gunicorn -c python:config.gunicorn config.wsgi:application``.
 
-Sets up ``prometheus-client``'s multiprocess mode (``config.metrics``): each
+Sets up ``prometheus-client``'s multiprocess mode (``common.metrics``): each
 worker writes its counters to memory-mapped files in ``PROMETHEUS_MULTIPROC_DIR``
 and a scrape sums them. The directory belongs to one gunicorn instance: when
 the variable is unset a fresh one is made under the system's temporary

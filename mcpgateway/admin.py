@@ -10,10 +10,11 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 
 from billing import services as billing_services
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
+from billing.admin import money_display
 from billing.models import ToolPrice
 from billing.selectors import tool_price
-from config.errors import ApplicationError
+from common.console import ServiceSavedAdmin, confirmation_page, console_actor, has_perm
+from common.errors import ApplicationError
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
 from mcpgateway.services.upstreams import (
@@ -84,7 +85,7 @@ class ToolPriceAdmin(ServiceSavedAdmin):
 
 @admin.register(Tool)
 class ToolAdmin(ServiceSavedAdmin):
-    list_display = ["service_id", "server", "category", "source", "enabled", "price", "synced_at"]
+    list_display = ["service_id", "server", "category", "source", "enabled", "price", "schema_usable", "synced_at"]
     list_filter = ["server", "source", "enabled", "category"]
     search_fields = ["service_id", "description"]
     fields = [
@@ -97,6 +98,7 @@ class ToolAdmin(ServiceSavedAdmin):
         "enabled",
         "source",
         "input_schema",
+        "input_schema_problem",
         "output_schema",
         "annotations",
         "synced_at",
@@ -109,6 +111,7 @@ class ToolAdmin(ServiceSavedAdmin):
         "description",
         "source",
         "input_schema",
+        "input_schema_problem",
         "output_schema",
         "annotations",
         "synced_at",
@@ -118,6 +121,10 @@ class ToolAdmin(ServiceSavedAdmin):
     def price(self, obj: Tool) -> str:
         value = tool_price(obj.service_id)
         return "not set (not callable)" if value is None else f"{value:f}"
+
+    @admin.display(description="inputSchema usable", boolean=True)
+    def schema_usable(self, obj: Tool) -> bool:
+        return not obj.input_schema_problem
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # tools come from sync_tools

@@ -26,3 +26,9 @@ class McpgatewayConfig(AppConfig):
         from mcpgateway.selectors import wallet_open_calls
 
         wallets.open_calls = wallet_open_calls
+
+        # The console index asks each app for its figures (common.console).
+        from common.console import console_figures_register
+        from mcpgateway.selectors import console_figures
+
+        console_figures_register(console_figures)

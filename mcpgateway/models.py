@@ -124,6 +124,9 @@ class Tool(models.Model):
     title = models.CharField(max_length=200, blank=True, default="")
     description = models.TextField(blank=True, default="")
     input_schema = models.JSONField(default=dict)
+    # Why the gateway cannot validate arguments against ``input_schema`` (``mcpgateway.argschema``), found
+    # by ``tools_sync``; empty when it can. A tool with a reason is refused (``ToolSchemaUnusable``).
+    input_schema_problem = models.TextField(blank=True, default="")
     output_schema = models.JSONField(null=True, blank=True)
     annotations = models.JSONField(default=dict, blank=True)
     category = models.CharField(max_length=32, choices=ServiceCategory.choices, default=ServiceCategory.TOOLING)
@@ -173,7 +176,9 @@ class Action(models.Model):
     action_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40)
     # Indexed by the unique (wallet, idempotency_key) index, which leads with it.
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="actions", db_index=False)
+    wallet = models.ForeignKey(
+        Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="actions", db_index=False
+    )
     api_key_id = models.CharField(max_length=40)
     idempotency_key = models.CharField(max_length=255)
     request_hash = models.CharField(max_length=64)
@@ -183,13 +188,17 @@ class Action(models.Model):
     state = models.CharField(max_length=32, choices=ActionState.choices, default=ActionState.ACCEPTED)
     outcome = models.CharField(max_length=32, blank=True, default="")
     reason_code = models.CharField(max_length=64, blank=True, default="")
-    permit = models.ForeignKey(Permit, null=True, blank=True, on_delete=models.PROTECT, related_name="actions")
+    permit = models.ForeignKey(
+        Permit, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="actions"
+    )
     quote_id = models.CharField(max_length=40, blank=True, default="")
     price = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     ledger_entry = models.ForeignKey(
-        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="actions"
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="actions"
     )
-    receipt = models.OneToOneField(Receipt, null=True, blank=True, on_delete=models.PROTECT, related_name="action")
+    receipt = models.OneToOneField(
+        Receipt, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="action"
+    )
     policy_decision_id = models.CharField(max_length=40, blank=True, default="")
     # Where the call was sent, as claimed (the server's id, its URL and timeouts then): the evidence
     # names it after the server's URL changes, and the sweeper waits this server's timeouts.
@@ -205,7 +214,9 @@ class Action(models.Model):
     class Meta:
         db_table = "mcpgateway_action"
         constraints = [
-            models.UniqueConstraint(fields=["wallet", "idempotency_key"], name="action_wallet_idempotency_unique"),
+            models.UniqueConstraint(
+                fields=["wallet", "idempotency_key", "tenant_id"], name="action_wallet_idempotency_unique"
+            ),
             models.CheckConstraint(
                 condition=~Q(state__in=["completed", "delivery_uncertain", "denied"]) | Q(receipt__isnull=False),
                 name="action_finished_has_receipt",
@@ -255,12 +266,13 @@ class PartnerNote(models.Model):
     note_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40)
     wallet_id = models.CharField(max_length=40)
-    action_id = models.CharField(max_length=40, unique=True)
+    action_id = models.CharField(max_length=40)
     text = models.TextField()
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
         db_table = "mcpgateway_partner_note"
+        constraints = [models.UniqueConstraint(fields=["action_id", "tenant_id"], name="partner_note_action_unique")]
 
     def __str__(self) -> str:
         return self.note_id

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
 from django.db import connection
 
 from billing.models import Wallet
@@ -41,3 +44,10 @@ def wallet_open_calls(wallet: Wallet) -> dict[str, int]:
         )
         in_flight, awaiting, owed = cursor.fetchone()
     return {"calls_in_flight": in_flight, "calls_awaiting_reconciliation": awaiting, "refunds_owed": owed}
+
+
+def console_figures(user: Any, now: datetime) -> dict[str, Any]:
+    """The console index's gateway figure: receipted calls whose delivery is uncertain (``view_action``)."""
+    if not user.has_perm("mcpgateway.view_action"):
+        return {}
+    return {"uncertain_actions": Action.objects.filter(state="delivery_uncertain", receipt__isnull=False).count()}

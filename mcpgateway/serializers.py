@@ -5,7 +5,7 @@ from __future__ import annotations
 from rest_framework import serializers
 
 from billing.models import ServiceCategory
-from config.pagination import MAX_OFFSET
+from common.pagination import MAX_OFFSET
 
 
 class ToolDefinition(serializers.Serializer):
@@ -91,7 +91,7 @@ class UpstreamServerResponse(serializers.Serializer):
     connect_timeout = serializers.FloatField()
     read_timeout = serializers.FloatField()
     enabled = serializers.BooleanField()
-    required = serializers.BooleanField()
+    required = serializers.BooleanField()  # type: ignore[assignment]  # a field, popped by the metaclass
     default_category = serializers.ChoiceField(choices=ServiceCategory.choices)
     tool_prefix = serializers.CharField(allow_blank=True)
     tenant_ids = serializers.ListField(child=serializers.CharField(), allow_null=True)
@@ -115,7 +115,7 @@ class UpstreamServerUpdateRequest(serializers.Serializer):
     connect_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
     read_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
     enabled = serializers.BooleanField(required=False)
-    required = serializers.BooleanField(required=False)
+    required = serializers.BooleanField(required=False)  # type: ignore[assignment]  # a field, popped by the metaclass
     default_category = serializers.ChoiceField(choices=ServiceCategory.choices, required=False)
     tool_prefix = serializers.RegexField(r"^[A-Za-z0-9_-]*$", max_length=64, allow_blank=True, required=False)
     tenant_ids = serializers.ListField(

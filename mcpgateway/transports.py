@@ -34,11 +34,11 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
+from billing.authentication import resolve_credential
 from billing.models import ToolPrice
 from billing.ratelimit import DeferredRefused
 from billing.selectors import Principal
-from config.authentication import resolve_credential
-from config.errors import (
+from common.errors import (
     ApplicationError,
     InvalidAPIKey,
     NotAuthenticated,
@@ -46,8 +46,8 @@ from config.errors import (
     RequestValidationError,
     json_error,
 )
-from config.idempotency import validate_idempotency_key
-from config.jsonbody import JSONBodyError, check_storable, loads_bounded, storable_text
+from common.idempotency import validate_idempotency_key
+from common.jsonbody import JSONBodyError, check_storable, loads_bounded, storable_text
 from mcpgateway import services
 from mcpgateway.models import Action, McpSession, Tool
 from mcpgateway.services.sweeper import session_cutoff
@@ -290,7 +290,8 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
         first = err.errors[0]
         raise RpcError(INVALID_PARAMS, first["msg"], {"error": first["type"], "loc": first["loc"]}) from err
     except ApplicationError as err:
-        code = IN_PROGRESS if err.http_status == 409 else FORBIDDEN
+        # 409: the key is still being answered; 422: the call cannot be processed (tool_schema_unusable).
+        code = IN_PROGRESS if err.http_status == 409 else INVALID_PARAMS if err.http_status == 422 else FORBIDDEN
         ex.headers.update(err.headers)  # Retry-After for a key still in progress
         raise RpcError(code, err.detail_message, err.as_detail()) from err
     response = answer.response
@@ -385,7 +386,7 @@ def _read_message(request: HttpRequest) -> Any:
     try:
         return loads_bounded(request.body or b"null")
     except JSONBodyError as err:
-        # JSON, but outside the bounds every body is held to (config/jsonbody.py): not a parse error.
+        # JSON, but outside the bounds every body is held to (common/jsonbody.py): not a parse error.
         raise RpcError(INVALID_REQUEST, str(err), {"error": err.type}, http_status=422) from err
     except (ValueError, UnicodeDecodeError) as err:
         raise RpcError(PARSE_ERROR, "Parse error: the body is not JSON.", http_status=400) from err

@@ -10,10 +10,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
-from config.errors import NotFound, OperatorKeyRequired, RequestValidationError, flatten_drf_errors
-from config.pagination import parse_body, parse_query
-from config.schema import error_responses
+from billing.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
+from common.errors import NotFound, OperatorKeyRequired, RequestValidationError, flatten_drf_errors
+from common.pagination import parse_body, parse_query
+from common.schema import error_responses
 from mcpgateway import services
 from mcpgateway.models import UpstreamServer
 from mcpgateway.serializers import (
@@ -123,7 +123,7 @@ class ToolDetailView(CatalogView):
     def get(self, request: Request, service_id: str) -> Response:
         self.check_catalog_access(request)
         tool = services.tool_get(service_id)
-        if tool is None:
+        if tool is None or not services.tool_is_listed(tool):  # as tools/list: an unusable one is not offered
             raise NotFound("No such tool.", service_id=service_id)
         return Response(tool_definitions([tool])[0])
 
@@ -159,7 +159,7 @@ class ToolInvokeView(APIView):
             )
             raise RequestValidationError(flatten_drf_errors(errors, ["body"]))
         body = serializer.validated_data
-        from config.idempotency import validate_idempotency_key
+        from common.idempotency import validate_idempotency_key
 
         try:
             validate_idempotency_key(body["idempotency_key"], required=True)
@@ -214,9 +214,12 @@ def _operator(request: Request) -> str:
     return f"key:{caller.key_id}"
 
 
+_SERVER_FIELDS = [name for name in UpstreamServerResponse._declared_fields if name != "credentials"]
+
+
 def _server_data(server: UpstreamServer) -> dict[str, Any]:
     return {
-        **{name: getattr(server, name) for name in UpstreamServerResponse().fields if name != "credentials"},
+        **{name: getattr(server, name) for name in _SERVER_FIELDS},
         "credentials": sorted(
             server.credentials.values_list("tenant_id", flat=True), key=lambda tenant: (tenant is not None, tenant)
         ),

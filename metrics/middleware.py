@@ -1,7 +1,7 @@
 """The metrics middleware: counts every response, and keeps a scraper's token out of the API-key path.
 
 It sits before the rate limiter (``config/settings.py``), so 429s count too. The
-counters are ``config.metrics``'s, where any app may count; the scrape-token rule
+counters are ``common.metrics``'s, where any app may count; the scrape-token rule
 is here, and the view (``metrics.views``) checks it too.
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Callable
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 
-from config.metrics import count_request
+from common.metrics import count_request
 
 METRICS_PATH = "/metrics"
 
@@ -48,7 +48,7 @@ class MetricsMiddleware:
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
         if request.path_info == METRICS_PATH and scrape_token_matches(request):
-            # config.authentication.resolve_credential's per-request memo: (key, error).
+            # billing.authentication.resolve_credential's per-request memo: (key, error).
             request._tollgate_auth = (None, None)  # type: ignore[attr-defined]
             # billing.ratelimit's marker for the scraper's bucket (billing may not import this app).
             request._tollgate_scrape = True  # type: ignore[attr-defined]

@@ -17,7 +17,7 @@ Where each figure comes from:
   index of claimed actions. The first two read every receipt and every
   charge/refund entry, so their cost grows with history; scrape every 15 s or
   more.
-* ``prometheus-client`` (:mod:`config.metrics`; summed over every gunicorn
+* ``prometheus-client`` (:mod:`common.metrics`; summed over every gunicorn
   worker of the instance in its multiprocess mode): requests by route and
   status, the upstream latency histogram, rate-limit refusals.
 """
@@ -44,12 +44,12 @@ from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from audit.models import ChainHead
+from billing.authentication import APIKeyAuthentication
 from billing.models import LedgerEntry, LedgerKind, SystemAccount
 from billing.selectors import Principal
-from config.authentication import APIKeyAuthentication
-from config.errors import NotAuthenticated, OperatorKeyRequired
-from config.metrics import exposition, multiprocess_dir
-from config.schema import error_responses
+from common.errors import NotAuthenticated, OperatorKeyRequired
+from common.metrics import exposition, multiprocess_dir
+from common.schema import error_responses
 from mcpgateway.models import Action, ActionState
 from metrics.middleware import scrape_token_matches
 from receipts.models import Outcome, Receipt

@@ -14,8 +14,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.urls import reverse
 from django.utils import timezone
 
-from billing.admin import ServiceSavedAdmin, confirmation_page, console_actor, has_perm, money_display
-from config.errors import ApplicationError
+from billing.admin import money_display
+from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, has_perm
+from common.errors import ApplicationError
 from permits import services
 from permits.models import (
     Permit,
@@ -28,17 +29,6 @@ from permits.models import (
     TenantApprover,
 )
 from permits.services.policies import policy_rules_problems
-
-
-class ReadOnlyAdmin(admin.ModelAdmin):
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Permit)

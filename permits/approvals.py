@@ -15,8 +15,8 @@ from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_GET, require_POST
 
-from config.errors import ApplicationError, RequestValidationError
-from config.jsonbody import check_storable
+from common.errors import ApplicationError, RequestValidationError
+from common.jsonbody import check_storable
 from permits import selectors, services
 from permits.models import PermitRequest, PermitRequestStatus
 
@@ -69,7 +69,7 @@ def detail(request: HttpRequest, request_id: str) -> HttpResponse:
 
 def _form_text_problem(request: HttpRequest) -> str | None:
     """Why the decision form's text cannot be taken, if it cannot: PostgreSQL text holds no NUL and
-    no lone surrogate (``config.jsonbody.check_storable``, the API's rule for stored strings)."""
+    no lone surrogate (``common.jsonbody.check_storable``, the API's rule for stored strings)."""
     for name, label in (("note", "Note"), ("terms", "Terms")):
         try:
             check_storable(request.POST.get(name, ""), [name])

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from config.errors import ApplicationError, Conflict, NotFound, PermissionDeniedError
+from common.errors import ApplicationError, Conflict, NotFound, PermissionDeniedError
 
 
 class PermitDenied(PermissionDeniedError):

@@ -33,9 +33,9 @@ class Permit(models.Model):
 
     permit_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="permits")
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="permits")
     issuer_wallet = models.ForeignKey(
-        Wallet, null=True, blank=True, on_delete=models.PROTECT, related_name="issued_permits"
+        Wallet, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="issued_permits"
     )
     issued_by_key_id = models.CharField(max_length=40, blank=True, default="")
     issued_via_request_id = models.CharField(max_length=40, blank=True, default="")
@@ -75,7 +75,7 @@ class Permit(models.Model):
                 name="permit_calls_within_max",
             ),
             models.UniqueConstraint(
-                fields=["idempotency_scope", "idempotency_key"],
+                fields=["idempotency_scope", "idempotency_key", "tenant_id"],
                 condition=~Q(idempotency_key=""),
                 name="permit_idempotency_unique",
             ),
@@ -110,7 +110,7 @@ class PermitRequest(models.Model):
 
     request_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="permit_requests")
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="permit_requests")
     requested_by_key_id = models.CharField(max_length=40)
     allowed_tools = models.JSONField(default=list)
     max_credits = models.DecimalField(max_digits=20, decimal_places=8)
@@ -127,7 +127,7 @@ class PermitRequest(models.Model):
     )
     decision_note = models.CharField(max_length=500, blank=True, default="")
     permit = models.OneToOneField(
-        Permit, null=True, blank=True, on_delete=models.PROTECT, related_name="minted_from_request"
+        Permit, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="minted_from_request"
     )
     idempotency_scope = models.CharField(max_length=64)
     idempotency_key = models.CharField(max_length=255)
@@ -137,7 +137,7 @@ class PermitRequest(models.Model):
         db_table = "permits_permit_request"
         constraints = [
             models.UniqueConstraint(
-                fields=["idempotency_scope", "idempotency_key"], name="permit_request_idempotency_unique"
+                fields=["idempotency_scope", "idempotency_key", "tenant_id"], name="permit_request_idempotency_unique"
             ),
             models.CheckConstraint(
                 condition=Q(status="approved", permit__isnull=False) | (~Q(status="approved") & Q(permit__isnull=True)),
@@ -163,6 +163,7 @@ class TenantApprover(models.Model):
     tenant = models.ForeignKey(
         Wallet,
         on_delete=models.CASCADE,
+        db_constraint=False,
         related_name="approvers",
         limit_choices_to={"wallet_type": "sponsor"},
     )
@@ -187,7 +188,7 @@ class Quote(models.Model):
 
     quote_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="quotes")
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="quotes")
     tool = models.CharField(max_length=200)
     quoted_credits = models.DecimalField(max_digits=20, decimal_places=8)
     status = models.CharField(max_length=16, choices=QuoteStatus.choices, default=QuoteStatus.ACTIVE)
@@ -230,7 +231,7 @@ class PolicyBundle(models.Model):
 
     policy_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="policies")
+    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="policies")
     name = models.CharField(max_length=200, blank=True, default="")
     enabled = models.BooleanField(default=True)
     allowed_tools = models.JSONField(null=True, blank=True)
@@ -284,7 +285,9 @@ class PolicyChangeProposal(models.Model):
 
     proposal_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
-    policy = models.ForeignKey(PolicyBundle, on_delete=models.PROTECT, related_name="change_proposals")
+    policy = models.ForeignKey(
+        PolicyBundle, on_delete=models.PROTECT, db_constraint=False, related_name="change_proposals"
+    )
     changes = models.JSONField()
     before = models.JSONField()
     relaxes = models.JSONField(help_text="The rules whose change relaxes human approval.")

@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from billing.models import Wallet
 from billing.selectors import Principal, scope_to_caller, tool_price, wallet_spend
-from config.errors import NotFound
+from common.errors import NotFound
 from permits.exceptions import PolicyReadOnly
 from permits.models import (
     Permit,
@@ -233,3 +233,10 @@ def permit_request_card_context(preq: PermitRequest, *, approval_url: str) -> di
         "permit_lifetime": duration_words(preq.permit_ttl_seconds),
         "request_expires_in": duration_words((preq.expires_at - now).total_seconds()),
     }
+
+
+def console_figures(user: Any, now: datetime) -> dict[str, Any]:
+    """The console index's permits figure: requests waiting for a person (``view_permitrequest``)."""
+    if not user.has_perm("permits.view_permitrequest"):
+        return {}
+    return {"pending_requests": PermitRequest.objects.filter(status="pending", expires_at__gt=now).count()}

@@ -12,7 +12,7 @@ from rest_framework import serializers
 
 from billing.models import ServiceCategory
 from billing.serializers import MoneyField
-from config.pagination import PageQuery, list_envelope
+from common.pagination import PageQuery, list_envelope
 from permits.models import Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
 from permits.services.policies import policy_rules_problems
 

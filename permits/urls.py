@@ -1,7 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from billing.login_throttle import throttle_failed_logins
+from access.login_throttle import throttle_failed_logins
 from permits import approvals, views
 
 urlpatterns = [

@@ -17,15 +17,15 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.signing import verify_statement
+from billing.authentication import principal, wallet_principal
 from billing.exceptions import money
 from billing.models import Wallet, WalletStatus
 from billing.selectors import wallet_for_caller, wallet_spend
-from config.authentication import principal, wallet_principal
-from config.errors import NotFound
-from config.idempotency import HEADER_SCHEMA, idempotency_scope, request_hash, validate_idempotency_key
-from config.jsonbody import storable_text
-from config.pagination import page, parse_body, parse_query
-from config.schema import error_responses
+from common.errors import NotFound
+from common.idempotency import HEADER_SCHEMA, idempotency_scope, request_hash, validate_idempotency_key
+from common.jsonbody import storable_text
+from common.pagination import page, parse_body, parse_query
+from common.schema import error_responses
 from permits import selectors, services
 from permits.models import PermitStatus
 from permits.serializers import (

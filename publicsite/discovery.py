@@ -219,7 +219,7 @@ class DocumentSpec:
                 "content": {"application/json": {"schema": _JSONRPC_RESPONSE}},
             }
             responses["422"] = {
-                "description": "JSON this service cannot carry (config/jsonbody.py): a number outside"
+                "description": "JSON this service cannot carry (common/jsonbody.py): a number outside"
                 " ±(2**53 - 1) or not finite, or nesting past 64 levels; a JSON-RPC invalid-request"
                 " error whose data.error names it (number_out_of_range, json_too_deep).",
                 "content": {"application/json": {"schema": _JSONRPC_RESPONSE}},
@@ -469,7 +469,7 @@ def _view_auth(route: Route) -> str:
         return "session"
     view_class = _drf_view_class(route.callback)
     if view_class is not None:
-        from config.authentication import HasAPIKey
+        from billing.authentication import HasAPIKey
 
         permissions = getattr(view_class, "permission_classes", ())
         if any(isinstance(p, type) and issubclass(p, HasAPIKey) for p in permissions):

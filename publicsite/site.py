@@ -27,10 +27,10 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.authentication import AllowAnyone, optional_principal, principal
-from config.errors import NotFound, json_error
-from config.pagination import parse_body, parse_query
-from config.schema import error_responses
+from billing.authentication import AllowAnyone, optional_principal, principal
+from common.errors import NotFound, json_error
+from common.pagination import parse_body, parse_query
+from common.schema import error_responses
 from publicsite import discovery, health, preflight
 from publicsite.discovery import DocumentSpec, advertise
 
@@ -278,7 +278,7 @@ class UpstreamServerState(serializers.Serializer):
     """One enabled upstream server as readiness sees it (never its URL nor the upstream's words)."""
 
     slug = serializers.CharField()
-    required = serializers.BooleanField()
+    required = serializers.BooleanField()  # type: ignore[assignment]  # a field, popped by the metaclass
     reachable = serializers.BooleanField()
     protocol_version = serializers.CharField(allow_null=True)
     last_synced_at = serializers.DateTimeField(allow_null=True)

@@ -9,8 +9,9 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
 from django.utils.html import format_html_join
 
-from billing.admin import changelist_link, confirmation_page, console_actor, credits_cell, has_perm, money_display
-from config.errors import ApplicationError
+from billing.admin import credits_cell, money_display
+from common.console import changelist_link, confirmation_page, console_actor, has_perm
+from common.errors import ApplicationError
 from receipts import services
 from receipts.models import Outcome, Receipt, RefundReconciliation
 

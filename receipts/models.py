@@ -35,10 +35,18 @@ class Receipt(models.Model):
     receipt_id = models.CharField(max_length=40, primary_key=True)
     # tenant, wallet and permit are indexed by the (x, created_at) indexes below, which lead with them.
     tenant_id = models.CharField(max_length=40)
-    action_id = models.CharField(max_length=40, unique=True)
-    wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, related_name="receipts", db_index=False)
+    action_id = models.CharField(max_length=40)
+    wallet = models.ForeignKey(
+        Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="receipts", db_index=False
+    )
     permit = models.ForeignKey(
-        Permit, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts", db_index=False
+        Permit,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="receipts",
+        db_index=False,
     )
     api_key_id = models.CharField(max_length=40)
     tool = models.CharField(max_length=200)
@@ -50,10 +58,15 @@ class Receipt(models.Model):
     credits_authorized = models.DecimalField(max_digits=20, decimal_places=8)
     credits_charged = models.DecimalField(max_digits=20, decimal_places=8)
     ledger_entry = models.ForeignKey(
-        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="receipts"
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="receipts"
     )
     refund_entry = models.ForeignKey(
-        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="refund_receipts"
+        LedgerEntry,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        db_constraint=False,
+        related_name="refund_receipts",
     )
     quote_id = models.CharField(max_length=40, blank=True, default="")
     audit_event_id = models.CharField(max_length=40)
@@ -74,6 +87,8 @@ class Receipt(models.Model):
         permissions = [
             ("reconcile", "Can record reconciliation results and post owed refunds"),
         ]
+        # One receipt per action, within the action's tenant (docs/scaling.md: every unique key carries it).
+        constraints = [models.UniqueConstraint(fields=["action_id", "tenant_id"], name="receipt_action_unique")]
         indexes = [
             models.Index(fields=["tenant_id", "created_at"], name="receipt_tenant_created"),
             models.Index(fields=["wallet", "created_at"], name="receipt_wallet_created"),
@@ -103,7 +118,9 @@ class RefundReconciliation(models.Model):
     ``refund_reconciliation_retry`` posts the refund at most once and resolves it.
     """
 
-    receipt = models.OneToOneField(Receipt, on_delete=models.PROTECT, related_name="reconciliation")
+    receipt = models.OneToOneField(
+        Receipt, on_delete=models.PROTECT, db_constraint=False, related_name="reconciliation"
+    )
     tenant_id = models.CharField(max_length=40, db_index=True)
     amount = models.DecimalField(max_digits=20, decimal_places=8)
     status = models.CharField(max_length=16, choices=ReconciliationStatus.choices, default=ReconciliationStatus.PENDING)
@@ -112,7 +129,7 @@ class RefundReconciliation(models.Model):
     attempts = models.PositiveIntegerField(default=0)
     last_error = models.CharField(max_length=500, blank=True, default="")
     refund_entry = models.OneToOneField(
-        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, related_name="reconciliation"
+        LedgerEntry, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="reconciliation"
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -149,7 +166,9 @@ class ReconciliationResult(models.Model):
     be silently contradicted.
     """
 
-    receipt = models.OneToOneField(Receipt, on_delete=models.PROTECT, related_name="reconciliation_result")
+    receipt = models.OneToOneField(
+        Receipt, on_delete=models.PROTECT, db_constraint=False, related_name="reconciliation_result"
+    )
     tenant_id = models.CharField(max_length=40, db_index=True)
     verdict = models.CharField(max_length=16, choices=ReconciliationVerdict.choices)
     actor = models.CharField(max_length=100, blank=True, default="")

@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from django.db.models import QuerySet
 
-from audit.canonical import (
+from audit.chain_verification import audit_chain_verify
+from audit.models import AuditEvent, SigningKey
+from audit.signing import verify_statement
+from billing.models import LedgerKind
+from billing.selectors import Principal, scope_to_caller
+from common.canonical import (
     MAX_SAFE_INTEGER,
     CanonicalizationError,
     b64url_encode,
@@ -14,12 +20,7 @@ from audit.canonical import (
     canonical_bytes_fast,
     sha256_hex,
 )
-from audit.chain_verification import audit_chain_verify
-from audit.models import AuditEvent, SigningKey
-from audit.signing import verify_statement
-from billing.models import LedgerKind
-from billing.selectors import Principal, scope_to_caller
-from config.errors import NotFound
+from common.errors import NotFound
 from permits.services import permit_statement_problem
 from receipts.models import Receipt, RefundReconciliation
 from receipts.services import SIGNATURE_STATEMENT, receipt_statement_problem
@@ -57,7 +58,7 @@ def _as_sent(value: Any) -> Any:
 
     The stored request document is ``jsonb``, which keeps numbers as decimals and gives an integral
     one back as an integer: a float argument of 2**53 or more (``1e20``) reads back as the integer
-    ``10**20``, outside RFC 8785's domain. The edge refuses such integers (``config.jsonbody``), so
+    ``10**20``, outside RFC 8785's domain. The edge refuses such integers (``common.jsonbody``), so
     one read back was a float; ``jsonb`` kept its shortest round-trip digits, which convert back to
     exactly that float, whose canonical text is what was hashed at call time.
     """
@@ -239,3 +240,10 @@ def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
         "verified": all(v in ("ok", "skipped") for v in checks.values()),
         "claim_boundary": CLAIM_BOUNDARY,
     }
+
+
+def console_figures(user: Any, now: datetime) -> dict[str, Any]:
+    """The console index's receipts figure: open reconciliation items (``view_refundreconciliation``)."""
+    if not user.has_perm("receipts.view_refundreconciliation"):
+        return {}
+    return {"open_reconciliation": RefundReconciliation.objects.filter(status="pending").count()}

@@ -7,7 +7,7 @@ from typing import Any
 from rest_framework import serializers
 
 from billing.serializers import MoneyField
-from config.pagination import PageQuery, list_envelope
+from common.pagination import PageQuery, list_envelope
 from receipts.models import Outcome, Receipt, RefundReconciliation
 
 

@@ -9,15 +9,15 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.canonical import iso_utc
 from audit.services import PreparedEvent, audit_append_prepared, audit_event_prepare, audit_record
 from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import LedgerEntry, Wallet
 from billing.services import ledger_refund
-from config import fastsql
-from config.errors import ApplicationError, Conflict, NotFound
-from config.ids import new_id
+from common import fastsql
+from common.canonical import iso_utc
+from common.errors import ApplicationError, Conflict, NotFound
+from common.ids import new_id
 from permits.models import Permit
 from permits.services import permit_release
 from receipts.models import (

@@ -16,7 +16,14 @@ snapshot, not who issued it. Pin the issuer with ``--keys`` (a JWKS obtained
 through a trusted channel) or ``--issuer URL`` (fetches ``URL/.well-known/jwks.json``,
 the only network access this module makes).
 
-The same check is importable: ``verify_portable(document, jwks=None)``.
+With ``--policy POLICY.json`` (a ``tollgate.tlog-policy/v1``: trusted log keys, witness keys, a
+cosignature quorum) the receipt's ``transparency`` member is checked as well: its inclusion proof,
+the checkpoint's signature and the cosignations. That check is the client library's
+(``tollgate_client.tlog.policy.verify_transparency``), so this verifier and the standalone one
+(``tollgate-verify``) cannot disagree on it. A receipt without a proof still verifies its signature,
+and the verdict says the inclusion was not checked.
+
+The same check is importable: ``verify_portable(document, jwks=None, policy=None)``.
 """
 
 from __future__ import annotations
@@ -28,13 +35,32 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
-from audit.canonical import b64url_decode_strict
 from audit.evidence_core import kid_matches_key, verify_bytes_with_keys
+from common.canonical import b64url_decode_strict
+
+if TYPE_CHECKING:
+    from tollgate_client.tlog.policy import Policy
 
 FORMAT = "tollgate.portable-receipt/v1"
 JWKS_PATH = "/.well-known/jwks.json"
+CLIENT_DIR = Path(__file__).resolve().parent.parent / "client"
+
+
+def tlog_policy_module() -> ModuleType:
+    """``tollgate_client.tlog.policy``, from the installed client or this checkout's ``client/`` directory.
+
+    The client package is not installed in the gateway's environment; its source sits in the same
+    checkout (docs/decisions.md, Evidence), so the directory is put on the path when the import fails.
+    """
+    try:
+        from tollgate_client.tlog import policy
+    except ImportError:
+        sys.path.append(str(CLIENT_DIR))
+        from tollgate_client.tlog import policy
+    return policy
 
 
 @dataclass(frozen=True)
@@ -46,6 +72,9 @@ class PortableVerification:
     receipt_id: str | None = None
     kid: str | None = None
     outcome: str | None = None
+    # What became of the transparency-log proof: verified, not_checked, pending or failed.
+    inclusion: str = "not_checked"
+    inclusion_detail: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -54,6 +83,8 @@ class PortableVerification:
             "receipt_id": self.receipt_id,
             "kid": self.kid,
             "outcome": self.outcome,
+            "inclusion": self.inclusion,
+            "inclusion_detail": self.inclusion_detail,
         }
 
 
@@ -90,8 +121,8 @@ def fetch_issuer_jwks(issuer: str, *, timeout: float = 10.0) -> Any:
         raise ValueError(f"cannot fetch the issuer's key set from {url}: {err}") from err
 
 
-def verify_portable(document: Any, jwks: Any = None) -> PortableVerification:
-    """Verify a portable receipt against ``jwks`` (default: the snapshot it carries)."""
+def verify_portable(document: Any, jwks: Any = None, policy: Policy | None = None) -> PortableVerification:
+    """Verify a portable receipt against ``jwks`` (default: the snapshot it carries) and a tlog ``policy``."""
     if not isinstance(document, Mapping):
         return PortableVerification(False, "not_an_object")
     if document.get("format") != FORMAT:
@@ -108,7 +139,7 @@ def verify_portable(document: Any, jwks: Any = None) -> PortableVerification:
         return PortableVerification(False, "not_an_object")
     receipt_id, kid = statement.get("receipt_id"), statement.get("kid")
     outcome = statement.get("outcome")
-    base = {"receipt_id": receipt_id, "kid": kid, "outcome": outcome}
+    base: dict[str, Any] = {"receipt_id": receipt_id, "kid": kid, "outcome": outcome}
     try:
         keys = keys_from_jwks(jwks if jwks is not None else document.get("keys"))
     except ValueError:
@@ -124,7 +155,15 @@ def verify_portable(document: Any, jwks: Any = None) -> PortableVerification:
     disagreeing = unsigned_field_disagreeing(document, statement, signed)
     if disagreeing is not None:
         return PortableVerification(False, f"{disagreeing}_differs_from_signed_bytes", **base)
-    return PortableVerification(True, None, **base)
+    tenant = statement.get("tenant_id")
+    included = tlog_policy_module().verify_transparency(
+        document.get("transparency"), signed, policy, tenant=tenant if isinstance(tenant, str) else None
+    )
+    if included.failed:
+        return PortableVerification(
+            False, included.reason, **base, inclusion="failed", inclusion_detail=included.detail
+        )
+    return PortableVerification(True, None, **base, inclusion=included.status, inclusion_detail=included.detail)
 
 
 def unsigned_field_disagreeing(document: Mapping[str, Any], statement: Mapping[str, Any], signed: bytes) -> str | None:
@@ -152,10 +191,13 @@ def main(argv: list[str] | None = None) -> int:
     pin = parser.add_mutually_exclusive_group()
     pin.add_argument("--keys", help="a JWKS obtained through a trusted channel: pins the issuer")
     pin.add_argument("--issuer", help="the issuer's base URL: fetches its /.well-known/jwks.json and pins it")
+    parser.add_argument("--policy", help="a tollgate.tlog-policy/v1 file: trusted log and witness keys, quorum")
     args = parser.parse_args(argv)
     try:
         document = json.loads(Path(args.portable).read_text(encoding="utf-8"))
         jwks = json.loads(Path(args.keys).read_text(encoding="utf-8")) if args.keys else None
+        policy_doc = json.loads(Path(args.policy).read_text(encoding="utf-8")) if args.policy else None
+        policy = tlog_policy_module().Policy.from_json(policy_doc) if policy_doc is not None else None
     except (OSError, ValueError) as err:
         print(f"error: cannot read input: {err}", file=sys.stderr)
         return 2
@@ -165,10 +207,12 @@ def main(argv: list[str] | None = None) -> int:
         except ValueError as err:
             print(f"error: {err}", file=sys.stderr)
             return 2
-    verdict = verify_portable(document, jwks)
+    verdict = verify_portable(document, jwks, policy)
     print(json.dumps(verdict.as_dict(), indent=2))
     if not verdict.valid:
         print(f"INVALID: {verdict.reason}", file=sys.stderr)
+        if verdict.inclusion == "failed":
+            print(f"The inclusion proof failed: {verdict.inclusion_detail}", file=sys.stderr)
         return 1
     if jwks is None:
         print(
@@ -179,6 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     else:
         source = f"the key set of {args.issuer}" if args.issuer else f"the key set in {args.keys}"
         print(f"VALID: receipt {verdict.receipt_id} ({verdict.outcome}) is signed by {verdict.kid} of {source}.")
+    if verdict.inclusion == "verified":
+        print(f"Inclusion VERIFIED: {verdict.inclusion_detail}.")
+    else:
+        print(f"Inclusion was NOT checked: {verdict.inclusion_detail}.")
     return 0
 
 

@@ -8,11 +8,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from audit.signing import verify_statement
-from config.authentication import principal, wallet_principal
-from config.errors import OperatorKeyRequired
-from config.jsonbody import storable_text
-from config.pagination import page, parse_body, parse_query
-from config.schema import error_responses
+from billing.authentication import principal, wallet_principal
+from common.errors import OperatorKeyRequired
+from common.jsonbody import storable_text
+from common.pagination import page, parse_body, parse_query
+from common.schema import error_responses
 from permits.selectors import permit_for_caller
 from receipts import selectors, services
 from receipts.serializers import (

@@ -5,7 +5,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from config.authentication import AllowAnyone
+from billing.authentication import AllowAnyone
 
 
 class Boom(APIView):
@@ -25,4 +25,4 @@ urlpatterns = [
     path("", include("config.urls")),
 ]
 
-handler500 = "config.errors.handler500"
+handler500 = "common.errors.handler500"

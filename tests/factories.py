@@ -54,7 +54,7 @@ def relax_policy(policy_id: str, **changes: Any) -> object:
     from django.contrib.auth import get_user_model
     from django.contrib.auth.models import Permission
 
-    from config.ids import new_id
+    from common.ids import new_id
     from permits.services import policy_change, policy_proposal_confirm
 
     users = get_user_model().objects

@@ -10,7 +10,7 @@ from typing import Any
 from django.conf import settings
 
 from billing.services import tool_price_set
-from config.ids import new_id
+from common.ids import new_id
 from mcpgateway import services
 from mcpgateway.upstream.client import UpstreamClient
 from tests import factories

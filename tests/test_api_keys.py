@@ -296,7 +296,7 @@ def test_a_key_revoked_while_its_statement_runs_is_401_not_500(tenant, monkeypat
     settings.RATE_LIMIT_BACKEND = "database"  # production's default: the key and its window in one statement
     from billing import selectors, services
     from billing.ratelimit import bucket_charge
-    from config import fastsql
+    from common import fastsql
 
     real = fastsql.fetch_row
     key_id = tenant.agent_key_id

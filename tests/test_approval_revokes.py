@@ -22,7 +22,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.models import Wallet
-from config.ids import new_id
+from common.ids import new_id
 from permits import services
 from permits.models import Permit, PermitStatus, PolicyBundle
 from permits.services.permits import _mint_permit

@@ -1,24 +1,53 @@
-"""A tool's inputSchema patterns run on RE2: an agent cannot make a backtracking pattern hold a worker.
+"""The gateway's argument validator: jsonschema's verdicts, in work linear in the arguments, on RE2.
 
-``^(a+)+$`` against forty ``a`` and a ``b`` takes Python's ``re`` about 2**40 steps; RE2 answers at
-once. Each test here would hang rather than fail if the gateway ran such a pattern on ``re``, and
-the first checks outright that jsonschema's own ``re`` calls are not reached.
+jsonschema itself is not linear (``uniqueItems`` on unsortable items compares every pair, recursive
+``anyOf`` re-validates per branch, a ``$ref`` cycle never ends) and runs patterns on Python's
+backtracking ``re``. Here every test that could hang on such an engine is bounded by the validator's
+own step counter, never by a clock: the worst case for each keyword, about 100 KB of arguments,
+stays within a small constant times the number of values in them.
 """
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from mcpgateway import services
-from mcpgateway.argschema import arguments_validator
+from mcpgateway.argschema import SchemaUnusable, input_schema_problem, schema_compile
 from mcpgateway.models import Action
 from tests.gateway_helpers import register_tools, setup_caller
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
+from argument_validation import KB100, RECURSIVE_ANYOF, WORST_CASES, _branching_tree
+
 CATASTROPHIC = "^(a+)+$"
 HOSTILE = "a" * 40 + "b"
+UNBOUNDED = {"max_nodes": 10**7, "max_items": 10**7, "max_steps": 10**9}
+# Steps per value of the arguments the worst cases below may take (a schema of a handful of nodes).
+STEPS_PER_VALUE = 8
+
+
+def verdict(schema: Any, instance: Any) -> bool:
+    return schema_compile(schema).check(instance, **UNBOUNDED).error is None
+
+
+def reference(schema: Any, instance: Any) -> bool:
+    return bool(jsonschema.validators.validator_for(schema)(schema).is_valid(instance))
+
+
+def values_in(instance: Any) -> int:
+    if isinstance(instance, dict):
+        return 1 + sum(1 + values_in(v) for v in instance.values())  # a key counts as a value too
+    if isinstance(instance, list):
+        return 1 + sum(values_in(v) for v in instance)
+    return 1
 
 
 class _NoBacktracking:
@@ -42,17 +71,17 @@ def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None) -> None
         "additionalProperties": False,
         "propertyNames": {"pattern": "^[a-z(x+)]+$"},
     }
-    validator = arguments_validator(schema)
-    assert validator is not None
-    assert validator.is_valid({"s": "aaaa", "xxxy": 1})
-    errors = sorted(e.message for e in validator.iter_errors({"s": HOSTILE, "x" * 40 + "z": 1}))
-    assert errors == [
-        f"'{HOSTILE}' does not match '{CATASTROPHIC}'",
-        f"'{'x' * 40}z' does not match any of the regexes: '^(x+)+y$'",
-    ]
-    assert [e.message for e in validator.iter_errors({"xxxy": "not an integer"})] == [
-        "'not an integer' is not of type 'integer'"
-    ]
+    compiled = schema_compile(schema)
+    assert compiled.check({"s": "aaaa", "xxxy": 1}, **UNBOUNDED).error is None
+    error = compiled.check({"s": HOSTILE}, **UNBOUNDED).error
+    assert error is not None
+    assert (error.path, error.message) == (("s",), f"'{HOSTILE}' does not match '{CATASTROPHIC}'")
+    error = compiled.check({"x" * 40 + "z": 1}, **UNBOUNDED).error
+    assert error is not None
+    assert error.message == f"'{'x' * 40}z' does not match any of the regexes: '^(x+)+y$'"
+    error = compiled.check({"xxxy": "not an integer"}, **UNBOUNDED).error
+    assert error is not None
+    assert (error.path, error.message) == (("xxxy",), "'not an integer' is not of type 'integer'")
 
 
 @pytest.mark.parametrize(
@@ -65,6 +94,12 @@ def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None) -> None
             "'12a' does not match '^\\\\d{3}$'",
         ),
         ({"properties": {"s": {"pattern": "é"}}}, {"s": "café"}, {"s": "cafe"}, "'cafe' does not match 'é'"),
+        (
+            {"patternProperties": {"^a{2}$": {}}, "additionalProperties": False},
+            {"aa": 1},
+            {"b": 1},
+            "'b' does not match any of the regexes: '^a{2}$'",
+        ),
         (
             {"properties": {"a": {}}, "additionalProperties": False},
             {"a": 1},
@@ -86,27 +121,320 @@ def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None) -> None
     ],
 )
 def test_the_keywords_judge_as_jsonschema_does(schema: dict[str, Any], good: Any, bad: Any, message: str) -> None:
-    validator = arguments_validator({"type": "object", **schema})
-    reference = jsonschema.validators.validator_for(schema)({"type": "object", **schema})
-    assert validator is not None
-    assert validator.is_valid(good)
-    assert reference.is_valid(good)
-    assert [e.message for e in validator.iter_errors(bad)] == [message]
-    assert [e.message for e in reference.iter_errors(bad)] == [message]
+    schema = {"type": "object", **schema}
+    assert verdict(schema, good)
+    assert reference(schema, good)
+    assert not verdict(schema, bad)
+    assert not reference(schema, bad)
+    error = schema_compile(schema).check(bad, **UNBOUNDED).error
+    assert error is not None
+    assert error.message == message
+    assert [e.message for e in jsonschema.validators.validator_for(schema)(schema).iter_errors(bad)] == [message]
+
+
+D4 = "http://json-schema.org/draft-04/schema#"
+D6 = "http://json-schema.org/draft-06/schema#"
+D7 = "http://json-schema.org/draft-07/schema#"
+D2019 = "https://json-schema.org/draft/2019-09/schema"
+
+# (schema, instances): each keyword, per draft where it differs; the verdicts must be jsonschema's.
+TABLE: list[tuple[Any, list[Any]]] = [
+    ({"type": "integer"}, [1, 1.0, 1.5, True, "1", None]),
+    ({"$schema": D4, "type": "integer"}, [1, 1.0, True]),
+    ({"type": ["string", "null"]}, ["a", None, 0, []]),
+    ({"type": "number"}, [1, 2.5, True, "x"]),
+    ({"enum": [1, "a", [1, {"b": True}], None]}, [1, 1.0, True, "a", [1, {"b": True}], [1.0, {"b": 1}], None, {}]),
+    ({"const": {"a": [1, 2]}}, [{"a": [1, 2]}, {"a": [1.0, 2.0]}, {"a": [2, 1]}, {"a": [True, 2]}]),
+    ({"const": False}, [False, 0, None]),
+    ({"multipleOf": 3}, [9, 9.0, 10, 0, -3]),
+    ({"multipleOf": 0.1}, [0.3, 0.35, 1, 10**30]),
+    ({"minimum": 2, "maximum": 5}, [1, 2, 5, 5.5, "9"]),
+    ({"exclusiveMinimum": 2, "exclusiveMaximum": 5}, [2, 2.1, 4.9, 5]),
+    ({"$schema": D4, "minimum": 2, "exclusiveMinimum": True, "maximum": 5, "exclusiveMaximum": True}, [2, 3, 5]),
+    ({"$schema": D4, "minimum": 2, "exclusiveMinimum": False}, [2, 1]),
+    ({"minLength": 2, "maxLength": 3}, ["a", "ab", "abc", "abcd", "é€", 5]),
+    ({"pattern": "^[a-z]+[0-9]?$"}, ["abc", "abc1", "1abc", "", 3]),
+    ({"items": {"type": "integer"}}, [[1, 2], [1, "a"], [], "x"]),
+    ({"prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False}, [["a", 1], ["a"], ["a", 1, 2], [1]]),
+    ({"prefixItems": [{"type": "string"}], "items": {"type": "null"}}, [["a", None, None], ["a", 1]]),
+    ({"$schema": D7, "items": [{"type": "string"}], "additionalItems": False}, [["a"], ["a", 1], [2]]),
+    ({"$schema": D2019, "items": [{"type": "string"}], "additionalItems": {"type": "integer"}}, [["a", 1], ["a", "b"]]),
+    ({"$schema": D7, "items": {"type": "string"}, "additionalItems": False}, [["a", "b"], ["a", 1]]),
+    ({"contains": {"type": "string"}}, [[1, "a"], [1, 2], []]),
+    ({"contains": {"type": "string"}, "minContains": 2, "maxContains": 3}, [["a"], ["a", "b"], ["a"] * 4, [1] * 5]),
+    ({"contains": {"type": "string"}, "minContains": 0}, [[], [1]]),
+    ({"$schema": D7, "contains": {"type": "string"}, "minContains": 2}, [["a"], [1]]),
+    ({"minItems": 1, "maxItems": 2}, [[], [1], [1, 2, 3]]),
+    (
+        {"uniqueItems": True},
+        [[1, 2], [1, 1.0], [1, True], [0, False], [{"a": 1, "b": 2}, {"b": 2, "a": 1}], [[1], [True]]],
+    ),
+    ({"uniqueItems": False}, [[1, 1]]),
+    (
+        {"properties": {"a": {"type": "string"}}, "patternProperties": {"^x": {"type": "integer"}}},
+        [{"a": "s", "x1": 1}, {"a": 1}, {"x1": "s"}, {"b": None}],
+    ),
+    ({"properties": {"a": {}}, "additionalProperties": {"type": "boolean"}}, [{"a": 1, "b": True}, {"b": 1}]),
+    ({"patternProperties": {"^x": {}}, "additionalProperties": False}, [{"x": 1}, {"y": 1}]),
+    ({"required": ["a", "b"]}, [{"a": 1, "b": 2}, {"a": 1}, []]),
+    ({"minProperties": 1, "maxProperties": 2}, [{}, {"a": 1}, {"a": 1, "b": 2, "c": 3}]),
+    ({"propertyNames": {"maxLength": 2}}, [{"ab": 1}, {"abc": 1}]),
+    ({"dependentRequired": {"a": ["b"]}}, [{"a": 1, "b": 2}, {"a": 1}, {"b": 1}]),
+    ({"dependentSchemas": {"a": {"required": ["c"]}}}, [{"a": 1, "c": 1}, {"a": 1}]),
+    ({"$schema": D7, "dependencies": {"a": ["b"], "c": {"required": ["d"]}}}, [{"a": 1}, {"c": 1}, {"c": 1, "d": 1}]),
+    ({"dependentRequired": {"a": ["b"]}, "$schema": D7}, [{"a": 1}]),  # not a draft 7 keyword: ignored
+    ({"allOf": [{"type": "integer"}, {"minimum": 3}]}, [3, 2, "x"]),
+    ({"anyOf": [{"type": "integer"}, {"minLength": 3}]}, [1, "abc", "a", 1.5]),
+    ({"oneOf": [{"type": "integer"}, {"minimum": 3}]}, [1, 5, 4.5, 2.5]),
+    ({"not": {"type": "string"}}, [1, "a"]),
+    ({"if": {"type": "integer"}, "then": {"minimum": 3}, "else": {"type": "string"}}, [3, 1, "a", None]),
+    ({"$schema": D6, "if": {"type": "integer"}, "then": {"minimum": 3}}, [1]),  # not a draft 6 keyword
+    (True, [1, None]),
+    (False, [1, None]),
+    ({"properties": {"a": True, "b": False}}, [{"a": 1}, {"b": 1}]),
+    ({"$defs": {"pos": {"minimum": 0}}, "properties": {"n": {"$ref": "#/$defs/pos"}}}, [{"n": 1}, {"n": -1}]),
+    ({"$defs": {"pos": {"minimum": 0}}, "$ref": "#/$defs/pos", "maximum": 5}, [3, 6, -1]),
+    ({"$schema": D7, "definitions": {"pos": {"minimum": 0}}, "$ref": "#/definitions/pos", "maximum": 5}, [6, -1]),
+    ({"$defs": {"s": {"$anchor": "str", "type": "string"}}, "items": {"$ref": "#str"}}, [["a"], [1]]),
+    ({"$schema": D7, "definitions": {"s": {"$id": "#str", "type": "string"}}, "items": {"$ref": "#str"}}, [["a"], [1]]),
+    ({"properties": {"a": {"type": "integer"}, "b": {"$ref": "#/properties/a"}}}, [{"b": 1}, {"b": "x"}]),
+    (
+        {
+            "$defs": {"a/b": {"type": "integer"}, "c~d": {"type": "string"}},
+            "prefixItems": [{"$ref": "#/$defs/a~1b"}, {"$ref": "#/$defs/c~0d"}],
+        },
+        [[1, "x"], ["x", 1]],
+    ),
+    (
+        {
+            "$defs": {
+                "tree": {
+                    "type": "object",
+                    "properties": {"kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}}},
+                    "required": ["v"],
+                }
+            },
+            "$ref": "#/$defs/tree",
+        },
+        [{"v": 1, "kids": [{"v": 2, "kids": []}]}, {"v": 1, "kids": [{"kids": []}]}],
+    ),
+    (
+        {"$id": "https://example.com/s", "$defs": {"n": {"type": "integer"}}, "$ref": "https://example.com/s#/$defs/n"},
+        [1, "x"],
+    ),
+    (
+        {"type": "string", "format": "email", "title": "t", "description": "d", "default": 1, "examples": [1]},
+        ["not an email", 1],
+    ),
+]
+
+
+@pytest.mark.parametrize(("schema", "instances"), TABLE, ids=lambda v: json.dumps(v)[:60])
+def test_the_verdicts_are_jsonschemas(schema: Any, instances: list[Any]) -> None:
+    for instance in instances:
+        assert verdict(schema, instance) == reference(schema, instance), (schema, instance)
+
+
+# --- a differential test on generated schemas and instances ------------------------------------------------
+
+SCALARS = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-5, 5),
+    st.sampled_from([0.0, 1.0, 2.5, -1.5]),
+    st.sampled_from(["", "a", "ab", "abc", "x1", "b"]),
+)
+INSTANCES = st.recursive(
+    SCALARS,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(st.sampled_from(["a", "b", "x1", "c"]), inner, max_size=3)
+    ),
+    max_leaves=10,
+)
+TYPES = st.sampled_from(["null", "boolean", "integer", "number", "string", "array", "object"])
+NAMES = st.sampled_from(["a", "b", "x1", "c"])
+LEAF_SCHEMAS = st.one_of(
+    st.booleans(),
+    st.builds(lambda t: {"type": t}, st.one_of(TYPES, st.lists(TYPES, min_size=1, max_size=3, unique=True))),
+    st.builds(lambda v: {"enum": v}, st.lists(INSTANCES, min_size=1, max_size=3)),
+    st.builds(lambda v: {"const": v}, INSTANCES),
+    st.builds(lambda n: {"multipleOf": n}, st.sampled_from([1, 2, 0.5])),
+    st.builds(
+        lambda k, n: {k: n},
+        st.sampled_from(["minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"]),
+        st.integers(-2, 3),
+    ),
+    st.builds(
+        lambda k, n: {k: n},
+        st.sampled_from(["minLength", "maxLength", "minItems", "maxItems", "minProperties", "maxProperties"]),
+        st.integers(0, 3),
+    ),
+    st.builds(lambda p: {"pattern": p}, st.sampled_from(["^a", "b$", "[0-9]", "^(a|ab)+$"])),
+    st.builds(lambda u: {"uniqueItems": u}, st.booleans()),
+    st.builds(lambda r: {"required": r}, st.lists(NAMES, max_size=2, unique=True)),
+    st.builds(
+        lambda d: {"dependentRequired": d}, st.dictionaries(NAMES, st.lists(NAMES, max_size=2, unique=True), max_size=2)
+    ),
+)
+
+
+def _compound(inner: Any) -> Any:
+    return st.one_of(
+        st.builds(lambda a, b: {**a, **b} if isinstance(a, dict) and isinstance(b, dict) else a, inner, inner),
+        st.builds(
+            lambda k, xs: {k: xs}, st.sampled_from(["allOf", "anyOf", "oneOf"]), st.lists(inner, min_size=1, max_size=3)
+        ),
+        st.builds(lambda s: {"not": s}, inner),
+        st.builds(lambda i, t, e: {"if": i, "then": t, "else": e}, inner, inner, inner),
+        st.builds(lambda s: {"items": s}, inner),
+        st.builds(lambda p, s: {"prefixItems": p, "items": s}, st.lists(inner, max_size=2), inner),
+        st.builds(lambda s, lo: {"contains": s, "minContains": lo}, inner, st.integers(0, 2)),
+        st.builds(lambda p: {"properties": p}, st.dictionaries(NAMES, inner, max_size=2)),
+        st.builds(
+            lambda p, a: {"patternProperties": p, "additionalProperties": a},
+            st.dictionaries(st.sampled_from(["^x", "^a"]), inner, max_size=2),
+            inner,
+        ),
+        st.builds(lambda s: {"propertyNames": s}, inner),
+        st.builds(lambda d: {"dependentSchemas": d}, st.dictionaries(NAMES, inner, max_size=2)),
+    )
+
+
+SCHEMAS = st.recursive(LEAF_SCHEMAS, _compound, max_leaves=8)
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(schema=SCHEMAS, instances=st.lists(INSTANCES, min_size=1, max_size=5))
+def test_the_verdicts_are_jsonschemas_on_generated_schemas(schema: Any, instances: list[Any]) -> None:
+    if input_schema_problem(schema) is not None:  # what the metaschema refuses (e.g. an empty allOf)
+        with pytest.raises(jsonschema.SchemaError):
+            jsonschema.Draft202012Validator.check_schema(schema)
+        return
+    compiled = schema_compile(schema)
+    for instance in instances:
+        ours = compiled.check(instance, **UNBOUNDED).error is None
+        assert ours == reference(schema, instance), (schema, instance)
+
+
+# --- unusable schemas -------------------------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "schema",
+    ("schema", "reason"),
     [
-        {"properties": {"s": {"pattern": "(a)\\1"}}},  # a backreference
-        {"properties": {"s": {"pattern": "^(?=a)"}}},  # lookahead
-        {"patternProperties": {"(?<=x)y": {}}},
-        {"patternProperties": {"^a": {}}, "unevaluatedProperties": False},
-        {"properties": {"n": {"minimum": "0"}}},  # not a valid schema
+        ({"properties": {"a": {"$ref": "#/$defs/missing"}}}, "does not resolve"),
+        ({"properties": {"a": {"$ref": "#nowhere"}}}, "does not resolve"),
+        ({"properties": {"a": {"$ref": "https://example.com/other.json"}}}, "not local"),
+        ({"properties": {"a": {"$ref": "other.json#/x"}}}, "not local"),
+        ({"$schema": "http://json-schema.org/draft-03/schema#"}, "$schema"),
+        ({"$schema": "https://example.com/my-dialect"}, "$schema"),
+        ({"$schema": 7}, "$schema"),
+        ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}}}, "cycle"),
+        (
+            {
+                "$defs": {
+                    "a": {"anyOf": [{"type": "string"}, {"$ref": "#/$defs/b"}]},
+                    "b": {"not": {"$ref": "#/$defs/a"}},
+                },
+                "$ref": "#/$defs/a",
+            },
+            "cycle",
+        ),
+        ({"allOf": [{"$ref": "#"}]}, "cycle"),
+        ({"if": {"$ref": "#"}, "then": {}}, "cycle"),
+        ({"dependentSchemas": {"a": {"$ref": "#"}}}, "cycle"),
+        ({"properties": {"s": {"pattern": "(a)\\1"}}}, "RE2"),  # a backreference
+        ({"properties": {"s": {"pattern": "^(?=a)"}}}, "RE2"),  # lookahead
+        ({"patternProperties": {"(?<=x)y": {}}}, "RE2"),
+        ({"$defs": {"unused": {"pattern": "(?!a)"}}}, "RE2"),
+        ({"properties": {"s": {"pattern": "("}}}, "metaschema"),
+        ({"properties": {"n": {"minimum": "0"}}}, "metaschema"),
+        ({"type": "integr"}, "metaschema"),
+        ({"unevaluatedProperties": False}, "unevaluatedProperties"),
+        ({"unevaluatedItems": {"type": "string"}}, "unevaluatedItems"),
+        ({"$dynamicRef": "#meta"}, "$dynamicRef"),
+        ({"$schema": D2019, "$recursiveRef": "#"}, "$recursiveRef"),
+        ({"$defs": {"x": {"$id": "https://example.com/x", "type": "string"}}}, "$id"),
+        ([], "not an object"),
     ],
+    ids=lambda v: json.dumps(v)[:50],
 )
-def test_a_schema_the_gateway_cannot_run_linearly_is_left_to_the_upstream(schema: dict[str, Any]) -> None:
-    assert arguments_validator({"type": "object", **schema}) is None
+def test_a_schema_the_gateway_cannot_use_is_unusable_with_the_reason(schema: Any, reason: str) -> None:
+    with pytest.raises(SchemaUnusable, match=None) as raised:
+        schema_compile(schema)
+    assert reason in str(raised.value)
+    assert input_schema_problem(schema) == str(raised.value)
+
+
+def test_a_recursive_ref_that_descends_into_the_arguments_is_usable() -> None:
+    schema = {"$defs": {"n": {"type": "object", "properties": {"next": {"$ref": "#/$defs/n"}}}}, "$ref": "#/$defs/n"}
+    assert input_schema_problem(schema) is None
+    deep: dict[str, Any] = {}
+    for _ in range(60):
+        deep = {"next": deep}
+    assert verdict(schema, deep) is True
+    assert verdict(schema, {"next": {"next": 1}}) is False
+
+
+# --- worst cases: work linear in the arguments ------------------------------------------------------------
+# The cases live with their benchmark (bench/argument_validation.py), which times them.
+
+
+@pytest.mark.parametrize("keyword", list(WORST_CASES))
+def test_the_worst_case_of_each_keyword_takes_steps_linear_in_the_arguments(keyword: str) -> None:
+    schema, instance = WORST_CASES[keyword]
+    size = len(json.dumps(instance))
+    assert KB100 * 0.45 < size <= KB100, size
+    compiled = schema_compile(schema)
+    result = compiled.check(instance, **UNBOUNDED)
+    assert result.steps <= STEPS_PER_VALUE * values_in(instance), (result.steps, values_in(instance))
+
+
+def test_the_exponential_cases_stay_exponential_in_jsonschema_but_not_here() -> None:
+    """The recursion the memo removes: jsonschema descends more than 3**9 times into a 9-deep chain."""
+    counted = {"n": 0}
+    original = jsonschema.Draft202012Validator.descend
+
+    def descend(self: Any, *args: Any, **kwargs: Any) -> Any:
+        counted["n"] += 1
+        yield from original(self, *args, **kwargs)
+
+    chain = [_branching_tree(9)]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(jsonschema.Draft202012Validator, "descend", descend)
+        assert reference(RECURSIVE_ANYOF, chain) is True
+    assert counted["n"] > 3**9
+    assert schema_compile(RECURSIVE_ANYOF).check(chain, **UNBOUNDED).steps < 200
+
+
+# --- bounds ----------------------------------------------------------------------------------------------
+
+
+def test_the_bounds_refuse_before_validating_and_the_budget_while_validating() -> None:
+    compiled = schema_compile({"type": "object", "properties": {"xs": {"items": {"uniqueItems": True}}}})
+    arguments = {"xs": [[i, i + 1] for i in range(100)]}  # 301 values
+    assert compiled.check(arguments, max_nodes=400, max_items=100, max_steps=10_000).error is None
+
+    error = compiled.check(arguments, max_nodes=300, max_items=100, max_steps=10_000).error
+    assert error is not None
+    assert error.type == "arguments_too_large"
+    assert error.message == "The arguments hold more than 300 values."
+
+    error = compiled.check(arguments, max_nodes=400, max_items=99, max_steps=10_000).error
+    assert error is not None
+    assert error.type == "arguments_too_large"
+    assert (error.path, error.message) == (("xs",), "More than 99 items.")
+
+    error = compiled.check({f"k{i}": 0 for i in range(10)}, max_nodes=400, max_items=9, max_steps=10_000).error
+    assert error is not None
+    assert error.message == "More than 9 properties."
+
+    error = compiled.check(arguments, max_nodes=400, max_items=100, max_steps=100).error
+    assert error is not None
+    assert error.type == "arguments_too_complex"
+
+
+# --- through the gateway ------------------------------------------------------------------------------------
 
 
 @pytest.mark.django_db
@@ -129,3 +457,51 @@ def test_a_hostile_argument_is_refused_at_once_and_nothing_is_charged(tenant: An
     assert r.json()["detail"][0]["loc"] == ["body", "arguments", "s"]
     assert not Action.objects.exists()
     assert services.tool_get("fragile") is not None
+
+
+@pytest.mark.django_db
+def test_the_worst_unique_items_argument_is_refused_by_the_bounds_and_nothing_is_charged(
+    tenant: Any, settings: Any
+) -> None:
+    """The issue's attack: a set[str] parameter and 8,000 mixed strings and integers. Within the bounds it is
+    judged in linear work (invalid: they are not all strings); past them it is refused before validating."""
+    register_tools(
+        [
+            {
+                "name": "tags",
+                "inputSchema": {
+                    "type": "object",
+                    "properties": {"tags": {"type": "array", "items": {"type": "string"}, "uniqueItems": True}},
+                },
+            }
+        ],
+        price="1",
+    )
+    caller = setup_caller(tenant)
+    mixed = [str(i) if i % 2 else i for i in range(8000)]
+    r = caller.invoke("tags", {"tags": mixed})
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["type"] == "invalid_arguments"
+    assert r.json()["detail"][0]["loc"] == ["body", "arguments", "tags", "0"]
+
+    settings.TOOL_ARGUMENT_MAX_ITEMS = 5000
+    r = caller.invoke("tags", {"tags": mixed})
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"] == [
+        {"loc": ["body", "arguments", "tags"], "msg": "More than 5000 items.", "type": "arguments_too_large"}
+    ]
+    settings.TOOL_ARGUMENT_MAX_NODES = 1000
+    body = caller.rpc("tags", {"tags": [str(i) for i in range(2000)]}).json()
+    assert body["error"]["code"] == -32602, body
+    assert body["error"]["data"]["error"] == "arguments_too_large"
+    settings.TOOL_ARGUMENT_MAX_NODES = 100_000
+    settings.TOOL_ARGUMENT_MAX_STEPS = 50
+    r = caller.invoke("tags", {"tags": [str(i) for i in range(2000)]})
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["type"] == "arguments_too_complex"
+    assert not Action.objects.exists()
+
+    settings.TOOL_ARGUMENT_MAX_STEPS = 100_000
+    r = caller.invoke("tags", {"tags": [str(i) for i in range(2000)]})
+    assert r.status_code not in (422, 500), r.content  # within every bound and valid: accepted
+    assert Action.objects.count() == 1

@@ -13,7 +13,7 @@ from django.db import connection
 
 from audit.models import AuditEvent
 from billing.models import LedgerEntry
-from config.ids import new_id
+from common.ids import new_id
 from permits.models import PolicyBundle
 from permits.services import policy_create
 from tests.conftest import Tenant, client_for
@@ -527,7 +527,7 @@ def test_a_revoked_minter_cannot_mint(tenant: Tenant) -> None:
 
     from billing.models import APIKey
     from billing.services import api_key_create
-    from config.errors import InvalidAPIKey
+    from common.errors import InvalidAPIKey
 
     APIKey.objects.filter(key_id=tenant.agent_key_id).update(status="revoked", revoked_at=timezone.now())
     with pytest.raises(InvalidAPIKey):

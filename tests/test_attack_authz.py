@@ -34,7 +34,7 @@ from rest_framework.test import APIClient
 from audit.models import Alert, AuditEvent
 from billing.models import APIKey, ChargeIdempotency, KeyRotationLog, LedgerEntry, Wallet
 from billing.services import ledger_debit, tool_price_set
-from config.ids import new_id
+from common.ids import new_id
 from mcpgateway import services as gateway_services
 from mcpgateway.models import Action
 from permits import services as permit_services

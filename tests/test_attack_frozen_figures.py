@@ -16,7 +16,7 @@ import pytest
 from billing.exceptions import VelocityLimitExceeded, WalletFrozen
 from billing.models import Wallet
 from billing.services import tool_price_set, wallet_freeze_for_velocity, wallet_fund
-from config.ids import new_id
+from common.ids import new_id
 from mcpgateway import services
 from mcpgateway.models import Action
 from tests import factories

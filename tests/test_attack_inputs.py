@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from rest_framework.test import APIClient
 
-from config.ids import new_id
+from common.ids import new_id
 from tests.conftest import Tenant
 
 pytestmark = pytest.mark.django_db
@@ -77,7 +77,7 @@ def test_out_of_range_numbers_in_tool_arguments_are_422(tenant: Tenant, literal:
 
 
 def test_numbers_in_range_still_pass_the_reader() -> None:
-    from config.jsonbody import loads_bounded
+    from common.jsonbody import loads_bounded
 
     assert loads_bounded('{"a": 9007199254740991, "b": -9007199254740991, "c": 1.5e300, "d": [[[1]]]}') == {
         "a": 2**53 - 1,

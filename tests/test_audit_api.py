@@ -7,10 +7,10 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
-from audit.canonical import event_bytes
 from audit.evidence_core import chain_hash
 from audit.models import AuditEvent, ChainHead
 from audit.services import alert_raise, audit_record
+from common.canonical import event_bytes
 from tests.conftest import client_for
 from tests.test_audit_chain import fields, tampering
 

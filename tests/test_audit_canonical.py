@@ -10,7 +10,7 @@ import rfc8785
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from audit.canonical import (
+from common.canonical import (
     audit_event_bytes,
     audit_event_payload,
     canonical_bytes,

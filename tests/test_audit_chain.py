@@ -17,13 +17,13 @@ import pytest
 from django.db import connection
 from django.utils import timezone
 
-from audit.canonical import event_bytes, iso_utc
 from audit.chain_verification import audit_chain_verify
 from audit.evidence_core import GENESIS_HASH, chain_hash
 from audit.models import AuditEvent, ChainHead
 from audit.services import audit_record
 from audit.signing import verify_statement
-from config.ids import new_id
+from common.canonical import event_bytes, iso_utc
+from common.ids import new_id
 
 
 def build_chain(

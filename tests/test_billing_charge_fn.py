@@ -26,7 +26,6 @@ from hypothesis import strategies as st
 from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
-from audit.canonical import audit_event_payload, canonical_bytes, iso_utc
 from audit.chain_verification import audit_chain_verify
 from audit.evidence_core import GENESIS_HASH, chain_hash
 from audit.models import Alert, AuditEvent
@@ -36,8 +35,9 @@ from billing.models import ChargeIdempotency, LedgerEntry, ServicePrice, Wallet
 from billing.serializers import ChargeQuery, ChargeResponse
 from billing.services import charge as charging
 from billing.views import charge_query
-from config.errors import RequestValidationError
-from config.pagination import parse_query
+from common.canonical import audit_event_payload, canonical_bytes, iso_utc
+from common.errors import RequestValidationError
+from common.pagination import parse_query
 from tests import factories
 from tests.conftest import client_for
 from tests.test_billing_concurrency import run_threads

@@ -16,7 +16,7 @@ from django.db.models import Sum
 from billing import services
 from billing.exceptions import InsufficientFunds, SpendRefused
 from billing.models import ChargeIdempotency, LedgerEntry, Wallet
-from config.errors import ApplicationError
+from common.errors import ApplicationError
 from tests import factories
 from tests.conftest import client_for
 

@@ -302,7 +302,7 @@ def test_fund_is_parent_to_child_only():
     sponsor = factories.make_sponsor("acme", 100)
     agent = factories.make_wallet(sponsor, "a", 10)
     other = factories.make_wallet(sponsor, "b", 10)
-    from config.errors import Conflict
+    from common.errors import Conflict
 
     with pytest.raises(Conflict):
         services.wallet_fund(source=agent, target=other, amount=1)

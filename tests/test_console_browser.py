@@ -10,7 +10,7 @@ import pytest
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 
-from billing import login_throttle
+from access import login_throttle
 from billing.models import APIKey, Wallet
 from tests.browser import browser_page, require_chromium, screenshot, wait_for
 from tests.conftest import make_tenant
@@ -164,7 +164,7 @@ def test_permissions_throttling_prices_and_approvers_in_the_browser(
 
     with browser_page(viewport=VIEWPORT) as page:
         # 2. Guessing passwords is stopped with a clear page: twelve failures of one account from one
-        # client lock it there (billing.login_throttle, no window boundary however slowly the browser types).
+        # client lock it there (access.login_throttle, no window boundary however slowly the browser types).
         for i in range(13):
             page.goto(f"{live_server.url}/admin/login/")
             page.fill("#id_username", "root")

@@ -19,7 +19,7 @@ from django.test import Client
 from audit.models import AuditEvent
 from billing import services
 from billing.models import APIKey, LedgerEntry, ServicePrice, Wallet
-from config.errors import RequestValidationError
+from common.errors import RequestValidationError
 from permits.models import TenantApprover
 from tests import factories
 from tests.conftest import Tenant
@@ -49,7 +49,7 @@ def approver(tenant: Tenant, username: str = "alice") -> Any:
 
 
 def assert_bad_request(response: Any) -> None:
-    """The project's answer to a malformed request (``config.errors.handler400``), never a 500."""
+    """The project's answer to a malformed request (``common.errors.handler400``), never a 500."""
     assert response.status_code == 422, (response.status_code, response.content[:300])
     assert response.json()["detail"][0]["type"] == "bad_request"
 

@@ -19,7 +19,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from billing.models import APIKey, Wallet
 from billing.services import wallet_freeze
-from config.ids import new_id
+from common.ids import new_id
 from mcpgateway.models import Action
 from permits.models import Permit, TenantApprover
 from receipts.models import Receipt, RefundReconciliation

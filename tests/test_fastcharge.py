@@ -33,10 +33,10 @@ from rest_framework.request import Request
 from rest_framework.test import APIRequestFactory
 
 from billing import fastcharge, ratelimit, services
+from billing.fastcharge import Gateway
 from billing.models import Wallet
 from billing.views import ChargeView, charge_query
-from config.errors import RequestValidationError
-from config.wsgi import Gateway
+from common.errors import RequestValidationError
 from tests import factories
 from tests.test_billing_charge_fn import QUERY
 
@@ -288,7 +288,7 @@ def test_what_django_middleware_refuses_or_adds(twins: tuple[Side, Side], taken:
     settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 1000
     full, fast = twins
     steps: list[Step] = [
-        (charge(), {"HTTP_HOST": "evil.example"}),  # CommonMiddleware: DisallowedHost, config.errors.handler400
+        (charge(), {"HTTP_HOST": "evil.example"}),  # CommonMiddleware: DisallowedHost, common.errors.handler400
         (charge(), {"CONTENT_LENGTH": "5000"}),  # the body limit: 413
         (charge(), {"wsgi.url_scheme": "https"}),  # HSTS on a secure request
     ]

@@ -1,4 +1,4 @@
-"""config.fastsql: precompiled reads and writes give what the ORM would have given."""
+"""common.fastsql: precompiled reads and writes give what the ORM would have given."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from decimal import Decimal
 import pytest
 from django.db import connection
 
-from config import fastsql
-from config.ids import new_id
+from common import fastsql
+from common.ids import new_id
 from mcpgateway.models import Action, Tool
 
 pytestmark = pytest.mark.django_db

@@ -55,7 +55,7 @@ from schemathesis.checks import CHECKS, load_all_checks
 from schemathesis.core.failures import FailureGroup
 from schemathesis.core.result import Ok
 
-from config.ids import new_id
+from common.ids import new_id
 from tests import factories
 from tests.conftest import client_for, make_tenant
 from tests.gateway_helpers import register_upstream
@@ -164,7 +164,7 @@ JUSTIFIED: dict[str, Matcher] = {
         and f.kind == "RejectedPositiveData"
         and "service is an alias of service_category; they differ." in f.report
     ),
-    "free-form documents: numbers outside ±(2**53-1) or non-finite, or nesting past 64, are 422 (config/jsonbody.py;"
+    "free-form documents: numbers outside ±(2**53-1) or non-finite, or nesting past 64, are 422 (common/jsonbody.py;"
     " JSON Schema cannot bound every number inside a free-form object)": lambda f: (
         f.kind == "RejectedPositiveData"
         and ('"type":"number_out_of_range"' in f.report or '"type":"json_too_deep"' in f.report)

@@ -52,7 +52,7 @@ from hypothesis.stateful import (
 from billing import services as billing
 from billing.exceptions import VelocityLimitExceeded
 from billing.models import ZERO, LedgerEntry, LedgerKind, ServiceCategory, Wallet, WalletStatus
-from config.errors import ApplicationError
+from common.errors import ApplicationError
 from permits import services as permit_services
 from permits.models import Permit
 

@@ -22,8 +22,8 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from audit.services import audit_event_prepare
 from billing.services import debit_call
-from config import fastsql
-from config.ids import new_id
+from common import fastsql
+from common.ids import new_id
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState
 from mcpgateway.services import claim as claiming

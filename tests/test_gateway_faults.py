@@ -103,7 +103,7 @@ def test_refused_connection_is_failed_refunded(settings, tenant):
 
 
 def test_refund_that_cannot_post_is_failed_unrefunded_with_a_reconciliation_item(fault, tenant, monkeypatch):
-    from config.errors import Conflict
+    from common.errors import Conflict
     from mcpgateway.services import finish as finishing
 
     def broken_refund(**kwargs):

@@ -17,7 +17,7 @@ import pytest
 
 from audit.models import AuditEvent
 from billing.models import LedgerEntry, Wallet
-from config.ids import new_id
+from common.ids import new_id
 from mcpgateway.models import Action
 from receipts.models import Receipt
 from tests import test_gateway_governance as governance

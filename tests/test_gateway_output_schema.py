@@ -207,8 +207,8 @@ def test_a_claimed_call_that_meets_one_is_not_sent_and_refunded(bad, tenant: Ten
     assert bad.count("tools/call") == 0
 
 
-def test_an_invalid_input_schema_leaves_the_arguments_to_the_upstream(settings, tenant: Tenant) -> None:
-    """The inputSchema case, as it was meant: the gateway cannot validate, the upstream judges; no 500."""
+def test_an_invalid_input_schema_is_refused_by_name_not_left_to_the_upstream(settings, tenant: Tenant) -> None:
+    """The inputSchema case: the gateway cannot validate, so it refuses the call (test_gateway_input_schema.py)."""
     settings.UPSTREAM_CONNECT_TIMEOUT = 1
     bad_input = {"type": "object", "properties": {"n": {"type": "integer", "minimum": "0"}}}
     with BadSchemaUpstream(overrides={"inputSchema": bad_input}) as upstream:
@@ -219,6 +219,6 @@ def test_an_invalid_input_schema_leaves_the_arguments_to_the_upstream(settings, 
         start = balance(tenant)
         r = caller.rpc("echo", {"n": 5}, key="bad-input")
         assert r.status_code != 500, r.content
-        assert r.json()["result"]["_meta"]["io.tollgate/outcome"] == "success"
-        assert balance(tenant) == start - 2
-        assert upstream.count("tools/call") == 1
+        assert r.json()["error"]["data"]["error"] == "tool_schema_unusable"
+        assert balance(tenant) == start
+        assert upstream.count("tools/call") == 0

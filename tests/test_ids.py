@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from collections import Counter
 
-from config.ids import BASE62, new_id, random_base62
+from common.ids import BASE62, new_id, random_base62
 
 
 def test_format_and_uniqueness() -> None:
@@ -30,7 +30,7 @@ def test_other_lengths() -> None:
 
 
 def test_each_character_has_exactly_four_source_bytes() -> None:
-    from config import ids
+    from common import ids
 
     kept = [b for b in range(256) if b not in ids._DROPPED]
     counts = Counter(ids._TABLE[b] for b in kept)
@@ -39,7 +39,7 @@ def test_each_character_has_exactly_four_source_bytes() -> None:
 
 
 def test_dropped_bytes_are_read_again(monkeypatch) -> None:
-    from config import ids
+    from common import ids
 
     reads: list[int] = []
     stream = iter([b"\xff" * 20 + b"\x00\x3e", b"\xf8" * 5 + bytes(range(40))])

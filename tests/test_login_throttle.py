@@ -1,6 +1,6 @@
 """Failed password logins are throttled (console and approval pages): per account from one client, per
 account from every client and per client for every account, with growing cool-offs
-(billing.login_throttle; docs/decisions.md, Operator console)."""
+(access.login_throttle; docs/decisions.md, Operator console)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ class Clock:
 @pytest.fixture
 def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
     """The throttle's clock, moved by the test (never by sleeping)."""
-    from billing import login_throttle
+    from access import login_throttle
 
     frozen = Clock(login_throttle.clock())
     monkeypatch.setattr(login_throttle, "clock", lambda: frozen.now)
@@ -227,11 +227,11 @@ def staff(*permissions: str) -> tuple[Client, Any]:
     return client, user
 
 
-LIST = "/admin/billing/loginthrottle/"
+LIST = "/admin/access/loginthrottle/"
 
 
 def _lock_ops_from(address: str) -> int:
-    from billing.models import LoginThrottle
+    from access.models import LoginThrottle
 
     fail(address, "ops", 12)
     return LoginThrottle.objects.get(scope="client", client=address).pk
@@ -241,7 +241,7 @@ def test_the_console_lists_locks_and_unlocks_them_audited() -> None:
     ops()
     pk = _lock_ops_from("10.7.0.1")
     fail("10.7.0.2", "ops", 3)  # counted, not locked: not listed
-    client, user = staff("billing.view_loginthrottle", "billing.unlock_login")
+    client, user = staff("access.view_loginthrottle", "access.unlock_login")
     page = client.get(LIST)
     assert page.status_code == 200
     assert page.context["cl"].result_count == 1
@@ -259,7 +259,7 @@ def test_the_console_lists_locks_and_unlocks_them_audited() -> None:
 def test_staff_without_the_unlock_permission_cannot_unlock() -> None:
     ops()
     pk = _lock_ops_from("10.7.1.1")
-    client, _ = staff("billing.view_loginthrottle")
+    client, _ = staff("access.view_loginthrottle")
     page = client.get(LIST)
     assert page.status_code == 200
     assert b"unlock_selected" not in page.content
@@ -267,7 +267,7 @@ def test_staff_without_the_unlock_permission_cannot_unlock() -> None:
     assert not AuditEvent.objects.filter(event="auth.login_unlocked").exists()
     assert attempt("10.7.1.1", "ops", PASSWORD).status_code == 429
     # Nor can the page be changed or emptied by other means.
-    other, _ = staff("billing.view_loginthrottle", "billing.change_loginthrottle", "billing.delete_loginthrottle")
+    other, _ = staff("access.view_loginthrottle", "access.change_loginthrottle", "access.delete_loginthrottle")
     other.post(LIST, {"action": "delete_selected", "_selected_action": [pk], "post": "yes"})
     assert other.get(f"{LIST}{pk}/delete/").status_code == 403
     assert attempt("10.7.1.1", "ops", PASSWORD).status_code == 429
@@ -282,8 +282,8 @@ def test_the_operator_group_may_unlock_and_the_auditor_only_look() -> None:
 
 
 def test_quiet_rows_are_pruned(clock: Clock) -> None:
-    from billing.login_throttle import login_throttle_prune
-    from billing.models import LoginThrottle
+    from access.login_throttle import login_throttle_prune
+    from access.models import LoginThrottle
 
     ops()
     fail("10.8.0.1", "ops", 12)  # locked for a minute, then quiet for a day: pruned
@@ -305,7 +305,7 @@ def test_attempts_in_flight_together_are_counted_before_any_is_checked() -> None
     from django.http import HttpResponse
     from django.test import RequestFactory
 
-    from billing.login_throttle import throttle_failed_logins
+    from access.login_throttle import throttle_failed_logins
 
     checked: list[int] = []
 

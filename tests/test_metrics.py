@@ -14,7 +14,7 @@ import pytest
 from rest_framework.test import APIClient
 
 from audit.models import AuditEvent
-from config import metrics
+from common import metrics
 from mcpgateway.models import Action
 from mcpgateway.services import action_sweep
 from metrics.views import metrics_exposition
@@ -276,7 +276,7 @@ def test_a_429_bumps_rate_limit_refusals(scrape_token, tenant, settings):
 
 WORKER = """
 import sys
-from config import metrics
+from common import metrics
 for _ in range(int(sys.argv[1])):
     metrics.count_refusal("anonymous")
 metrics.observe_upstream(0.02, kind="success")

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 from audit import keystore, services
 from audit.exceptions import SigningKeyUnavailable
 from audit.models import AuditEvent, SigningKey, SigningKeyState
-from config import metrics
+from common import metrics
 
 pytestmark = pytest.mark.django_db
 

@@ -259,7 +259,7 @@ def test_a_burst_of_decided_requests_does_not_push_a_pending_one_off_the_queue(t
     however many newer ones were decided, and past the page's length it says how many more wait."""
     from datetime import timedelta
 
-    from config.ids import new_id
+    from common.ids import new_id
     from permits import approvals
 
     first = ask(tenant.agent_client, tenant.agent.wallet_id).json()["request_id"]

@@ -12,7 +12,7 @@ from django.contrib.auth.models import Permission
 from django.test import Client
 
 from audit.models import AuditEvent
-from config.errors import RequestValidationError
+from common.errors import RequestValidationError
 from permits import exceptions as exc
 from permits import services
 from permits.models import Permit, PermitRequest, PolicyBundle, TenantApprover

@@ -27,7 +27,7 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from billing.services import api_key_create
-from config.ids import new_id
+from common.ids import new_id
 from permits import services
 from permits.exceptions import (
     ApprovalRelaxationNeedsConfirmation,

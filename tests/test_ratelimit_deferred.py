@@ -20,12 +20,12 @@ from django.db import DatabaseError, connection
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from access.keys import hash_secret
 from audit.models import AuditEvent
 from billing import ratelimit
-from billing.keys import hash_secret
 from billing.models import APIKey, LedgerEntry, Wallet
 from billing.ratelimit import bucket_charge
-from config import fastsql
+from common import fastsql
 from mcpgateway.models import Action
 from mcpgateway.services import claim as claiming
 from permits.models import Permit

@@ -16,13 +16,13 @@ from django.contrib.auth.models import Permission
 from django.db import connection, transaction
 from django.test import Client
 
-from audit.canonical import event_bytes, iso_utc
 from audit.evidence_core import chain_hash
 from audit.models import AuditEvent, ChainHead
 from audit.services import signing_key_rotate
 from billing.models import LedgerEntry, Wallet
 from billing.services import ledger_debit, ledger_refund, tool_price_set
-from config.ids import new_id
+from common.canonical import event_bytes, iso_utc
+from common.ids import new_id
 from mcpgateway.services import tools_sync
 from permits import services as permit_services
 from permits.models import Permit

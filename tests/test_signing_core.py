@@ -13,7 +13,6 @@ import nacl.signing
 import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 
-from audit.canonical import b64url_decode_strict, b64url_encode, canonical_bytes
 from audit.evidence_core import (
     key_id_for_public_key,
     private_key_from_seed,
@@ -22,6 +21,7 @@ from audit.evidence_core import (
     verify_bytes_with_keys,
     verify_statement_with_keys,
 )
+from common.canonical import b64url_decode_strict, b64url_encode, canonical_bytes
 
 GOLDEN = json.loads((Path(__file__).parent / "golden" / "signing_vectors.json").read_text(encoding="utf-8"))
 KEYS = {GOLDEN["kid"]: GOLDEN["public_key"]}
@@ -177,7 +177,7 @@ def test_strict_base64url():
 
 def test_verification_core_imports_no_django():
     code = (
-        "import sys, audit.evidence_core, audit.canonical; "
+        "import sys, audit.evidence_core, common.canonical; "
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('django', 'rest_framework')); "
         "assert not bad, bad"
     )

@@ -15,11 +15,11 @@ from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
 
 from audit import keystore
-from audit.canonical import b64url_encode
 from audit.evidence_core import private_key_from_seed, raw_public_key
 from audit.models import AuditEvent, SigningKey, SigningKeyState
 from audit.services import signing_key_ensure, signing_key_rotate
 from audit.signing import public_key_set, sign_statement, verify_statement, verify_statement_bytes
+from common.canonical import b64url_encode
 
 pytestmark = pytest.mark.django_db
 

@@ -18,7 +18,7 @@ from django.urls import Resolver404, clear_url_caches, path, resolve
 from rest_framework.decorators import api_view, permission_classes
 from rest_framework.response import Response
 
-from config.authentication import AllowAnyone
+from billing.authentication import AllowAnyone
 from tests.conftest import client_for
 
 pytestmark = pytest.mark.django_db

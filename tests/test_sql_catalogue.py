@@ -17,8 +17,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
-from config import sqlfiles
-from config.sqlfiles import RunSqlFile, SqlFile, SqlFileChanged
+from common import sqlfiles
+from common.sqlfiles import RunSqlFile, SqlFile, SqlFileChanged
 
 INVARIANT_TRIGGERS = {
     ("audit", "audit_event_immutable"): ("audit_event_immutable", "audit_event"),
@@ -32,7 +32,7 @@ def records_of(app_label: str, name: str) -> list[sqlfiles.SqlFileRecord]:
 
 
 def edit_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, app_label: str, name: str, change) -> None:
-    """Edit a copy of one SQL file; ``config.sqlfiles`` reads the copy instead of the file."""
+    """Edit a copy of one SQL file; ``common.sqlfiles`` reads the copy instead of the file."""
     real = sqlfiles.sql_file_path
     copy = tmp_path / app_label / "sql" / f"{name}.sql"
     copy.parent.mkdir(parents=True, exist_ok=True)

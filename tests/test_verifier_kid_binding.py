@@ -18,7 +18,7 @@ import pytest
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
-from audit.canonical import b64url_decode_strict, b64url_encode, canonical_bytes
+from common.canonical import b64url_decode_strict, b64url_encode, canonical_bytes
 from receipts.verify import verify_portable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))

@@ -8,7 +8,7 @@ applies the file as 0008 does.
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 DROP = """
 DROP TRIGGER IF EXISTS audit_event_immutable ON audit_event;

@@ -3,7 +3,7 @@ the body is the one migration 0005 created."""
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

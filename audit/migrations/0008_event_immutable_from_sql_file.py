@@ -5,7 +5,7 @@ transaction, so a database that has it keeps it, as it had it."""
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

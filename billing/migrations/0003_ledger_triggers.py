@@ -13,7 +13,7 @@ migration applies the files as 0020 does.
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

@@ -6,7 +6,7 @@ import importlib
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS = importlib.import_module("billing.migrations.0008_debit_function").DEBIT
 

@@ -6,7 +6,7 @@ refill's ledger entry does (and ``ledger_audit`` wrote it), not that balance plu
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

@@ -4,7 +4,7 @@ charge after the first that might lock an auto-refill's parent after the chain h
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

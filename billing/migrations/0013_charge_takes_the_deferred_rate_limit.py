@@ -4,7 +4,7 @@ charges its window first, and answers the window's count (``rate_count``)."""
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS_SIGNATURE = (
     "billing_charge(text, text, text, text, numeric, numeric, text, text, text, timestamptz, text[], numeric, "

@@ -4,7 +4,7 @@ holder only, the one copy of that rule; the rate limiter's statement, ``billing_
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

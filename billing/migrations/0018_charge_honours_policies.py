@@ -5,7 +5,7 @@ charge, the daily cap, checked again after the debit under its locks), through
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 CAP_OVER = "billing_daily_cap_over(text[], text[], numeric[], timestamptz)"
 CHARGE_POLICIES = "permits_charge_policies(text[], text, numeric)"

@@ -3,7 +3,7 @@ under the threshold, so a wallet cannot draw refills by moving its credit to its
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

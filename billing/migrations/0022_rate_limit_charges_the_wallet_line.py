@@ -4,7 +4,7 @@ callers (the rate limiter's statement, ``gateway_claim``, ``billing_charge``) ca
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

@@ -14,12 +14,12 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
+from access.keys import hash_secret, make_secret
 from audit.services import alert_raise, audit_record
 from billing.exceptions import AncestorKeyRotation, APIKeyLimitReached, WalletClosed
-from billing.keys import hash_secret, make_secret
 from billing.models import APIKey, APIKeyStatus, KeyLogAction, KeyRotationLog, Wallet, WalletStatus
-from config.errors import NotFound
-from config.ids import new_id
+from common.errors import NotFound
+from common.ids import new_id
 
 
 @dataclass(frozen=True)
@@ -184,7 +184,7 @@ def _require_active_minter(actor_key_id: str) -> None:
         return
     minter = APIKey.objects.select_for_update(no_key=True).filter(key_id=actor_key_id).first()
     if minter is not None and minter.status != APIKeyStatus.ACTIVE:
-        from config.errors import InvalidAPIKey
+        from common.errors import InvalidAPIKey
 
         raise InvalidAPIKey(key_id=actor_key_id)
 
@@ -369,7 +369,7 @@ def _api_key_rotate(*, wallet: Wallet, key_id: str, revoke_old: bool, reason: st
     _require_open_wallet(_lock_wallet(wallet))
     old = _lock_key(wallet, key_id)
     if old.status != APIKeyStatus.ACTIVE:
-        from config.errors import Conflict
+        from common.errors import Conflict
 
         raise Conflict("A revoked key cannot be rotated.", key_id=key_id)
     if _descends_from(actor_key_id, old.key_id):

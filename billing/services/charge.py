@@ -31,7 +31,6 @@ from typing import Any, Unpack
 from django.db import DatabaseError, connection
 from django.utils import timezone
 
-from audit.canonical import canonical_bytes_fast
 from audit.models import AuditEvent
 from audit.services import EventFields, audit_event_prepare
 from billing.exceptions import ChargePolicyDenied, VelocityLimitExceeded, money
@@ -49,9 +48,10 @@ from billing.services.ledger import (
     to_money,
 )
 from billing.services.wallets import wallet_freeze_for_velocity
+from common import dbretry, fastsql
 from common.cache import BoundedCache
-from config import dbretry, fastsql
-from config.errors import (
+from common.canonical import canonical_bytes_fast
+from common.errors import (
     IdempotencyKeyInProgress,
     IdempotencyKeyReused,
     NotFound,
@@ -59,8 +59,8 @@ from config.errors import (
     WalletAccessDenied,
     is_retryable,
 )
-from config.idempotency import request_hash
-from config.ids import new_id
+from common.idempotency import request_hash
+from common.ids import new_id
 from config.middleware import get_request_id
 
 
@@ -474,7 +474,7 @@ def _charge(call: ChargeCall, deferred: DeferredCharge | None = None) -> ChargeO
     statement rolled back whole) or inside a caller's transaction, where a failed statement
     would abort the transaction. A serialization failure or deadlock (billing_debit raises 40001
     for a refill its locks did not foresee) rolled the statement back whole too: it runs again a
-    few times (``config.dbretry``), then ``TransactionConflict`` (409). Inside a caller's
+    few times (``common.dbretry``), then ``TransactionConflict`` (409). Inside a caller's
     transaction both are the caller's to handle.
     """
     refill_event = connection.in_atomic_block

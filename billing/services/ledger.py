@@ -64,9 +64,9 @@ from billing.exceptions import (
     money,
 )
 from billing.models import ZERO, LedgerEntry, LedgerKind, SystemAccount, Wallet, WalletStatus
-from config import fastsql
-from config.errors import ApplicationError, Conflict, NotFound, RequestValidationError
-from config.ids import new_id
+from common import fastsql
+from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
+from common.ids import new_id
 from config.middleware import get_request_id
 
 CENT = Decimal("0.00000001")
@@ -247,7 +247,8 @@ def _count_spend(*, owners: list[Wallet], tenant_id: str, hour: datetime, amount
             cursor.execute(
                 "INSERT INTO billing_spend_bucket (wallet_id, tenant_id, hour, amount) "
                 "SELECT owner, %s, %s, %s FROM unnest(%s::text[]) AS owner "
-                "ON CONFLICT (wallet_id, hour) DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount",
+                "ON CONFLICT (wallet_id, hour, tenant_id) "
+                "DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount",
                 [tenant_id, hour, amount, ids],
             )
         else:

@@ -10,7 +10,7 @@ from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import ServiceCategory, ServicePrice, ToolPrice
 from billing.services.ledger import to_money
-from config.errors import NotFound, RequestValidationError
+from common.errors import NotFound, RequestValidationError
 
 
 @transaction.atomic(durable=True)

@@ -43,8 +43,8 @@ from billing.services.ledger import (
     ledger_refund,
     to_money,
 )
-from config.errors import Conflict, RequestValidationError
-from config.ids import new_id
+from common.errors import Conflict, RequestValidationError
+from common.ids import new_id
 
 
 def _audit_wallet(event: str, wallet: Wallet, *, actor_key_id: str, actor: str, **detail: Any) -> None:

@@ -228,7 +228,7 @@ BEGIN
     END IF;
     INSERT INTO billing_spend_bucket (wallet_id, tenant_id, hour, amount)
     SELECT o, w.tenant_id, hour_start, p_amount FROM unnest(owner_ids || w.wallet_id) AS o
-        ON CONFLICT (wallet_id, hour) DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount;
+        ON CONFLICT (wallet_id, hour, tenant_id) DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount;
     code := 'ok';
 END;
 $$;

@@ -520,13 +520,20 @@ class ReceiptVerification:
 
 @dataclass(frozen=True, kw_only=True)
 class PortableVerification:
-    """The offline verdict on a portable receipt: ``valid``, a stable ``reason`` code when not."""
+    """The offline verdict on a portable receipt: ``valid``, a stable ``reason`` code when not.
+
+    ``inclusion`` says what became of its transparency-log proof (tollgate_client.tlog.policy):
+    ``verified``, ``not_checked`` (no proof, or no policy), ``pending`` or ``failed``;
+    ``inclusion_detail`` explains it in words.
+    """
 
     valid: bool
     reason: str | None
     receipt_id: str | None = None
     kid: str | None = None
     outcome: str | None = None
+    inclusion: str = "not_checked"
+    inclusion_detail: str = ""
 
     def __bool__(self) -> bool:
         return self.valid

@@ -15,11 +15,18 @@ export is used: a valid signature then proves only that the receipt matches
 that snapshot. Pass a JWKS obtained through a trusted channel (the issuer's
 ``/.well-known/jwks.json`` over TLS) for the issuer identity to hold.
 
+With a transparency-log ``policy`` (:class:`tollgate_client.tlog.Policy`: trusted log keys,
+witness keys, a cosignature quorum) the receipt's optional ``transparency`` member is checked too:
+its ``tlog-proof@v1`` must lead from the signed bytes to a checkpoint signed by a trusted key of the
+receipt's tenant's log and cosigned by the quorum. A failure makes the receipt invalid with a
+``tlog_*`` reason. A receipt without a proof still verifies its signature, and the verdict's
+``inclusion`` says the inclusion was not checked.
+
 Command line (installed as ``tollgate-verify`` with ``pip install ./client``)::
 
-    tollgate-verify PORTABLE.json [--keys JWKS.json | --issuer https://gateway.example]
+    tollgate-verify PORTABLE.json [--keys JWKS.json | --issuer https://gateway.example] [--policy POLICY.json]
 
-Exit status 0: valid; 1: invalid (reason printed); 2: unreadable input or key set.
+Exit status 0: valid; 1: invalid (reason printed); 2: unreadable input, key set or policy.
 """
 
 from __future__ import annotations
@@ -33,9 +40,12 @@ import re
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 from tollgate_client.models import PortableVerification
+
+if TYPE_CHECKING:  # imported when used: importing the client loads no cryptography
+    from tollgate_client.tlog.policy import Policy
 
 __all__ = [
     "FORMAT",
@@ -70,22 +80,24 @@ def _kid_matches_key(kid: str, public_key_b64: str) -> bool:
         return False
 
 
-def verify_portable_offline(portable: Any, jwks: Any = None) -> PortableVerification:
-    """Verify a portable receipt against ``jwks`` (default: the snapshot it carries)."""
+def verify_portable_offline(portable: Any, jwks: Any = None, policy: Policy | None = None) -> PortableVerification:
+    """Verify a portable receipt against ``jwks`` (default: the snapshot it carries) and ``policy``."""
     reference = _reference_verifier()
     if reference is None:
-        return verify_portable_standalone(portable, jwks)
-    verdict = reference(portable, jwks)
+        return verify_portable_standalone(portable, jwks, policy)
+    verdict = reference(portable, jwks, policy=policy)
     return PortableVerification(
         valid=bool(verdict.valid),
         reason=verdict.reason,
         receipt_id=verdict.receipt_id,
         kid=verdict.kid,
         outcome=verdict.outcome,
+        inclusion=verdict.inclusion,
+        inclusion_detail=verdict.inclusion_detail,
     )
 
 
-def _reference_verifier() -> Callable[[Any, Any], Any] | None:
+def _reference_verifier() -> Callable[..., Any] | None:
     """``receipts.verify.verify_portable`` from a Tollgate source checkout, if that is what is importable."""
     try:
         from receipts import verify as reference  # type: ignore[import-not-found,unused-ignore]
@@ -94,7 +106,7 @@ def _reference_verifier() -> Callable[[Any, Any], Any] | None:
     func = getattr(reference, "verify_portable", None)
     if getattr(reference, "FORMAT", None) != FORMAT or not callable(func):
         return None
-    return cast("Callable[[Any, Any], Any]", func)
+    return cast("Callable[..., Any]", func)
 
 
 def keys_from_jwks(jwks: Any) -> dict[str, str]:
@@ -173,7 +185,7 @@ def _verify_signed_bytes(data: bytes, signature: str, keys: Mapping[str, str]) -
     return True, None
 
 
-def verify_portable_standalone(portable: Any, jwks: Any = None) -> PortableVerification:
+def verify_portable_standalone(portable: Any, jwks: Any = None, policy: Policy | None = None) -> PortableVerification:
     """The same check as ``receipts.verify.verify_portable``, needing only ``cryptography`` and ``rfc8785``."""
     if not isinstance(portable, Mapping):
         return PortableVerification(valid=False, reason="not_an_object")
@@ -216,7 +228,21 @@ def verify_portable_standalone(portable: Any, jwks: Any = None) -> PortableVerif
     for field, value in expected.items():
         if field in portable and portable[field] != value:
             return verdict(False, f"{field}_differs_from_signed_bytes")
-    return verdict(True, None)
+    from tollgate_client.tlog.policy import verify_transparency
+
+    tenant = statement.get("tenant_id")
+    included = verify_transparency(
+        portable.get("transparency"), signed, policy, tenant=tenant if isinstance(tenant, str) else None
+    )
+    return PortableVerification(
+        valid=not included.failed,
+        reason=included.reason if included.failed else None,
+        receipt_id=receipt_id,
+        kid=kid,
+        outcome=outcome,
+        inclusion=included.status,
+        inclusion_detail=included.detail,
+    )
 
 
 def fetch_issuer_jwks(issuer: str, *, timeout: float = 10.0) -> Any:
@@ -235,6 +261,13 @@ def fetch_issuer_jwks(issuer: str, *, timeout: float = 10.0) -> Any:
         raise ValueError(f"cannot fetch the issuer's key set from {url}: {err}") from err
 
 
+def inclusion_sentence(inclusion: str, detail: str) -> str:
+    """One line on the transparency-log proof for the command lines."""
+    if inclusion == "verified":
+        return f"Inclusion VERIFIED: {detail}."
+    return f"Inclusion was NOT checked: {detail}."
+
+
 def main(argv: list[str] | None = None) -> int:
     """``tollgate-verify``: the standalone offline verifier's command line."""
     parser = argparse.ArgumentParser(prog="tollgate-verify", description="Verify a portable receipt offline.")
@@ -242,19 +275,28 @@ def main(argv: list[str] | None = None) -> int:
     pin = parser.add_mutually_exclusive_group()
     pin.add_argument("--keys", help="a JWKS obtained through a trusted channel: pins the issuer")
     pin.add_argument("--issuer", help="the issuer's base URL: fetches its /.well-known/jwks.json and pins it")
+    parser.add_argument("--policy", help="a tollgate.tlog-policy/v1 file: trusted log and witness keys, quorum")
     args = parser.parse_args(argv)
     try:
         document = json.loads(Path(args.portable).read_text(encoding="utf-8"))
         jwks = json.loads(Path(args.keys).read_text(encoding="utf-8")) if args.keys else None
         if args.issuer:
             jwks = fetch_issuer_jwks(args.issuer)
+        policy = None
+        if args.policy:
+            from tollgate_client.tlog.policy import Policy
+
+            policy = Policy.from_json(json.loads(Path(args.policy).read_text(encoding="utf-8")))
     except (OSError, ValueError) as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    verdict = verify_portable_standalone(document, jwks)
-    print(json.dumps({k: getattr(verdict, k) for k in ("valid", "reason", "receipt_id", "kid", "outcome")}, indent=2))
+    verdict = verify_portable_standalone(document, jwks, policy)
+    fields = ("valid", "reason", "receipt_id", "kid", "outcome", "inclusion", "inclusion_detail")
+    print(json.dumps({k: getattr(verdict, k) for k in fields}, indent=2))
     if not verdict.valid:
         print(f"INVALID: {verdict.reason}", file=sys.stderr)
+        if verdict.inclusion == "failed":
+            print(f"The inclusion proof failed: {verdict.inclusion_detail}", file=sys.stderr)
         return 1
     if jwks is None:
         print(
@@ -265,6 +307,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         source = f"the key set of {args.issuer}" if args.issuer else f"the key set in {args.keys}"
         print(f"VALID: receipt {verdict.receipt_id} ({verdict.outcome}) is signed by {verdict.kid} of {source}.")
+    print(inclusion_sentence(verdict.inclusion, verdict.inclusion_detail))
     return 0
 
 

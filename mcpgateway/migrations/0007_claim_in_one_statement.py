@@ -6,7 +6,7 @@ import importlib
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 _old = importlib.import_module("mcpgateway.migrations.0003_claim_function")
 

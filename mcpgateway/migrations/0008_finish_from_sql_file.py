@@ -5,7 +5,7 @@ import importlib
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS = importlib.import_module("mcpgateway.migrations.0004_finish_function").FINISH
 

@@ -5,7 +5,7 @@ signed column of the permit it verified (``permits_reserve``)."""
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS_SIGNATURE = (
     "gateway_claim(jsonb, text, numeric, text, boolean, text, numeric, timestamptz, text, numeric, text, text, text, "

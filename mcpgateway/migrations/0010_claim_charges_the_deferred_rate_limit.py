@@ -7,7 +7,7 @@ from importlib import import_module
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 # The signature 0009 created, and the same with the deferred charge's four arguments.
 PREVIOUS_SIGNATURE = import_module("mcpgateway.migrations.0009_claim_checks_the_cache").SIGNATURE

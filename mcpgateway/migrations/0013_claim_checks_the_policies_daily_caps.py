@@ -6,7 +6,7 @@ from importlib import import_module
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 # The signature 0010 created (0011 and 0012 kept it), and the same with the three caps' arrays.
 PREVIOUS_SIGNATURE = import_module("mcpgateway.migrations.0010_claim_charges_the_deferred_rate_limit").SIGNATURE

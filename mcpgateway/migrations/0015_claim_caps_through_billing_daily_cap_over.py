@@ -3,7 +3,7 @@ function the charge endpoint checks them with, instead of its own copy of the lo
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

@@ -10,10 +10,10 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from audit.canonical import canonical_bytes_fast, sha256_hex
 from billing.ratelimit import DeferredCharge
 from billing.selectors import Principal
-from config.jsonbody import check_storable
+from common.canonical import canonical_bytes_fast, sha256_hex
+from common.jsonbody import check_storable
 from receipts.models import Outcome
 
 TOLLGATE_META_PREFIX = "io.tollgate/"

@@ -28,10 +28,10 @@ from billing.services import (
     refusal_for_viewer,
     wallet_check_may_spend,
 )
-from config import fastsql
-from config.errors import ApplicationError
-from config.faults import fault_point
-from config.ids import new_id
+from common import fastsql
+from common.errors import ApplicationError
+from common.faults import fault_point
+from common.ids import new_id
 from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.services.call import CallRequest, _uncharged
 from mcpgateway.services.finish import _finish

@@ -12,7 +12,7 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from config import metrics
+from common import metrics
 from mcpgateway.models import Action, Tool, UpstreamServer
 from mcpgateway.services.call import CallRequest
 from mcpgateway.services.upstreams import upstream_client_for, upstream_headers

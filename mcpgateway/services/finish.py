@@ -15,15 +15,15 @@ from typing import Any
 from django.db import transaction
 from django.utils import timezone
 
-from audit.canonical import canonical_bytes_fast, sha256_hex
 from audit.services import alert_raise, audit_append_prepared
 from billing.exceptions import money as _money
 from billing.models import Wallet
 from billing.services import ledger_refund
-from config import fastsql
-from config.errors import ApplicationError
-from config.faults import fault_point
-from config.ids import new_id
+from common import fastsql
+from common.canonical import canonical_bytes_fast, sha256_hex
+from common.errors import ApplicationError
+from common.faults import fault_point
+from common.ids import new_id
 from mcpgateway.models import Action, ActionState
 from mcpgateway.services.call import OUTCOME_STATUS, CallRequest, request_document
 from mcpgateway.upstream.client import CallResult

@@ -37,14 +37,16 @@ from __future__ import annotations
 
 from typing import Any
 
-import jsonschema  # type: ignore[import-untyped]
+from django.conf import settings
 from django.db import IntegrityError
 
 from billing.exceptions import VelocityLimitExceeded
 from billing.services import wallet_freeze_for_velocity
-from config.dbretry import run_retrying
-from config.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError, conflict_response
-from config.faults import fault_point
+from common.dbretry import run_retrying
+from common.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError, conflict_response
+from common.faults import fault_point
+from mcpgateway.argschema import ArgumentError
+from mcpgateway.exceptions import ToolSchemaUnusable
 from mcpgateway.models import Action, ActionState, ToolSource
 from mcpgateway.services.call import CallAnswer, CallRequest, _charged, _uncharged, request_hash_of
 from mcpgateway.services.claim import _phase1
@@ -58,23 +60,33 @@ from permits.models import Permit
 RETRY_AFTER_SECONDS = 2
 
 
-def _validate_arguments(tool: _RegisteredTool, arguments: dict[str, Any]) -> None:
-    """422 before anything is accepted or charged when the arguments break the tool's inputSchema."""
-    validator = tool.arguments_validator
-    if validator is None or validator.is_valid(arguments):
-        return
-    error = jsonschema.exceptions.best_match(validator.iter_errors(arguments))
-    if error is not None:
-        loc = ["body", "arguments", *[str(p) for p in error.absolute_path]]
-        raise RequestValidationError.single(loc, error.message[:300], "invalid_arguments")
+def _arguments_error(tool: _RegisteredTool, arguments: dict[str, Any]) -> ArgumentError | None:
+    """Why ``arguments`` break the tool's inputSchema (or its bounds), or None: one pass, linear in their size.
+
+    The caller has refused a tool whose inputSchema is unusable (``tool.arguments`` is then None).
+    """
+    assert tool.arguments is not None
+    return tool.arguments.check(
+        arguments,
+        max_nodes=settings.TOOL_ARGUMENT_MAX_NODES,
+        max_items=settings.TOOL_ARGUMENT_MAX_ITEMS,
+        max_steps=settings.TOOL_ARGUMENT_MAX_STEPS,
+    ).error
+
+
+def _refuse_arguments(error: ArgumentError) -> RequestValidationError:
+    """The 422 of arguments that break the inputSchema or its bounds, before anything is accepted or charged."""
+    loc = ["body", "arguments", *[str(p) for p in error.path]]
+    return RequestValidationError.single(loc, error.message[:300], error.type)
 
 
 def governed_call(req: CallRequest) -> CallAnswer:
     """Run one logical tools/call through permit -> meter -> dispatch -> receipt, at most once.
 
     Raises before acceptance (nothing written): ``RequestValidationError``
-    (unknown or unpriced tool, arguments that break the inputSchema),
-    ``IdempotencyKeyReused`` (422) and ``IdempotencyKeyInProgress`` (409).
+    (unknown or unpriced tool, arguments that break the inputSchema or its bounds, validated once),
+    ``ToolSchemaUnusable`` (422: the tool's inputSchema cannot be used), ``IdempotencyKeyReused``
+    (422) and ``IdempotencyKeyInProgress`` (409).
 
     A call whose tool, price, permit and policies the process has cached is decided on those
     and claimed without reading them again (the claim compares what can have changed); any
@@ -82,21 +94,22 @@ def governed_call(req: CallRequest) -> CallAnswer:
     """
     principal = req.principal
     if principal.is_operator or principal.wallet_id is None:
-        from config.errors import WalletKeyRequired
+        from common.errors import WalletKeyRequired
 
         raise WalletKeyRequired("Tool calls need a wallet-scoped API key: the call is charged to its wallet.")
     digest = request_hash_of(req.tool, req.arguments)
+    judged: dict[int, tuple[_RegisteredTool, ArgumentError | None]] = {}  # the arguments are validated once
     cached = _cached(req)
     if cached is not None:
         try:
-            return _governed(req, cached, digest)
+            return _governed(req, cached, digest, judged)
         except _Stale:
             pass
     if _uncharged(req):
         req = _charged(req)  # before the fresh path, which may record a denial
     for attempt in range(1, FRESH_ATTEMPTS + 1):
         try:
-            return _governed(req, _lookup(req), digest)
+            return _governed(req, _lookup(req), digest, judged)
         except _Stale as stale:
             # The tool, its price or the policies changed between the lookup and the claim (nothing was
             # written): decide again on rows read afresh.
@@ -109,23 +122,41 @@ def governed_call(req: CallRequest) -> CallAnswer:
 FRESH_ATTEMPTS = 3
 
 
-def _governed(req: CallRequest, found: _Found, digest: str) -> CallAnswer:
-    """The call on ``found``. From the cache, raises ``_Stale`` (nothing written) where fresh rows must decide."""
+def _governed(
+    req: CallRequest, found: _Found, digest: str, judged: dict[int, tuple[_RegisteredTool, ArgumentError | None]]
+) -> CallAnswer:
+    """The call on ``found``. From the cache, raises ``_Stale`` (nothing written) where fresh rows must decide.
+
+    ``judged`` keeps the verdict on the arguments per registered tool, so a call decided again on
+    fresh rows does not validate them again when its tool has not changed.
+    """
     if found.action is not None:
         return _existing(found.action, digest, req.principal.key_id)
     if found.tool is None:
         raise RequestValidationError.single(["body", "name"], f"Unknown tool {req.tool!r}.", "unknown_tool")
+    if found.tool.schema_problem is not None:
+        if found.cached:
+            raise _Stale()  # the fresh lookup tells a replay of the key from the refusal
+        raise ToolSchemaUnusable(
+            f"The tool {req.tool!r} cannot be called: its inputSchema cannot be used to validate arguments "
+            f"({found.tool.schema_problem[:200]}).",
+            tool=req.tool,
+        )
     tool, price = found.tool.tool, found.price
     if price is None:
         raise RequestValidationError.single(
             ["body", "name"], "This tool has no price set and cannot be called.", "tool_price_not_set"
         )
-    if found.cached:
-        validator = found.tool.arguments_validator
-        if validator is not None and not validator.is_valid(req.arguments):
-            raise _Stale()  # a replay of the key, or the 422, is for the fresh lookup to tell
+    seen = judged.get(id(found.tool))
+    if seen is not None and seen[0] is found.tool:
+        error = seen[1]
     else:
-        _validate_arguments(found.tool, req.arguments)
+        error = _arguments_error(found.tool, req.arguments)
+        judged[id(found.tool)] = (found.tool, error)
+    if error is not None:
+        if found.cached:
+            raise _Stale()  # a replay of the key, or the 422, is for the fresh lookup to tell
+        raise _refuse_arguments(error)
 
     velocity: VelocityLimitExceeded | None = None
     try:

@@ -10,8 +10,8 @@ import functools
 from dataclasses import dataclass
 from decimal import Decimal
 
+from common import fastsql
 from common.cache import BoundedCache
-from config import fastsql
 from mcpgateway.models import Action
 from mcpgateway.services.call import CallRequest
 from mcpgateway.services.tools import _registered, _registered_tool, _RegisteredTool, tool_is_callable

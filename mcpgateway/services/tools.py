@@ -16,8 +16,8 @@ from django.utils import timezone
 
 from audit.services import audit_record
 from billing.models import ServiceCategory
-from config import fastsql
-from mcpgateway.argschema import arguments_validator
+from common import fastsql
+from mcpgateway.argschema import ArgumentsSchema, SchemaUnusable, input_schema_problem, schema_compile
 from mcpgateway.models import Tool, ToolSource, UpstreamServer
 from mcpgateway.upstream.validators import output_schema_problem
 
@@ -41,26 +41,45 @@ def tool_is_callable(tool: Tool) -> bool:
     return output_schema_problem(tool.output_schema or None) is None
 
 
+def tool_schema_problem(tool: Tool) -> str | None:
+    """Why the gateway cannot validate arguments against the tool's inputSchema; None when it can.
+
+    The reason ``tools_sync`` stored, or (a row stored before that check) found now, cached per schema.
+    """
+    return tool.input_schema_problem or input_schema_problem(tool.input_schema or {"type": "object"})
+
+
+def tool_is_listed(tool: Tool) -> bool:
+    """Callable, and its inputSchema usable: what tools/list and the catalogue offer.
+
+    A tool whose inputSchema is unusable is not offered (an agent could not call it); a call that
+    names it all the same is refused with ``tool_schema_unusable``, naming the tool.
+    """
+    return tool_is_callable(tool) and tool_schema_problem(tool) is None
+
+
 def tools_catalog(*, category: str | None = None) -> list[Tool]:
-    """Callable tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
+    """Listed tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
     qs = Tool.objects.filter(enabled=True).order_by("service_id")
     if category:
         qs = qs.filter(category=category)
-    return [t for t in qs if tool_is_callable(t)]
+    return [t for t in qs if tool_is_listed(t)]
 
 
 def tool_get(name: str) -> Tool | None:
+    """The callable tool ``name`` (its inputSchema may be unusable: the call path refuses it by name)."""
     tool = Tool.objects.filter(service_id=name).first()
     return tool if tool is not None and tool_is_callable(tool) else None
 
 
 @dataclass(frozen=True)
 class _RegisteredTool:
-    """A tool's row as of one version, with the validator of its inputSchema (None: none usable)."""
+    """A tool's row as of one version, with its inputSchema compiled, or why it cannot be (then None)."""
 
     version: str
     tool: Tool
-    arguments_validator: Any
+    arguments: ArgumentsSchema | None
+    schema_problem: str | None
     server: UpstreamServer | None = None  # the tool's server as of that version (its row moves the version)
 
 
@@ -91,8 +110,14 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
     tool = fastsql.instance(Tool, row[:width])
     server_row = row[width:-1]
     server = fastsql.instance(UpstreamServer, server_row) if server_row[0] is not None else None
-    validator = arguments_validator(tool.input_schema or {"type": "object"})
-    registered = _RegisteredTool(version=row[-1], tool=tool, arguments_validator=validator, server=server)
+    arguments: ArgumentsSchema | None = None
+    problem: str | None = tool.input_schema_problem or None
+    if problem is None:  # a row stored before tools_sync checked the schema is checked here
+        try:
+            arguments = schema_compile(tool.input_schema or {"type": "object"})
+        except SchemaUnusable as exc:
+            problem = str(exc)
+    registered = _RegisteredTool(version=row[-1], tool=tool, arguments=arguments, schema_problem=problem, server=server)
     _registered[name] = registered
     return registered
 
@@ -103,14 +128,17 @@ class SyncReport:
 
     ``changed``: the updated tools whose listing changed (description, schemas, annotations, or
     enabled again). ``invalid``: tools registered (among created or updated) but disabled because
-    their outputSchema is not a valid JSON Schema, with the reason. ``refused``: names another
-    server's tool (or the local tool) already has, with the reason; nothing was stored for them.
+    their outputSchema is not a valid JSON Schema, with the reason. ``unusable``: tools registered
+    whose inputSchema the gateway cannot validate arguments against, with the reason; their calls
+    are refused. ``refused``: names another server's tool (or the local tool) already has, with
+    the reason; nothing was stored for them.
     """
 
     created: list[str]
     updated: list[str]
     disabled: list[str]
     invalid: dict[str, str] = field(default_factory=dict)
+    unusable: dict[str, str] = field(default_factory=dict)
     refused: dict[str, str] = field(default_factory=dict)
     changed: list[str] = field(default_factory=list)
 
@@ -136,8 +164,10 @@ def tools_sync(
     the upstream lists them. A tool whose outputSchema is not a valid JSON Schema is stored
     disabled, and named in the report, the audit event and the log: the gateway could not judge its
     answers, so it is not callable (``tool_is_callable``) until the upstream fixes it and a sync
-    registers it again. An invalid inputSchema is kept callable: the gateway then leaves the
-    arguments to the upstream (``_registered_tool``).
+    registers it again. A tool whose inputSchema the gateway cannot use (``mcpgateway.argschema``:
+    a dangling or remote ``$ref``, an unknown ``$schema``, a pattern RE2 cannot run...) is stored
+    with the reason (``input_schema_problem``), named in the report, the audit event and the log, and
+    every call of it is refused (``ToolSchemaUnusable``) until a sync stores a usable schema.
     """
     now = timezone.now()
     seen: set[str] = set()
@@ -145,6 +175,7 @@ def tools_sync(
     updated: list[str] = []
     changed: list[str] = []
     invalid: dict[str, str] = {}
+    unusable: dict[str, str] = {}
     refused: dict[str, str] = {}
     adopts_legacy = server is not None and server.slug == "default"
     for spec in remote_tools:
@@ -175,10 +206,16 @@ def tools_sync(
             logger.warning(
                 "tool %s registered disabled: its outputSchema is not a valid JSON Schema (%s)", name, problem
             )
+        input_schema = spec.get("inputSchema") or {"type": "object"}
+        input_problem = input_schema_problem(input_schema)
+        if input_problem is not None:
+            unusable[name] = input_problem
+            logger.warning("tool %s: its calls are refused, its inputSchema is unusable (%s)", name, input_problem)
         values = {
             "title": str(spec.get("title") or annotations.get("title") or "")[:200],
             "description": str(spec.get("description") or ""),
-            "input_schema": spec.get("inputSchema") or {"type": "object"},
+            "input_schema": input_schema,
+            "input_schema_problem": input_problem or "",
             "output_schema": spec.get("outputSchema"),
             "annotations": annotations,
             "source": ToolSource.UPSTREAM,
@@ -220,11 +257,12 @@ def tools_sync(
             "changed": changed,
             "disabled": disabled,
             "invalid": invalid,
+            "unusable": unusable,
             "refused": refused,
             "actor": actor,
         },
     )
-    return SyncReport(created, updated, disabled, invalid, refused, changed)
+    return SyncReport(created, updated, disabled, invalid, unusable, refused, changed)
 
 
 def dogfood_tool_register() -> Tool:

@@ -21,8 +21,8 @@ from django.utils import timezone
 from audit.services import audit_record
 from billing.models import ServiceCategory
 from common.cache import BoundedCache
-from config.errors import ApplicationError, Conflict, NotFound
-from config.ids import new_id
+from common.errors import ApplicationError, Conflict, NotFound
+from common.ids import new_id
 from mcpgateway.models import CredentialKind, UpstreamCredential, UpstreamServer
 from mcpgateway.services.tools import SyncReport, tools_sync
 from mcpgateway.upstream.client import UpstreamClient, UpstreamError

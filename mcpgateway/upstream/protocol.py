@@ -13,7 +13,7 @@ import uuid
 from collections.abc import Mapping
 from typing import Any, Final
 
-from config.jsonbounds import JSONBodyError, loads_bounded, unstorable
+from common.jsonbounds import JSONBodyError, loads_bounded, unstorable
 from mcpgateway.upstream.http import _HEADER_NAME, _InvalidReply
 
 IDEMPOTENCY_META_KEY: Final = "io.tollgate/idempotency-key"
@@ -50,7 +50,7 @@ def _same_id(a: Any, b: Any) -> bool:
 
 
 def _load_message(raw: bytes | str, what: str) -> Any:
-    """A JSON message within ``config.jsonbounds``' nesting and number bounds, else ``_InvalidReply``:
+    """A JSON message within ``common.jsonbounds``' nesting and number bounds, else ``_InvalidReply``:
     what could not be stored, hashed or signed unchanged is no answer the gateway can keep."""
     try:
         return loads_bounded(raw)

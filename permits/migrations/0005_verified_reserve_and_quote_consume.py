@@ -6,7 +6,7 @@ import importlib
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 OLD_RESERVE = importlib.import_module("permits.migrations.0004_reserve_function").RESERVE
 

@@ -3,7 +3,7 @@ wallet's line, which the governed call caches with them and its claim compares."
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):

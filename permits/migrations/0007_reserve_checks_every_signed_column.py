@@ -4,7 +4,7 @@ wallet, subject key, tools, allowance, call limit, expiry) and the signature
 
 from django.db import migrations
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 PREVIOUS = "permits_reserve(text, numeric, timestamptz, numeric, integer, timestamptz, text)"
 SIGNATURE = "permits_reserve(text, numeric, timestamptz, text, text, text, text, jsonb, numeric, integer, timestamptz)"

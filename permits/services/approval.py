@@ -29,13 +29,19 @@ def requires_approval(policy: PolicyBundle) -> bool:
     return bool(policy.enabled and policy.human_approval_required)
 
 
+# The lock class of ``approval_lock``: advisory-lock keys are (class, hashtext(tenant id)), the two-int
+# form, so a lock is one tenant's and never collides with another class or with the one-bigint keys
+# (the signing-key rotation's) (docs/scaling.md, "Advisory locks").
+APPROVAL_LOCK_CLASS = 0x7E_A991
+
+
 def approval_lock(tenant_id: str, *, shared: bool) -> None:
     """The tenant's lock between issuing a permit without approval (``shared``) and a policy starting to
     require approval (exclusive), held to the end of the caller's transaction. An issuer that got it
     first commits before the policy's revocation reads the permits; one that waited sees the policy."""
     function = "pg_advisory_xact_lock_shared" if shared else "pg_advisory_xact_lock"
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT {function}(hashtextextended(%s, 0))", [f"permits.approval:{tenant_id}"])
+        cursor.execute(f"SELECT {function}(%s, hashtext(%s))", [APPROVAL_LOCK_CLASS, tenant_id])
 
 
 def revoke_locked(

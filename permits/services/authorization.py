@@ -16,8 +16,8 @@ from django.utils import timezone
 from billing.exceptions import money
 from billing.models import Wallet
 from billing.selectors import spend_windows
-from config import fastsql
-from config.ids import new_id
+from common import fastsql
+from common.ids import new_id
 from permits import exceptions as exc
 from permits.models import Permit, PermitStatus, PolicyBundle
 from permits.services.permits import permit_statement_problem

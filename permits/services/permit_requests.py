@@ -21,12 +21,12 @@ from django.db.models import Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from audit.canonical import canonical_bytes, sha256_hex
 from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import Wallet, WalletType
-from config.ids import new_id
-from config.jsonbody import check_storable
+from common.canonical import canonical_bytes, sha256_hex
+from common.ids import new_id
+from common.jsonbody import check_storable
 from permits import exceptions as exc
 from permits.models import PermitRequest, PermitRequestStatus, TenantApprover
 from permits.services.permits import _check_subject_key, _created_before, _mint_permit

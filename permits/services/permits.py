@@ -18,13 +18,13 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import F
 from django.utils import timezone
 
-from audit.canonical import iso_utc
 from audit.services import audit_record
 from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import APIKey, Wallet
-from config.errors import IdempotencyKeyReused, RequestValidationError
-from config.ids import new_id
+from common.canonical import iso_utc
+from common.errors import IdempotencyKeyReused, RequestValidationError
+from common.ids import new_id
 from permits import exceptions as exc
 from permits.models import Permit, PermitRequest, PermitStatus
 from permits.services.approval import approval_lock, human_approval_required, revoke_locked

@@ -23,9 +23,9 @@ from audit.models import AuditEvent
 from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import APIKey, ServiceCategory, Wallet
-from config.errors import RequestValidationError
-from config.ids import new_id
-from config.jsonbody import check_storable
+from common.errors import RequestValidationError
+from common.ids import new_id
+from common.jsonbody import check_storable
 from permits.exceptions import (
     ApprovalRelaxationNeedsConfirmation,
     ConfirmationNotAllowed,

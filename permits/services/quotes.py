@@ -13,14 +13,14 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.canonical import iso_utc
 from audit.services import audit_record
 from audit.signing import sign_statement, statement_problem
 from billing.exceptions import money
 from billing.models import Wallet
 from billing.selectors import tool_price
-from config.errors import RequestValidationError
-from config.ids import new_id
+from common.canonical import iso_utc
+from common.errors import RequestValidationError
+from common.ids import new_id
 from permits import exceptions as exc
 from permits.models import Quote, QuoteStatus
 

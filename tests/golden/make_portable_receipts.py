@@ -18,8 +18,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from audit.canonical import b64url_encode, canonical_bytes, sha256_hex  # noqa: E402
 from audit.evidence_core import key_id_for_public_key, private_key_from_seed, raw_public_key, sign_canonical  # noqa: E402
+from common.canonical import b64url_encode, canonical_bytes, sha256_hex  # noqa: E402
 from receipts.verify import FORMAT  # noqa: E402
 
 SEED_HEX = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"

@@ -17,13 +17,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from audit.canonical import b64url_encode, canonical_bytes  # noqa: E402
 from audit.evidence_core import (  # noqa: E402
     key_id_for_public_key,
     private_key_from_seed,
     raw_public_key,
     sign_canonical,
 )
+from common.canonical import b64url_encode, canonical_bytes  # noqa: E402
 
 SEED_HEX = "9d61b19deffd5a60ba844af492ec2cc44449c5697b326919703bac031cae7f60"
 

@@ -21,7 +21,7 @@ from billing.services import operator_key_create
 
 
 def _still_valid(path: Path) -> bool:
-    from billing.keys import parse_secret
+    from access.keys import parse_secret
     from billing.models import APIKey, APIKeyStatus
 
     try:

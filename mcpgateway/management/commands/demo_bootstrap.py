@@ -19,7 +19,7 @@ from django.utils import timezone
 
 from billing.selectors import tool_price
 from billing.services import api_key_create, tool_price_set, wallet_create_agent, wallet_create_sponsor
-from config.ids import new_id
+from common.ids import new_id
 from mcpgateway.models import Tool
 from permits.services import permit_issue
 
@@ -33,7 +33,7 @@ DEMO_PRICES = {
 
 
 def _still_valid(path: Path) -> bool:
-    from billing.keys import parse_secret
+    from access.keys import parse_secret
     from billing.models import APIKey, APIKeyStatus
 
     try:

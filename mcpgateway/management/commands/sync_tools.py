@@ -74,7 +74,7 @@ class Command(BaseCommand):
             )
         )
         for name in report.created:
-            if name not in report.invalid:
+            if name not in report.invalid and name not in report.unusable:
                 self.stdout.write(f"  new: {name} (no price yet: manage.py set_tool_price {name} CREDITS)")
         for name in report.changed:
             self.stdout.write(f"  changed: {name}")
@@ -83,6 +83,12 @@ class Command(BaseCommand):
         for name, problem in report.invalid.items():
             self.stderr.write(
                 self.style.WARNING(f"  not callable: {name}: its outputSchema is not a valid JSON Schema ({problem})")
+            )
+        for name, problem in report.unusable.items():
+            self.stderr.write(
+                self.style.WARNING(
+                    f"  not callable: {name}: its inputSchema cannot be used to validate arguments ({problem})"
+                )
             )
         for reason in report.refused.values():
             self.stderr.write(self.style.WARNING(f"  refused: {reason}"))

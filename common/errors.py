@@ -181,7 +181,7 @@ def _error_response(err: ApplicationError) -> Response:
 
 # Serialization failures and deadlocks: PostgreSQL aborted the transaction and nothing it wrote
 # remains, so the answer is 409 ``transaction_conflict`` with ``Retry-After``, never a 500.
-# ``config.dbretry.run_retrying`` first runs a transaction that is safe to repeat a few times more.
+# ``common.dbretry.run_retrying`` first runs a transaction that is safe to repeat a few times more.
 RETRYABLE_SQLSTATES = frozenset({"40001", "40P01"})
 
 

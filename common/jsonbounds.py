@@ -1,6 +1,6 @@
 """The bounds a JSON value must keep to be stored, signed and read back unchanged; no Django here.
 
-Request bodies (``config.jsonbody``) and upstream answers (``mcpgateway.upstream``) are read
+Request bodies (``common.jsonbody``) and upstream answers (``mcpgateway.upstream``) are read
 through ``loads_bounded`` and their strings held to ``unstorable``:
 
 * nesting: at most ``MAX_JSON_DEPTH`` levels of arrays and objects (``json_too_deep``);

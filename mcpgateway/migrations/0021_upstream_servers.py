@@ -6,12 +6,12 @@ was disabled or closed to a tenant since is decided again on fresh rows."""
 import django.db.models.deletion
 from django.db import migrations, models
 
-from config.sqlfiles import run_sql_file
+from common.sqlfiles import run_sql_file
 
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0017_policy_relaxation_confirmers"),
+        ("mcpgateway", "0020_shard_keys"),
     ]
 
     operations = [

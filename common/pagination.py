@@ -11,7 +11,7 @@ from django.db.models import Model, QuerySet
 from rest_framework import serializers
 from rest_framework.request import Request
 
-from config.errors import RequestValidationError, flatten_drf_errors
+from common.errors import RequestValidationError, flatten_drf_errors
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50

@@ -22,7 +22,7 @@ from rest_framework.request import Request
 
 from billing.models import APIKey
 from billing.selectors import Principal, api_key_authenticate
-from config.errors import InvalidAPIKey, NotAuthenticated, WalletKeyRequired
+from common.errors import InvalidAPIKey, NotAuthenticated, WalletKeyRequired
 
 
 def credential_from_headers(request: HttpRequest) -> str | None:
@@ -114,7 +114,7 @@ def optional_principal(request: Request) -> Principal | None:
 
 
 class APIKeyScheme(OpenApiAuthenticationExtension):
-    target_class = "config.authentication.APIKeyAuthentication"
+    target_class = "billing.authentication.APIKeyAuthentication"
     name = ["APIKeyHeader", "BearerAuth"]
 
     def get_security_requirement(self, auto_schema: Any) -> list[dict[str, list[Any]]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import re
 
-from config.ids import random_base62
+from common.ids import random_base62
 
 SECRET_RANDOM_LENGTH = 40
 MIN_RANDOM_LENGTH = 32

@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from django.db import OperationalError
 
-from config.errors import conflict_response, is_retryable
+from common.errors import conflict_response, is_retryable
 
 logger = logging.getLogger("tollgate.db")
 
@@ -27,7 +27,7 @@ T = TypeVar("T")
 def run_retrying(fn: Callable[[], T], *, attempts: int = ATTEMPTS) -> T:
     """Run ``fn`` (one whole transaction) again after a serialization failure or deadlock.
 
-    Raises ``TransactionConflict`` (``config.errors``) when every attempt hit one.
+    Raises ``TransactionConflict`` (``common.errors``) when every attempt hit one.
     """
     for attempt in range(1, attempts + 1):
         try:

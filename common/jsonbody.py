@@ -5,7 +5,7 @@ MCP transports alike, so a hostile body is a 4xx everywhere, never a 500:
 
 * size: bodies above ``DATA_UPLOAD_MAX_MEMORY_SIZE`` are refused with 413 before they
   are read (``BodySizeLimitMiddleware``, by ``Content-Length``);
-* nesting and numbers: outside the bounds of ``config.jsonbounds`` is 422
+* nesting and numbers: outside the bounds of ``common.jsonbounds`` is 422
   (``json_too_deep``, ``number_out_of_range``): such values could not be signed,
   stored and read back unchanged.
 
@@ -24,8 +24,8 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse
 from rest_framework.parsers import JSONParser
 
-from config.errors import PayloadTooLarge, RequestValidationError, json_error
-from config.jsonbounds import MAX_JSON_DEPTH, JSONBodyError, loads_bounded, text_problem, unstorable
+from common.errors import PayloadTooLarge, RequestValidationError, json_error
+from common.jsonbounds import MAX_JSON_DEPTH, JSONBodyError, loads_bounded, text_problem, unstorable
 
 __all__ = [
     "MAX_JSON_DEPTH",

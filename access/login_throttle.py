@@ -1,6 +1,6 @@
 """Failed password sign-ins on the console (``/admin/login/``) and the approval pages (``/approvals/login``).
 
-Three leaky buckets per attempt, rows of ``billing.models.LoginThrottle`` in PostgreSQL (whatever
+Three leaky buckets per attempt, rows of ``access.models.LoginThrottle`` in PostgreSQL (whatever
 ``RATE_LIMIT_BACKEND`` says: a lockout must hold across processes and survive a restart):
 
 * the account from this client (``client`` scope): ``LOGIN_FAILURES_PER_CLIENT`` failures an hour;
@@ -51,9 +51,9 @@ from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.template.response import TemplateResponse
 from django.utils import timezone
 
+from access.models import LoginThrottle, LoginThrottleScope
 from audit.services import audit_record
-from billing.models import LoginThrottle, LoginThrottleScope
-from config.jsonbounds import text_problem
+from common.jsonbounds import text_problem
 
 logger = logging.getLogger("tollgate.login_throttle")
 

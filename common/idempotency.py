@@ -9,8 +9,8 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from audit.canonical import canonical_bytes_fast, sha256_hex
-from config.errors import RequestValidationError
+from common.canonical import canonical_bytes_fast, sha256_hex
+from common.errors import RequestValidationError
 
 _PRINTABLE = re.compile(r"^[\x20-\x7e]{1,255}$")
 HEADER = "Idempotency-Key"

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("receipts", "0005_reconciliation_reason_without_actor"),
+        ("receipts", "0007_shard_keys"),
     ]
 
     operations = [

@@ -1,0 +1,15 @@
+"""The billing app: registers its figures on the console index at start-up (docs/decisions.md, Foundation)."""
+
+from __future__ import annotations
+
+from django.apps import AppConfig
+
+
+class BillingConfig(AppConfig):
+    name = "billing"
+
+    def ready(self) -> None:
+        from billing.selectors import console_figures
+        from common.console import console_figures_register
+
+        console_figures_register(console_figures)
