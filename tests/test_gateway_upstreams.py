@@ -137,6 +137,8 @@ def test_tools_of_three_servers_are_called_through_mcp_and_rest_and_receipts_nam
         assert (action.upstream_server_id, action.upstream_url) == (server.server_id, server.url)
         claimed = AuditEvent.objects.get(event="tool_call.dispatch_claimed", detail__action_id=action.action_id)
         assert claimed.detail["upstream_server_id"] == server.server_id
+        shown = fleet.acme.agent_client.get(f"/v1/receipts/{receipt.receipt_id}").json()
+        assert (shown["upstream_server_id"], shown["upstream_url"]) == (server.server_id, server.url)
     assert fleet.pay.calls["charge"] == 1
     assert fleet.slow.calls["quick"] == 1
     assert _balance(fleet.acme) == start - 6
