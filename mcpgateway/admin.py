@@ -299,7 +299,18 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
     """Upstream MCP servers: settings, write-only credentials, "Sync tools" and "Test connection" (audited)."""
 
     form = UpstreamServerForm
-    list_display = ["slug", "name", "url", "enabled", "required", "tool_prefix", "tenants", "credentials", "tools"]
+    list_display = [
+        "slug",
+        "name",
+        "url",
+        "enabled",
+        "required",
+        "tool_prefix",
+        "tenants",
+        "credentials",
+        "tools",
+        "last_synced_at",
+    ]
     list_filter = ["enabled", "required"]
     search_fields = ["slug", "name", "url"]
     readonly_fields = ["server_id", "credentials", "last_synced_at"]

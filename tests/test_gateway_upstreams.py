@@ -3,6 +3,7 @@ one that hangs on demand), their credentials, the evidence naming each server, a
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Callable, Iterator
 from datetime import timedelta
@@ -31,7 +32,7 @@ from mcpgateway.upstream.client import UpstreamError
 from receipts.models import Receipt
 from receipts.services import receipt_statement_problem
 from tests.conftest import Tenant, make_tenant
-from tests.gateway_helpers import setup_caller
+from tests.gateway_helpers import setup_caller, tools_call_body
 from tests.upstream_server import SdkUpstream, running_demo_upstream, running_sdk_upstream
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
@@ -103,6 +104,16 @@ def fleet(settings: Any) -> Iterator[Fleet]:
         yield Fleet(demo, pay, slow, acme, globex)
 
 
+def _mcp(tenant: Tenant, body: dict[str, Any]) -> Any:
+    """POST one JSON-RPC message to ``/mcp`` (Streamable HTTP, served without a session)."""
+    return tenant.agent_client.post(
+        "/mcp",
+        data=json.dumps(body),
+        content_type="application/json",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+
+
 def _receipt(answer: Any) -> Receipt:
     body = answer.json()
     receipt_id = body.get("receipt_id") or body.get("result", {}).get("_meta", {}).get("io.tollgate/receipt-id")
@@ -119,8 +130,10 @@ def test_tools_of_three_servers_are_called_through_mcp_and_rest_and_receipts_nam
 
     caller = setup_caller(fleet.acme, balance=100)
     start = _balance(fleet.acme)
+    listed = _mcp(fleet.acme, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    assert {"notes.append", "pay.charge", "slow.quick"} <= {t["name"] for t in listed.json()["result"]["tools"]}
     answers = {
-        "pay": caller.rpc("pay.charge", {"amount": 7}),
+        "pay": _mcp(fleet.acme, tools_call_body("pay.charge", {"amount": 7}, permit_id=caller.permit_id)),
         "default": caller.invoke("notes.append", {"text": "hi"}),
         "slow": caller.invoke("slow.quick", {}),
     }
