@@ -18,12 +18,15 @@ from common.errors import ApplicationError
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
 from mcpgateway.services.upstreams import (
+    UpstreamServerInvalid,
     upstream_credential_set,
+    upstream_credential_validate,
     upstream_error_class,
     upstream_probe,
     upstream_server_create,
     upstream_server_sync,
     upstream_server_update,
+    upstream_server_validate,
 )
 from mcpgateway.upstream.client import UpstreamError
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed
@@ -280,6 +283,19 @@ class UpstreamServerForm(forms.ModelForm):
         lines = [line.strip() for line in self.cleaned_data["tenant_ids_text"].splitlines() if line.strip()]
         return lines or None
 
+    def clean(self) -> dict[str, Any]:
+        """The services' own checks, as form errors (nothing is saved with a problem)."""
+        cleaned = super().clean() or {}
+        try:
+            upstream_server_validate({name: cleaned.get(name) for name in ("url", "connect_timeout", "read_timeout")})
+            credential = self.credential()
+            if credential is not None:
+                upstream_credential_validate(kind=credential[0], secret=credential[1])
+        except UpstreamServerInvalid as err:
+            for field, msg in err.problems:
+                self.add_error(None, f"{field}: {msg}")
+        return cleaned
+
     def credential(self) -> tuple[str, dict[str, Any]] | None:
         kind = self.cleaned_data.get("credential_kind")
         if not kind:
@@ -371,6 +387,8 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
                 )
         except ApplicationError as err:
             self.message_user(request, err.detail_message, messages.ERROR)
+        except UpstreamServerInvalid as err:
+            self.message_user(request, f"Not saved: {err}", messages.ERROR)
 
     @admin.action(description="Sync tools (added, changed, disabled, refused)", permissions=["change"])
     def sync_tools(self, request: HttpRequest, queryset: QuerySet[UpstreamServer]) -> None:

@@ -153,6 +153,12 @@ def test_upstream_server_console_creates_sets_write_only_credentials_syncs_and_t
             "credential_kind": "bearer",
             "credential_token": "console-token",
         }
+        # A credential header the gateway sets itself is refused on the form: nothing is saved.
+        bad = {**form, "credential_kind": "headers", "credential_headers": "Host: evil"}
+        r = staff.post("/admin/mcpgateway/upstreamserver/add/", bad)
+        assert r.status_code == 200
+        assert "header name &#x27;Host&#x27; is not allowed" in r.content.decode()
+        assert not UpstreamServer.objects.exists()
         r = staff.post("/admin/mcpgateway/upstreamserver/add/", form)
         assert r.status_code == 302, r.content.decode()[:3000]
         server = UpstreamServer.objects.get(slug="pay")

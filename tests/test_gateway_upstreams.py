@@ -196,6 +196,10 @@ def test_a_disabled_server_stops_its_permits_before_the_debit(fleet: Fleet) -> N
     assert answer.json()["error"]["data"]["error"] == "upstream_server_disabled"
     assert _balance(fleet.acme) == start
     assert fleet.slow.calls["quick"] == 1
+    listed = _mcp(fleet.acme, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}).json()
+    names = {t["name"] for t in listed["result"]["tools"]}
+    assert "slow.quick" not in names
+    assert "notes.append" in names
     # Closed to the tenant instead of disabled: the same, from the cache as from fresh rows.
     upstream_server_update(
         server_id=fleet.slow_server.server_id, enabled=True, tenant_ids=["someone-else"], actor="admin:ops"
@@ -374,6 +378,10 @@ def test_operator_api_manages_servers_and_write_only_credentials(operator_client
         assert operator_client.delete("/v1/upstreams/pay/credentials").status_code == 204
         assert operator_client.get("/v1/upstreams/pay").json()["credentials"] == []
 
+    for secret in ({"kind": "bearer", "token": "two\nlines"}, {"kind": "headers", "headers": {"Host": "evil"}}):
+        r = operator_client.put("/v1/upstreams/pay/credentials", secret, format="json")
+        assert r.status_code == 422, r.content
+        assert r.json()["detail"][0]["type"] == "upstream_server_invalid"
     bad = operator_client.patch("/v1/upstreams/pay", {"read_timeout": 0, "tool_prefix": "a.b"}, format="json")
     assert bad.status_code == 422
     assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("body", "read_timeout"), ("body", "tool_prefix")}

@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
@@ -59,8 +60,16 @@ def tool_is_listed(tool: Tool) -> bool:
 
 
 def tools_catalog(*, category: str | None = None) -> list[Tool]:
-    """Listed tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
-    qs = Tool.objects.filter(enabled=True).order_by("service_id")
+    """Listed tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on.
+
+    The tools of a disabled upstream server are not listed (their calls are refused before any
+    debit, ``upstreams.upstream_check_open``).
+    """
+    qs = (
+        Tool.objects.filter(enabled=True)
+        .filter(Q(server__isnull=True) | Q(server__enabled=True))
+        .order_by("service_id")
+    )
     if category:
         qs = qs.filter(category=category)
     return [t for t in qs if tool_is_listed(t)]

@@ -21,7 +21,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from billing.models import ServiceCategory
 from common.cache import BoundedCache
-from common.errors import ApplicationError, Conflict, NotFound
+from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
 from common.ids import new_id
 from mcpgateway.models import CredentialKind, UpstreamCredential, UpstreamServer
 from mcpgateway.services.tools import SyncReport, tools_sync
@@ -68,10 +68,17 @@ class UpstreamCredentialsMissing(PermitDenied):
     )
 
 
-class UpstreamServerInvalid(ApplicationError):
-    code = "upstream_server_invalid"
-    http_status = 422
-    message = "The upstream server's settings are not valid."
+class UpstreamServerInvalid(RequestValidationError):
+    """Settings or credentials that cannot be stored: 422 in the validation shape, one entry per field."""
+
+    def __init__(self, *problems: tuple[str, str]) -> None:
+        super().__init__(
+            [{"loc": ["body", field], "msg": msg, "type": "upstream_server_invalid"} for field, msg in problems]
+        )
+        self.problems = problems
+
+    def __str__(self) -> str:
+        return "; ".join(f"{field}: {msg}" for field, msg in self.problems)
 
 
 class UpstreamServerConflict(Conflict):
@@ -116,26 +123,27 @@ _EDITABLE = (
 )
 
 
-def _validate(values: dict[str, Any]) -> None:
-    problems: list[str] = []
+def upstream_server_validate(values: dict[str, Any]) -> None:
+    """Raise ``UpstreamServerInvalid`` naming each setting in ``values`` that cannot be stored."""
+    problems: list[tuple[str, str]] = []
     url = values.get("url")
     if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
-        problems.append("url must be an http(s) URL")
+        problems.append(("url", "must be an http(s) URL"))
     for name in ("connect_timeout", "read_timeout"):
         value = values.get(name)
         if value is not None and not (isinstance(value, int | float) and 0 < value <= 600):
-            problems.append(f"{name} must be a number of seconds in (0, 600]")
+            problems.append((name, "must be a number of seconds in (0, 600]"))
     prefix = values.get("tool_prefix")
     if prefix is not None and (not isinstance(prefix, str) or "." in prefix or len(prefix) > 64):
-        problems.append("tool_prefix must be at most 64 characters without a dot")
+        problems.append(("tool_prefix", "must be at most 64 characters without a dot"))
     category = values.get("default_category")
     if category is not None and category not in ServiceCategory.values:
-        problems.append("default_category must be a service category")
+        problems.append(("default_category", "must be a service category"))
     tenants = values.get("tenant_ids")
     if tenants is not None and not (isinstance(tenants, list) and all(isinstance(t, str) and t for t in tenants)):
-        problems.append("tenant_ids must be null (every tenant) or a list of tenant ids")
+        problems.append(("tenant_ids", "must be null (every tenant) or a list of tenant ids"))
     if problems:
-        raise UpstreamServerInvalid("; ".join(problems))
+        raise UpstreamServerInvalid(*problems)
 
 
 @transaction.atomic(durable=True)
@@ -147,8 +155,8 @@ def upstream_server_create(*, slug: str, name: str, url: str, actor: str, **valu
     """
     unknown = set(values) - set(_EDITABLE)
     if unknown:
-        raise UpstreamServerInvalid(f"unknown fields: {', '.join(sorted(unknown))}")
-    _validate({"url": url, **values})
+        raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
+    upstream_server_validate({"url": url, **values})
     server = UpstreamServer(server_id=new_id("ups"), slug=slug, name=name or slug, url=url, **values)
     try:
         with transaction.atomic():
@@ -173,8 +181,8 @@ def upstream_server_update(*, server_id: str, actor: str, **changes: Any) -> Ups
     """
     unknown = set(changes) - set(_EDITABLE)
     if unknown:
-        raise UpstreamServerInvalid(f"unknown fields: {', '.join(sorted(unknown))}")
-    _validate(changes)
+        raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
+    upstream_server_validate(changes)
     server = UpstreamServer.objects.select_for_update(no_key=True).filter(server_id=server_id).first()
     if server is None:
         raise UpstreamServerNotFound()
@@ -243,26 +251,38 @@ def upstream_default_ensure() -> UpstreamServer | None:
 # --- Credentials ----------------------------------------------------------------------------
 
 
+def upstream_credential_validate(*, kind: str, secret: dict[str, Any]) -> None:
+    """Raise ``UpstreamServerInvalid`` when ``secret`` is not a credential of ``kind`` that can be sent."""
+    _credential_headers(kind, secret)
+
+
 def _credential_headers(kind: str, secret: dict[str, Any]) -> dict[str, str]:
     """The headers a credential sends; raises ``UpstreamServerInvalid`` for a malformed secret."""
     if kind == CredentialKind.BEARER:
         token = secret.get("token")
-        if not isinstance(token, str) or not token or any(c in token for c in "\r\n"):
-            raise UpstreamServerInvalid("a bearer credential needs a non-empty token on one line")
+        if not isinstance(token, str) or not token or not token.isascii() or not token.isprintable():
+            raise UpstreamServerInvalid(("token", "a bearer credential needs a non-empty token of printable ASCII"))
         return {"authorization": f"Bearer {token}"}
     if kind == CredentialKind.HEADERS:
         headers = secret.get("headers")
         if not isinstance(headers, dict) or not headers:
-            raise UpstreamServerInvalid("a headers credential needs a non-empty map of header names to values")
+            raise UpstreamServerInvalid(
+                ("headers", "a headers credential needs a non-empty map of header names to values")
+            )
         out: dict[str, str] = {}
         for name, value in headers.items():
-            if not isinstance(name, str) or not name.replace("-", "").isalnum() or name.lower() in RESERVED_HEADERS:
-                raise UpstreamServerInvalid(f"header name {str(name)[:40]!r} is not allowed")
-            if not isinstance(value, str) or any(c in value for c in "\r\n\0"):
-                raise UpstreamServerInvalid(f"header {name} must be a string on one line")
+            if (
+                not isinstance(name, str)
+                or not name.isascii()
+                or not name.replace("-", "").isalnum()
+                or name.lower() in RESERVED_HEADERS
+            ):
+                raise UpstreamServerInvalid(("headers", f"header name {str(name)[:40]!r} is not allowed"))
+            if not isinstance(value, str) or not value.isascii() or not value.isprintable():
+                raise UpstreamServerInvalid(("headers", f"header {name} must be printable ASCII on one line"))
             out[name.lower()] = value
         return out
-    raise UpstreamServerInvalid(f"unknown credential kind {str(kind)[:20]!r}")
+    raise UpstreamServerInvalid(("kind", f"unknown credential kind {str(kind)[:20]!r}"))
 
 
 @transaction.atomic(durable=True)
