@@ -12,7 +12,7 @@ from io import StringIO
 from typing import Any, TypeVar
 
 import pytest
-from django.core.management import call_command
+from django.core.management import CommandError, call_command
 from django.db import connection
 from django.utils import timezone
 
@@ -427,6 +427,16 @@ def test_upstream_mcp_url_becomes_the_server_default_and_its_tools_keep_their_na
     assert (default.url, default.read_timeout, default.tenant_ids) == ("http://127.0.0.1:9/mcp", 7.0, ["t1"])
     assert upstream_default_ensure() is not None
     assert AuditEvent.objects.filter(event="upstream_server.updated", detail__actor="UPSTREAM_MCP_URL").count() == 1
+
+
+@pytest.mark.django_db
+def test_upstream_mcp_url_cannot_take_the_empty_prefix_another_server_has(settings: Any) -> None:
+    settings.ENABLE_DOGFOOD_TOOL = False
+    upstream_server_create(slug="main", name="Main", url="http://127.0.0.1:9/mcp", actor="admin:ops")
+    settings.UPSTREAM_MCP_URL = "http://127.0.0.1:10/mcp"
+    with pytest.raises(CommandError, match="another server has the empty tool prefix"):
+        call_command("sync_tools", stdout=StringIO())
+    assert not UpstreamServer.objects.filter(slug="default").exists()
 
 
 def test_secrets_are_encrypted_under_a_key_file_created_0600(settings: Any, tmp_path: Any) -> None:

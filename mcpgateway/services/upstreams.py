@@ -240,8 +240,12 @@ def upstream_default_ensure() -> UpstreamServer | None:
             return upstream_server_create(
                 slug=DEFAULT_SLUG, name="Default upstream (UPSTREAM_MCP_URL)", actor="UPSTREAM_MCP_URL", **wanted
             )
-        except UpstreamServerConflict:  # another process created it first
-            server = UpstreamServer.objects.get(slug=DEFAULT_SLUG)
+        except UpstreamServerConflict:
+            server = UpstreamServer.objects.filter(slug=DEFAULT_SLUG).first()  # another process created it first
+            if server is None:  # another server has the empty prefix: the operator decides
+                raise UpstreamServerConflict(
+                    "UPSTREAM_MCP_URL cannot become the server default: another server has the empty tool prefix."
+                ) from None
     changed = {name: value for name, value in wanted.items() if getattr(server, name) != value}
     if changed:
         server = upstream_server_update(server_id=server.server_id, actor="UPSTREAM_MCP_URL", **changed)

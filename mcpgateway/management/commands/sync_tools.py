@@ -11,6 +11,7 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from common.errors import ApplicationError
 from mcpgateway import services
 from mcpgateway.models import UpstreamServer
 from mcpgateway.services.tools import SyncReport
@@ -32,7 +33,10 @@ class Command(BaseCommand):
         if options["url"]:
             self._sync_url(options["url"])
             return
-        upstream_default_ensure()
+        try:
+            upstream_default_ensure()
+        except ApplicationError as exc:
+            raise CommandError(exc.detail_message) from exc
         servers = UpstreamServer.objects.filter(enabled=True)
         if options["server"]:
             servers = UpstreamServer.objects.filter(slug=options["server"])
