@@ -72,7 +72,7 @@ if PERMIT_REQUESTS_PENDING_PER_WALLET < 1:
 # validation may take. Past any of them the call is refused (422) before anything is accepted or charged.
 TOOL_ARGUMENT_MAX_NODES = env.int("TOOL_ARGUMENT_MAX_NODES", default=50_000)
 TOOL_ARGUMENT_MAX_ITEMS = env.int("TOOL_ARGUMENT_MAX_ITEMS", default=10_000)
-TOOL_ARGUMENT_MAX_STEPS = env.int("TOOL_ARGUMENT_MAX_STEPS", default=200_000)
+TOOL_ARGUMENT_MAX_STEPS = env.int("TOOL_ARGUMENT_MAX_STEPS", default=50_000)
 for _name in ("TOOL_ARGUMENT_MAX_NODES", "TOOL_ARGUMENT_MAX_ITEMS", "TOOL_ARGUMENT_MAX_STEPS"):
     if globals()[_name] < 1:
         raise ImproperlyConfigured(f"{_name} must be at least 1.")

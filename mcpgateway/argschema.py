@@ -23,6 +23,13 @@ Here a schema is compiled once (``schema_compile``) into a tree of checks:
   complex, never judged slowly;
 * one pass answers: valid, or the first error found, with its path.
 
+That is the memo validator: linear, but Python (about 1 µs a step). A schema whose work per value is
+bounded when it is compiled (``_why_slow``: not recursive, at most ``FAST_PATHS`` schema paths, none of
+the keywords jsonschema-rs does not judge in linear work or judges otherwise) is judged by jsonschema-rs
+instead (Rust, its linear regex engine, formats off), within ``FAST_WORK`` per call; the memo validator
+judges the rest and the calls jsonschema-rs cannot judge exactly (docs/decisions.md, "Receipts and the
+governed call").
+
 A schema the gateway cannot use this way is unusable (``SchemaUnusable``, with the reason): an
 unknown ``$schema``, one the metaschema rejects, a ``$ref`` that is not local, does not resolve, or
 cycles without descending into the arguments, a pattern RE2 cannot compile (backreferences,
@@ -44,6 +51,7 @@ from typing import Any
 from urllib.parse import unquote
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs in the environment
+import jsonschema_rs
 import re2  # type: ignore[import-untyped]  # no stubs in the environment
 
 _OPTIONS = re2.Options()
@@ -75,6 +83,32 @@ _UNSUPPORTED = {
 # What an error says of a value: its repr, cut short (a message never costs the size of the arguments).
 BRIEF_LENGTH = 80
 
+# The engines (docs/decisions.md, "Receipts and the governed call"). jsonschema-rs judges a schema whose
+# work per value is bounded when it is compiled: no cycle through $ref, at most FAST_PATHS schema paths
+# from the root (so at most that many schema nodes apply to any one value), no uniqueItems (its hash of
+# an array has no length delimiters, so distinct items collide and the set turns quadratic: 4,000 nested
+# empty arrays, 110 KB, took 0.5 s), no enum it would scan value by value past FAST_ENUM_SCAN, and no
+# pattern whose classes its regex engine reads differently from RE2. The memo validator judges the rest.
+FAST = "jsonschema-rs"
+MEMO = "memo"
+FAST_PATHS = 256
+# jsonschema-rs judges a call when its schema paths times the values of the arguments are at most this:
+# about 20-50 ns a (schema node, value) pair on this host, so 20-50 ms at most; past it, the memo
+# validator and its step budget (a fan-out of 256 paths over 10,000 values: 120 ms on jsonschema-rs).
+FAST_WORK = 1_000_000
+FAST_ENUM_SCAN = 64
+# Escapes the two regex engines read differently: \s (Rust follows ECMA-262 and matches U+00A0, RE2 does
+# not), \b and \B (Rust's word boundary is Unicode, RE2's ASCII), \p and \P (Unicode classes), and
+# POSIX classes; a pattern with one of them keeps its schema on RE2.
+_DIFFERING_ESCAPES = ("\\s", "\\S", "\\b", "\\B", "\\p", "\\P", "[:")
+_FAST_VALIDATORS: dict[int, Any] = {
+    2020: jsonschema_rs.Draft202012Validator,
+    2019: jsonschema_rs.Draft201909Validator,
+    7: jsonschema_rs.Draft7Validator,
+    6: jsonschema_rs.Draft6Validator,
+    4: jsonschema_rs.Draft4Validator,
+}
+
 
 class SchemaUnusable(Exception):
     """The schema cannot be used to validate arguments; ``str()`` says why."""
@@ -95,10 +129,12 @@ class ArgumentError:
 
 @dataclass(frozen=True)
 class Verdict:
-    """One validation: ``error`` None when the arguments are valid; ``steps`` the work it counted."""
+    """One validation: ``error`` None when the arguments are valid; ``steps`` the work the memo validator
+    counted (0 when jsonschema-rs judged: its work is bounded by the schema); ``engine`` the one that judged."""
 
     error: ArgumentError | None
     steps: int
+    engine: str = MEMO
 
 
 def brief(value: Any) -> str:
@@ -143,6 +179,14 @@ def _compiled(pattern: str) -> Any:
         return re2.compile(pattern, _OPTIONS)
     except re2.error:
         return None
+
+
+def _pattern_differs(pattern: str) -> str:
+    """Why jsonschema-rs's regex engine may judge ``pattern`` differently from RE2 ("" when it may not)."""
+    for escape in _DIFFERING_ESCAPES:
+        if escape in pattern:
+            return f"the pattern {brief(pattern)} uses {escape}, read differently by the two regex engines"
+    return ""
 
 
 def _regex(pattern: str) -> Any:
@@ -224,7 +268,7 @@ def _scalar_key(value: Any) -> Any:
 class _Node:
     """One compiled schema (a dict or a boolean): checks for any value, and checks per JSON type."""
 
-    __slots__ = ("any", "by_type", "index", "inplace", "ref", "shared", "trivial")
+    __slots__ = ("any", "by_type", "children", "index", "inplace", "ref", "shared", "slow", "trivial")
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -232,6 +276,8 @@ class _Node:
         self.by_type: dict[type, list[_Check]] = {}
         self.inplace: list[_Node] = []  # nodes applied to the same value (allOf, $ref...): must not cycle
         self.ref: list[_Node] = []  # the target of its $ref, once resolved
+        self.children: list[_Node] = []  # nodes applied to the values inside it (items, properties...)
+        self.slow = ""  # why jsonschema-rs must not judge a schema holding this node ("" if it may)
         self.shared = False  # reached from more than one place: its verdicts on scalars are memoized too
         self.trivial = False
 
@@ -298,6 +344,7 @@ class _Compiler:
         self.by_id: dict[int, _Node] = {}
         self.anchors: dict[str, Any] = {}
         self.refs: list[tuple[_Node, str]] = []
+        self.numbers = False  # multipleOf, or an enum or const holding a number (see _inexact)
         self.root_id = ""
         if isinstance(root, dict):
             rid = root.get("id" if draft == 4 else "$id")
@@ -355,6 +402,8 @@ class _Compiler:
             if draft <= 7:
                 return  # siblings of $ref are ignored before 2019-09
 
+        if "multipleOf" in s or _holds_number(s.get("enum")) or _holds_number(s.get("const")):
+            self.numbers = True
         if "type" in s:
             names = s["type"] if isinstance(s["type"], list) else [s["type"]]
             allowed: set[type] = set()
@@ -373,12 +422,16 @@ class _Compiler:
 
         if "enum" in s:
             node.any.append(_equality_check(s["enum"], one_of=True))
+            if len(s["enum"]) > FAST_ENUM_SCAN and not all(type(v) is str for v in s["enum"]):
+                node.slow = f"an enum of more than {FAST_ENUM_SCAN} values that are not all strings"
         if "const" in s and draft >= 6:
             node.any.append(_equality_check([s["const"]], one_of=False))
 
         # numbers
         if "multipleOf" in s:
             self._add(node, _NUMBERS, _multiple_of(s["multipleOf"]))
+            if type(s["multipleOf"]) is float:  # jsonschema-rs: about 3 us a number (a fraction each time)
+                node.slow = "a multipleOf that is not an integer (jsonschema-rs's is several times slower)"
         for keyword, exclusive in (("minimum", "exclusiveMinimum"), ("maximum", "exclusiveMaximum")):
             if keyword in s:  # draft 4: a boolean exclusiveMinimum/Maximum makes the bound exclusive
                 self._add(
@@ -394,6 +447,7 @@ class _Compiler:
             self._add(node, (str,), _length_check(s["maxLength"], at_least=False, says="is too long"))
         if "pattern" in s:
             self._add(node, (str,), _pattern_check(_regex(s["pattern"]), s["pattern"]))
+            node.slow = node.slow or _pattern_differs(s["pattern"])
 
         # arrays
         self._arrays(node, s)
@@ -444,6 +498,9 @@ class _Compiler:
                 rest = self.node(s["additionalItems"])
         elif "items" in s:
             rest = self.node(items)
+        node.children.extend(prefix)
+        if rest is not None:
+            node.children.append(rest)
         if prefix or rest is not None:
 
             def check_items(value: list[Any], run: _Run, prefix: list[_Node] = prefix, rest: Any = rest) -> Any:
@@ -461,6 +518,7 @@ class _Compiler:
             self._add(node, (list,), check_items)
         if "contains" in s:
             contains = self.node(s["contains"])
+            node.children.append(contains)
             least = s.get("minContains", 1) if draft >= 2019 else 1
             most = s.get("maxContains") if draft >= 2019 else None
 
@@ -487,6 +545,7 @@ class _Compiler:
             self._add(node, (list,), _length_check(s["maxItems"], at_least=False, says="is too long"))
         if s.get("uniqueItems") is True:
             self._add(node, (list,), _unique)
+            node.slow = "uniqueItems (jsonschema-rs hashes arrays so that distinct items can collide)"
 
     def _objects(self, node: _Node, s: dict[str, Any]) -> None:
         draft = self.draft
@@ -496,6 +555,11 @@ class _Compiler:
         additional = s.get("additionalProperties")
         extra = self.node(additional) if additional is not None and additional is not False else None
         closed = additional is False
+        node.children.extend(properties.values())
+        node.children.extend(sub for _, sub in patterns)
+        node.children.extend([extra] if extra is not None else [])
+        for p in pattern_names:
+            node.slow = node.slow or _pattern_differs(p)
         if properties or patterns or additional is not None:
 
             def check_properties(value: dict[str, Any], run: _Run) -> Any:
@@ -549,6 +613,7 @@ class _Compiler:
             self._add(node, (dict,), _length_check(s["maxProperties"], at_least=False, says="has too many properties"))
         if "propertyNames" in s and draft >= 6:
             names = self.node(s["propertyNames"])
+            node.children.append(names)
 
             def check_names(value: dict[str, Any], run: _Run, names: _Node = names) -> Any:
                 for key in value:
@@ -798,16 +863,46 @@ def _best(value: Any, errors: list[_Error], summary: str) -> _Error:
 class ArgumentsSchema:
     """A tool's inputSchema compiled once; ``check`` judges one set of arguments in linear time."""
 
-    def __init__(self, root: _Node, draft: int, size: int) -> None:
+    def __init__(
+        self,
+        root: _Node,
+        draft: int,
+        size: int,
+        fast: Any = None,
+        why_memo: str = "",
+        numbers: bool = False,
+        paths: int = 0,
+    ) -> None:
         self._root = root
+        self._fast = fast  # the jsonschema-rs validator, when it may judge this schema
+        self._numbers = fast is not None and numbers  # its keywords compare numbers: look for inexact ones
         self.draft = draft
         self.size = size  # compiled schema nodes
+        self.engine = FAST if fast is not None else MEMO
+        self.why_memo = why_memo  # why the memo validator judges it ("" when jsonschema-rs does)
+        self.paths = paths  # schema paths from the root: schema nodes that may judge one value
 
     def check(self, arguments: Any, *, max_nodes: int, max_items: int, max_steps: int) -> Verdict:
-        """Valid (``error`` None), or the first error found; bounds and budget checked before and during."""
-        too_large = _size_problem(arguments, max_nodes=max_nodes, max_items=max_items)
+        """Valid (``error`` None), or the first error found; bounds and budget checked before and during.
+
+        One pass of one engine: jsonschema-rs when the schema's work per value is bounded (it stops at
+        the first error) and its paths times the values are at most ``FAST_WORK``, else the memo
+        validator within ``max_steps``. Arguments jsonschema-rs cannot judge exactly (``_inexact``) or
+        cannot take (it raises anything but a ValidationError) are judged by the memo validator.
+        """
+        too_large, inexact, values = _walk(arguments, max_nodes=max_nodes, max_items=max_items, numbers=self._numbers)
         if too_large is not None:
-            return Verdict(too_large, 0)
+            return Verdict(too_large, 0, self.engine)
+        if self._fast is not None and not inexact and self.paths * values <= FAST_WORK:
+            try:
+                self._fast.validate(arguments)
+            except jsonschema_rs.ValidationError as exc:
+                path = tuple(exc.instance_path)
+                return Verdict(ArgumentError(path, _cut(exc.message), "invalid_arguments"), 0, FAST)
+            except (ValueError, TypeError, OverflowError, RecursionError):
+                pass
+            else:
+                return Verdict(None, 0, FAST)
         run = _Run(max_steps)
         try:
             error = _judge(self._root, arguments, run)
@@ -819,34 +914,125 @@ class ArgumentsSchema:
         return Verdict(ArgumentError(error[0], _text(error[1]), "invalid_arguments"), run.steps)
 
 
+def _cut(message: str) -> str:
+    """A jsonschema-rs message (which quotes the whole value) cut to a few brief reprs."""
+    limit = 3 * BRIEF_LENGTH
+    return message if len(message) <= limit else message[:limit] + "..."
+
+
+def _why_slow(root: _Node) -> tuple[str, int]:
+    """Why jsonschema-rs must not judge the schema of ``root`` ("" when it may): a cycle through
+    ``$ref`` (a recursive schema), more than ``FAST_PATHS`` schema paths from the root (each value is
+    judged by at most one schema node per path), or a node marked slow (``_Node.slow``); and the
+    number of those paths (when it may)."""
+    state: dict[int, int] = {root.index: 1}  # 1 on the stack, 2 done
+    order: list[_Node] = []  # reverse topological order
+    stack: list[tuple[_Node, int]] = [(root, 0)]
+    while stack:
+        current, at = stack.pop()
+        edges = current.inplace + current.children
+        if at < len(edges):
+            stack.append((current, at + 1))
+            following = edges[at]
+            seen = state.get(following.index)
+            if seen == 1:
+                return "a recursive schema (a $ref cycle through the arguments)", 0
+            if seen is None:
+                state[following.index] = 1
+                stack.append((following, 0))
+        else:
+            state[current.index] = 2
+            order.append(current)
+    paths = {root.index: 1}
+    total = 0
+    for node in reversed(order):
+        if node.slow:
+            return node.slow, 0
+        count = paths.get(node.index, 0)
+        total += count
+        if total > FAST_PATHS:
+            return f"more than {FAST_PATHS} schema paths can apply to one value", 0
+        for following in node.inplace + node.children:
+            paths[following.index] = paths.get(following.index, 0) + count
+    return "", total
+
+
+def _inexact(value: Any) -> bool:
+    """A number past 2**53 in magnitude (or a NaN or infinity, which JSON has not): there jsonschema-rs's
+    ``multipleOf`` and its equality (``enum``, ``const``) answer otherwise than exact arithmetic (its
+    bounds compare exactly). A schema with those keywords sends such arguments to the memo validator."""
+    t = type(value)
+    if t is int or t is float:
+        return not -_EXACT <= value <= _EXACT
+    return False
+
+
+def _holds_number(value: Any) -> bool:
+    t = type(value)
+    if t is int or t is float:
+        return True
+    if t is list:
+        return any(_holds_number(v) for v in value)
+    if t is dict:
+        return any(_holds_number(v) for v in value.values())
+    return False
+
+
+_EXACT = 2**53
+
+
 def _size_problem(value: Any, *, max_nodes: int, max_items: int) -> ArgumentError | None:
     """The first bound ``value`` passes, found by a walk that stops there (never reading further)."""
-    stack: list[tuple[Any, tuple[str | int, ...]]] = [(value, ())]
+    return _walk(value, max_nodes=max_nodes, max_items=max_items, numbers=False)[0]
+
+
+def _walk(value: Any, *, max_nodes: int, max_items: int, numbers: bool) -> tuple[ArgumentError | None, bool, int]:
+    """The first bound ``value`` passes (a walk that stops there, never reading further); with
+    ``numbers``, whether it holds a number jsonschema-rs cannot judge exactly (``_inexact``); the
+    values in it (as far as the walk read)."""
+    inexact = numbers and _inexact(value)
+    if type(value) is not list and type(value) is not dict:
+        return None, inexact, 1
+    stack: list[Any] = [value]  # containers only: the path of one is found again for its error
     nodes = 1
     while stack:
-        current, path = stack.pop()
-        size = len(current) if type(current) in (list, dict) else 0
-        if not size:
-            continue
+        current = stack.pop()
+        size = len(current)
         if size > max_items:
             what = "items" if type(current) is list else "properties"
-            return ArgumentError(path, f"More than {max_items} {what}.", "arguments_too_large")
+            message = f"More than {max_items} {what}."
+            return ArgumentError(_path_to(value, current), message, "arguments_too_large"), inexact, nodes
         nodes += size
         if nodes > max_nodes:
-            return ArgumentError((), f"The arguments hold more than {max_nodes} values.", "arguments_too_large")
-        if type(current) is list:
-            for i, item in enumerate(current):
-                if type(item) is list or type(item) is dict:
-                    stack.append((item, (*path, i)))
-        else:
-            for k, item in current.items():
-                if type(item) is list or type(item) is dict:
-                    stack.append((item, (*path, k)))
-    return None
+            message = f"The arguments hold more than {max_nodes} values."
+            return ArgumentError((), message, "arguments_too_large"), inexact, nodes
+        values = current if type(current) is list else current.values()
+        if numbers and not inexact:
+            inexact = any(map(_inexact, values))
+        stack.extend([v for v in values if type(v) is list or type(v) is dict])
+    return None, inexact, nodes
 
 
-def schema_compile(schema: Any) -> ArgumentsSchema:
-    """The compiled validator of ``schema``; ``SchemaUnusable`` (with the reason) when it cannot be used."""
+def _path_to(root: Any, target: Any) -> tuple[str | int, ...]:
+    """The path from ``root`` to the container ``target`` (found by identity; linear, for an error only)."""
+    stack: list[tuple[Any, tuple[str | int, ...]]] = [(root, ())]
+    while stack:
+        current, path = stack.pop()
+        if current is target:
+            return path
+        pairs = enumerate(current) if type(current) is list else current.items()
+        for key, item in pairs:
+            if type(item) is list or type(item) is dict:
+                stack.append((item, (*path, key)))
+    return ()
+
+
+def schema_compile(schema: Any, *, fast: bool = True) -> ArgumentsSchema:
+    """The compiled validator of ``schema``; ``SchemaUnusable`` (with the reason) when it cannot be used.
+
+    With ``fast`` (the default), jsonschema-rs judges it when its work per value is bounded
+    (``_why_slow``); ``fast=False`` keeps it on the memo validator (tests, benchmarks).
+    """
     if isinstance(schema, bool):
         draft = 2020
     elif not isinstance(schema, dict):
@@ -869,7 +1055,16 @@ def schema_compile(schema: Any) -> ArgumentsSchema:
     root = compiler.node(schema)
     compiler.resolve_refs()
     compiler.check_cycles()
-    return ArgumentsSchema(root, draft, len(compiler.nodes))
+    why_memo, paths = _why_slow(root) if fast else ("the memo validator was asked for", 0)
+    validator = None
+    if not why_memo:
+        try:
+            validator = _FAST_VALIDATORS[draft](
+                schema, validate_formats=False, pattern_options=jsonschema_rs.RegexOptions(), offline=True
+            )
+        except Exception as exc:  # a schema jsonschema-rs refuses stays on the memo validator
+            why_memo = f"jsonschema-rs cannot compile it: {str(exc)[:200]}"
+    return ArgumentsSchema(root, draft, len(compiler.nodes), validator, why_memo, compiler.numbers, paths)
 
 
 @lru_cache(maxsize=256)

@@ -2,9 +2,12 @@
 
 jsonschema itself is not linear (``uniqueItems`` on unsortable items compares every pair, recursive
 ``anyOf`` re-validates per branch, a ``$ref`` cycle never ends) and runs patterns on Python's
-backtracking ``re``. Here every test that could hang on such an engine is bounded by the validator's
-own step counter, never by a clock: the worst case for each keyword, about 100 KB of arguments,
-stays within a small constant times the number of values in them.
+backtracking ``re``. Two engines judge here: jsonschema-rs for a schema whose work per value is
+bounded when it is compiled, the memo validator for the rest. Every verdict is checked on both and
+on jsonschema. Every test that could hang on such an engine is bounded by the memo validator's own
+step counter, never by a clock: the worst case for each keyword, about 100 KB of arguments, stays
+within a small constant times the number of values in them; for jsonschema-rs the tests assert which
+schemas it is given (its work per value is bounded by the schema), and bench/ times both.
 """
 
 from __future__ import annotations
@@ -16,16 +19,26 @@ from typing import Any
 
 import jsonschema  # type: ignore[import-untyped]
 import pytest
+from django.conf import settings as django_settings
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mcpgateway import services
-from mcpgateway.argschema import SchemaUnusable, input_schema_problem, schema_compile
+from mcpgateway.argschema import (
+    FAST,
+    FAST_ENUM_SCAN,
+    FAST_PATHS,
+    FAST_WORK,
+    MEMO,
+    SchemaUnusable,
+    input_schema_problem,
+    schema_compile,
+)
 from mcpgateway.models import Action
 from tests.gateway_helpers import register_tools, setup_caller
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
-from argument_validation import KB100, RECURSIVE_ANYOF, WORST_CASES, _branching_tree
+from argument_validation import DEFAULTS, KB100, RECURSIVE_ANYOF, WORST_CASES, _branching_tree, _fan_out
 
 CATASTROPHIC = "^(a+)+$"
 HOSTILE = "a" * 40 + "b"
@@ -34,8 +47,13 @@ UNBOUNDED = {"max_nodes": 10**7, "max_items": 10**7, "max_steps": 10**9}
 STEPS_PER_VALUE = 8
 
 
-def verdict(schema: Any, instance: Any) -> bool:
-    return schema_compile(schema).check(instance, **UNBOUNDED).error is None
+def verdict(schema: Any, instance: Any, *, fast: bool = False) -> bool:
+    return schema_compile(schema, fast=fast).check(instance, **UNBOUNDED).error is None
+
+
+def verdicts(schema: Any, instance: Any) -> tuple[bool, bool]:
+    """The verdict of the memo validator and of the default choice (jsonschema-rs when it may judge)."""
+    return verdict(schema, instance), verdict(schema, instance, fast=True)
 
 
 def reference(schema: Any, instance: Any) -> bool:
@@ -63,7 +81,23 @@ def no_python_re(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(jsonschema._utils, "re", _NoBacktracking())
 
 
-def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None) -> None:
+# What each engine says of the three errors below (the memo validator speaks as jsonschema does).
+PATTERN_ERRORS = {
+    MEMO: [
+        f"'{HOSTILE}' does not match '{CATASTROPHIC}'",
+        f"'{'x' * 40}z' does not match any of the regexes: '^(x+)+y$'",
+        "'not an integer' is not of type 'integer'",
+    ],
+    FAST: [
+        f'"{HOSTILE}" does not match "{CATASTROPHIC}"',
+        f"Additional properties are not allowed ('{'x' * 40}z' was unexpected)",
+        '"not an integer" is not of type "integer"',
+    ],
+}
+
+
+@pytest.mark.parametrize("engine", [MEMO, FAST])
+def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None, engine: str) -> None:
     schema = {
         "type": "object",
         "properties": {"s": {"type": "string", "pattern": CATASTROPHIC}},
@@ -71,17 +105,20 @@ def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None) -> None
         "additionalProperties": False,
         "propertyNames": {"pattern": "^[a-z(x+)]+$"},
     }
-    compiled = schema_compile(schema)
+    compiled = schema_compile(schema, fast=engine == FAST)
+    assert compiled.engine == engine
     assert compiled.check({"s": "aaaa", "xxxy": 1}, **UNBOUNDED).error is None
-    error = compiled.check({"s": HOSTILE}, **UNBOUNDED).error
-    assert error is not None
-    assert (error.path, error.message) == (("s",), f"'{HOSTILE}' does not match '{CATASTROPHIC}'")
+    hostile, unexpected, not_integer = PATTERN_ERRORS[engine]
+    result = compiled.check({"s": HOSTILE}, **UNBOUNDED)
+    assert result.engine == engine
+    assert result.error is not None
+    assert (result.error.path, result.error.message) == (("s",), hostile)
     error = compiled.check({"x" * 40 + "z": 1}, **UNBOUNDED).error
     assert error is not None
-    assert error.message == f"'{'x' * 40}z' does not match any of the regexes: '^(x+)+y$'"
+    assert (error.path, error.message) == ((), unexpected)
     error = compiled.check({"xxxy": "not an integer"}, **UNBOUNDED).error
     assert error is not None
-    assert (error.path, error.message) == (("xxxy",), "'not an integer' is not of type 'integer'")
+    assert (error.path, error.message) == (("xxxy",), not_integer)
 
 
 @pytest.mark.parametrize(
@@ -122,13 +159,15 @@ def test_the_pattern_keywords_never_reach_pythons_re(no_python_re: None) -> None
 )
 def test_the_keywords_judge_as_jsonschema_does(schema: dict[str, Any], good: Any, bad: Any, message: str) -> None:
     schema = {"type": "object", **schema}
-    assert verdict(schema, good)
+    assert verdicts(schema, good) == (True, True)
     assert reference(schema, good)
-    assert not verdict(schema, bad)
+    assert verdicts(schema, bad) == (False, False)
     assert not reference(schema, bad)
-    error = schema_compile(schema).check(bad, **UNBOUNDED).error
+    error = schema_compile(schema, fast=False).check(bad, **UNBOUNDED).error
     assert error is not None
     assert error.message == message
+    fast = schema_compile(schema).check(bad, **UNBOUNDED)
+    assert (fast.engine, fast.error is not None and fast.error.path) == (FAST, error.path)
     assert [e.message for e in jsonschema.validators.validator_for(schema)(schema).iter_errors(bad)] == [message]
 
 
@@ -232,7 +271,8 @@ TABLE: list[tuple[Any, list[Any]]] = [
 @pytest.mark.parametrize(("schema", "instances"), TABLE, ids=lambda v: json.dumps(v)[:60])
 def test_the_verdicts_are_jsonschemas(schema: Any, instances: list[Any]) -> None:
     for instance in instances:
-        assert verdict(schema, instance) == reference(schema, instance), (schema, instance)
+        expected = reference(schema, instance)
+        assert verdicts(schema, instance) == (expected, expected), (schema, instance)
 
 
 # --- a differential test on generated schemas and instances ------------------------------------------------
@@ -242,6 +282,7 @@ SCALARS = st.one_of(
     st.booleans(),
     st.integers(-5, 5),
     st.sampled_from([0.0, 1.0, 2.5, -1.5]),
+    st.sampled_from([2**53 + 1, 3 * 10**20, -(2**60)]),  # past what jsonschema-rs judges exactly
     st.sampled_from(["", "a", "ab", "abc", "x1", "b"]),
 )
 INSTANCES = st.recursive(
@@ -310,10 +351,11 @@ def test_the_verdicts_are_jsonschemas_on_generated_schemas(schema: Any, instance
         with pytest.raises(jsonschema.SchemaError):
             jsonschema.Draft202012Validator.check_schema(schema)
         return
-    compiled = schema_compile(schema)
+    memo, chosen = schema_compile(schema, fast=False), schema_compile(schema)
     for instance in instances:
-        ours = compiled.check(instance, **UNBOUNDED).error is None
-        assert ours == reference(schema, instance), (schema, instance)
+        expected = reference(schema, instance)
+        assert (memo.check(instance, **UNBOUNDED).error is None) == expected, (schema, instance)
+        assert (chosen.check(instance, **UNBOUNDED).error is None) == expected, (schema, instance, chosen.engine)
 
 
 # --- unusable schemas -------------------------------------------------------------------------------------
@@ -380,14 +422,58 @@ def test_a_recursive_ref_that_descends_into_the_arguments_is_usable() -> None:
 # The cases live with their benchmark (bench/argument_validation.py), which times them.
 
 
+# The worst cases the memo validator judges (recursive schemas, uniqueItems, large fan-out or mixed enums, a
+# fractional multipleOf); jsonschema-rs judges the others, whose work per value the schema bounds.
+MEMO_CASES = {
+    "uniqueItems": "uniqueItems",
+    "uniqueItems objects": "uniqueItems",
+    "uniqueItems nested": "recursive",
+    "uniqueItems colliding": "uniqueItems",
+    "enum (65 mixed)": "enum of more than",
+    "multipleOf": "multipleOf that is not an integer",
+    "anyOf (recursive)": "recursive",
+    "oneOf (recursive)": "recursive",
+    "not (recursive)": "recursive",
+    "if/then/else (recursive)": "recursive",
+    "allOf fan-out (more than 256 paths)": f"more than {FAST_PATHS} schema paths",
+}
+# Worst cases whose schema jsonschema-rs may judge, but not 100 KB of arguments: paths * values > FAST_WORK.
+MEMO_CALLS = {"allOf fan-out (256 paths)"}
+# Steps per value the memo validator may take on each worst case: a handful, times the schema paths to a value.
+STEPS_PER_VALUE_OF = {
+    "allOf fan-out (256 paths)": STEPS_PER_VALUE * 256,
+    "allOf fan-out (more than 256 paths)": STEPS_PER_VALUE * 290,
+}
+
+
 @pytest.mark.parametrize("keyword", list(WORST_CASES))
 def test_the_worst_case_of_each_keyword_takes_steps_linear_in_the_arguments(keyword: str) -> None:
     schema, instance = WORST_CASES[keyword]
     size = len(json.dumps(instance))
     assert KB100 * 0.45 < size <= KB100, size
-    compiled = schema_compile(schema)
+    compiled = schema_compile(schema, fast=False)
     result = compiled.check(instance, **UNBOUNDED)
-    assert result.steps <= STEPS_PER_VALUE * values_in(instance), (result.steps, values_in(instance))
+    allowed = STEPS_PER_VALUE_OF.get(keyword, STEPS_PER_VALUE) * values_in(instance)
+    assert result.steps <= allowed, (result.steps, values_in(instance))
+
+
+@pytest.mark.parametrize("keyword", list(WORST_CASES))
+def test_each_worst_case_goes_to_the_engine_that_bounds_it(keyword: str) -> None:
+    """jsonschema-rs only where its work per value is bounded by the schema; the memo validator (its step
+    budget) for the rest, with the reason. Both answer the same."""
+    schema, instance = WORST_CASES[keyword]
+    compiled = schema_compile(schema)
+    if keyword in MEMO_CASES:
+        assert compiled.engine == MEMO
+        assert MEMO_CASES[keyword] in compiled.why_memo, compiled.why_memo
+    else:
+        assert (compiled.engine, compiled.why_memo) == (FAST, "")
+    chosen = compiled.check(instance, **UNBOUNDED)
+    memo = schema_compile(schema, fast=False).check(instance, **UNBOUNDED)
+    assert chosen.engine == (MEMO if keyword in MEMO_CALLS else compiled.engine)
+    assert (chosen.error is None) == (memo.error is None)
+    if chosen.error is not None and memo.error is not None:
+        assert chosen.error.path == memo.error.path
 
 
 def test_the_exponential_cases_stay_exponential_in_jsonschema_but_not_here() -> None:
@@ -432,6 +518,155 @@ def test_the_bounds_refuse_before_validating_and_the_budget_while_validating() -
     error = compiled.check(arguments, max_nodes=400, max_items=100, max_steps=100).error
     assert error is not None
     assert error.type == "arguments_too_complex"
+
+
+# --- the choice of engine -----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("pattern", "instances"),
+    [
+        ("^\\s$", ["\u00a0", " ", "a"]),  # ECMA-262 (and Rust) \s matches U+00A0; RE2's does not
+        ("^\\S$", ["\u00a0", "a"]),
+        ("\\bé", ["é", "a é"]),  # Rust's \b is Unicode, RE2's ASCII
+        ("^[[:alpha:]]$", ["a", "1"]),
+    ],
+)
+def test_a_pattern_the_regex_engines_read_differently_stays_on_re2(pattern: str, instances: list[str]) -> None:
+    schema = {"items": {"pattern": pattern}}
+    compiled = schema_compile(schema)
+    assert compiled.engine == MEMO
+    assert "read differently" in compiled.why_memo
+    for instance in instances:
+        assert verdicts(schema, [instance]) == (verdict(schema, [instance]),) * 2
+
+
+@pytest.mark.parametrize(
+    ("schema", "inexact", "valid"),
+    [
+        ({"multipleOf": 3}, 3 * 10**30 + 1, False),  # jsonschema-rs: a multiple of 3 (as a float)
+        ({"multipleOf": 3}, 3 * 10**30, True),
+        ({"const": 2**53}, 2**53 + 1, False),
+        ({"enum": ["x", 2**60]}, 2**60 + 1, False),
+        ({"multipleOf": 3}, -8.333917974525975e17, False),
+    ],
+)
+def test_a_number_jsonschema_rs_cannot_judge_exactly_is_judged_by_the_memo_validator(
+    schema: Any, inexact: int | float, valid: bool
+) -> None:
+    compiled = schema_compile({"items": schema})
+    assert compiled.engine == FAST
+    result = compiled.check([inexact], **UNBOUNDED)
+    assert (result.engine, result.error is None) == (MEMO, valid)
+    assert reference({"items": schema}, [inexact]) is valid
+    assert compiled.check([2**53, -(2**53)], **UNBOUNDED).engine == FAST
+    # without multipleOf, enum or const numbers, jsonschema-rs judges them (its bounds compare exactly)
+    bounded = schema_compile({"items": {"maximum": 2**60}})
+    result = bounded.check([2**60 + 1], **UNBOUNDED)
+    assert (result.engine, result.error is None) == (FAST, False)
+
+
+def test_a_value_jsonschema_rs_cannot_take_is_judged_by_the_memo_validator() -> None:
+    schema = {"properties": {"s": {"minLength": 2}}}
+    compiled = schema_compile(schema)
+    assert compiled.engine == FAST
+    result = compiled.check({"s": "\ud800"}, **UNBOUNDED)  # a lone surrogate: not a Rust string
+    assert (result.engine, result.error is not None and result.error.path) == (MEMO, ("s",))
+    assert compiled.check({"s": "ab"}, **UNBOUNDED).engine == FAST
+
+
+def test_the_schema_paths_to_one_value_are_counted_through_refs_and_combinators() -> None:
+    leaf = {"type": "integer"}
+    assert schema_compile({"anyOf": [leaf] * (FAST_PATHS - 1)}).engine == FAST  # the root and 255 paths to leaf
+    assert schema_compile({"anyOf": [leaf] * FAST_PATHS}).engine == MEMO
+
+    def through_refs(width: int) -> Any:  # paths: 1 + 1 + width + width + width * 16
+        return {"$defs": {"i": {"anyOf": [leaf] * 16}}, "items": {"allOf": [{"$ref": "#/$defs/i"}] * width}}
+
+    assert schema_compile(through_refs(14)).engine == FAST  # 254
+    why = schema_compile(through_refs(15)).why_memo  # 272
+    assert why == f"more than {FAST_PATHS} schema paths can apply to one value"
+    assert schema_compile({"enum": list(range(FAST_ENUM_SCAN))}).engine == FAST
+    assert schema_compile({"enum": [str(i) for i in range(10 * FAST_ENUM_SCAN)]}).engine == FAST  # hashed
+    assert schema_compile({"enum": [*range(FAST_ENUM_SCAN), None]}).engine == MEMO
+    assert schema_compile({"items": {"uniqueItems": False}}).engine == FAST
+
+
+def test_jsonschema_rs_judges_a_call_only_while_paths_times_values_stay_within_its_work() -> None:
+    compiled = schema_compile(_fan_out(15))
+    assert (compiled.engine, compiled.paths) == (FAST, FAST_PATHS)
+    most = FAST_WORK // FAST_PATHS - 1  # the values of a list: its items and itself
+    assert compiled.check(list(range(most)), **UNBOUNDED).engine == FAST
+    result = compiled.check([*range(most), -1], **UNBOUNDED)
+    assert (result.engine, result.error is not None and result.error.path) == (MEMO, (most,))
+    result = compiled.check([*range(most), 1], **DEFAULTS)  # past the step budget: refused, not judged slowly
+    assert (result.engine, result.error is not None and result.error.type) == (MEMO, "arguments_too_complex")
+
+
+def test_jsonschema_rs_cannot_judge_unique_items_in_linear_work() -> None:
+    """Why uniqueItems stays on the memo validator: jsonschema-rs hashes an array as its items' hashes in
+    turn, so distinct arrays of empty arrays all hash alike (its set then compares every pair)."""
+    collide = [[], [[]], [[], []], [[[]]]]
+    assert len({json.dumps(c) for c in collide}) == 4
+    assert schema_compile({"uniqueItems": True}).engine == MEMO
+    assert verdicts({"uniqueItems": True}, collide) == (True, True)
+    assert verdicts({"uniqueItems": True}, [*collide, [[]]]) == (False, False)
+
+
+def test_the_defaults_of_the_benchmark_are_the_settings() -> None:
+    assert DEFAULTS == {
+        "max_nodes": django_settings.TOOL_ARGUMENT_MAX_NODES,
+        "max_items": django_settings.TOOL_ARGUMENT_MAX_ITEMS,
+        "max_steps": django_settings.TOOL_ARGUMENT_MAX_STEPS,
+    }
+
+
+# A typical pydantic inputSchema: a model with a list of 5-field items, Optional and enum fields, $defs.
+PYDANTIC = {
+    "$defs": {
+        "Kind": {"enum": ["book", "film", "song"], "title": "Kind", "type": "string"},
+        "Item": {
+            "properties": {
+                "id": {"title": "Id", "type": "integer", "minimum": 0},
+                "name": {"title": "Name", "type": "string", "maxLength": 200},
+                "kind": {"$ref": "#/$defs/Kind"},
+                "price": {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None, "title": "Price"},
+                "tags": {"items": {"type": "string"}, "title": "Tags", "type": "array"},
+            },
+            "required": ["id", "name", "kind"],
+            "title": "Item",
+            "type": "object",
+        },
+    },
+    "properties": {"items": {"items": {"$ref": "#/$defs/Item"}, "title": "Items", "type": "array"}},
+    "required": ["items"],
+    "title": "Arguments",
+    "type": "object",
+}
+
+
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_legitimate_payload_passes_the_default_bounds_on_either_engine(fast: bool) -> None:
+    bounds = {
+        "max_nodes": django_settings.TOOL_ARGUMENT_MAX_NODES,
+        "max_items": django_settings.TOOL_ARGUMENT_MAX_ITEMS,
+        "max_steps": django_settings.TOOL_ARGUMENT_MAX_STEPS,
+    }
+    arguments = {
+        "items": [
+            {"id": i, "name": f"item {i}", "kind": "book", "price": None if i % 2 else 9.5, "tags": ["a", "b"]}
+            for i in range(1000)
+        ]
+    }
+    compiled = schema_compile(PYDANTIC, fast=fast)
+    assert compiled.engine == (FAST if fast else MEMO)
+    result = compiled.check(arguments, **bounds)
+    assert result.error is None, result.error
+    assert result.steps <= bounds["max_steps"] // 2  # room to spare on the memo validator
+    arguments["items"][999]["kind"] = "game"
+    error = compiled.check(arguments, **bounds).error
+    assert error is not None
+    assert error.path == ("items", 999, "kind")
 
 
 # --- through the gateway ------------------------------------------------------------------------------------
@@ -505,3 +740,29 @@ def test_the_worst_unique_items_argument_is_refused_by_the_bounds_and_nothing_is
     r = caller.invoke("tags", {"tags": [str(i) for i in range(2000)]})
     assert r.status_code not in (422, 500), r.content  # within every bound and valid: accepted
     assert Action.objects.count() == 1
+
+
+@pytest.mark.django_db
+def test_a_422_judged_by_jsonschema_rs_has_its_path_and_a_short_message(tenant: Any) -> None:
+    register_tools(
+        [
+            {
+                "name": "numbers",
+                "inputSchema": {"type": "object", "properties": {"xs": {"items": {"type": "integer"}}}},
+            }
+        ],
+        price="1",
+    )
+    caller = setup_caller(tenant)
+    r = caller.invoke("numbers", {"xs": [1, "x" * 10_000]})
+    assert r.status_code == 422, r.content
+    (detail,) = r.json()["detail"]
+    assert detail["loc"] == ["body", "arguments", "xs", "1"]
+    assert detail["type"] == "invalid_arguments"
+    assert detail["msg"].startswith('"xxx')
+    assert detail["msg"].endswith("...")
+    assert len(detail["msg"]) <= 3 * 80 + 3
+    body = caller.rpc("numbers", {"xs": [1, 2, None]}).json()
+    assert body["error"]["code"] == -32602, body
+    assert body["error"]["data"]["error"] == "invalid_arguments"
+    assert not Action.objects.exists()

@@ -30,6 +30,14 @@ def wait_for(predicate, seconds: float = 20) -> None:
         time.sleep(0.05)
 
 
+def healthy(url: str) -> bool:
+    """Whether the gateway answers ``/health`` (a timeout while gunicorn replaces a worker is a no)."""
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
 def call(url: str, secret: str, permit_id: str, key: str) -> httpx.Response:
     body = {
         "jsonrpc": "2.0",
@@ -83,7 +91,7 @@ def test_worker_killed_after_claim_ends_delivery_uncertain_after_the_sweep(tmp_p
             assert Alert.objects.filter(wallet_id=tenant.agent.wallet_id, kind="delivery_uncertain").count() == 1
 
             # gunicorn has started a new worker; a replay of the key returns that outcome, nothing is re-sent.
-            wait_for(lambda: httpx.get(f"{gw.url}/health", timeout=2).status_code == 200)
+            wait_for(lambda: healthy(gw.url))
             replay = call(gw.url, tenant.agent_secret, caller.permit_id, "crash-key")
             assert replay.headers["Idempotent-Replayed"] == "true"
             error = replay.json()["error"]
