@@ -10,7 +10,7 @@ from django.http import HttpRequest
 
 from access import login_throttle
 from access.models import LoginThrottle
-from common.console import console_actor, has_perm
+from common.console import console_actor, console_log, has_perm
 
 
 @admin.register(LoginThrottle)
@@ -45,4 +45,6 @@ class LoginThrottleAdmin(admin.ModelAdmin):
         unlocked = login_throttle.login_throttle_unlock(
             throttle_ids=list(queryset.values_list("pk", flat=True)), actor=console_actor(request)
         )
+        for lock in unlocked:
+            console_log(request, lock, "Unlocked the sign-in lockout")
         self.message_user(request, f"Unlocked {len(unlocked)} sign-in lockout(s).", messages.SUCCESS)

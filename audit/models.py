@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
+from django.contrib.postgres.indexes import GinIndex
 from django.db import models
 from django.db.models import Q
 
@@ -28,6 +29,7 @@ class ChainHead(models.Model):
 
     class Meta:
         db_table = "audit_chain_head"
+        permissions = [("verify_chain", "Can verify audit chains from the console (records the verdict)")]
 
     def __str__(self) -> str:
         return f"{self.chain}@{self.seq}"
@@ -104,6 +106,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["request_id"], name="audit_request"),
             models.Index(fields=["created_at"], name="audit_created"),
             models.Index(fields=["wallet_id", "created_at"], name="audit_wallet_created"),
+            # JSON containment on the detail (the actor and object_id filters, audit.selectors).
+            GinIndex(fields=["detail"], opclasses=["jsonb_path_ops"], name="audit_detail_path_ops"),
         ]
         ordering = ["created_at", "seq"]
 

@@ -43,6 +43,49 @@ class Caller(Protocol):
 
 EVENT_FILTERS = ("event", "wallet_id", "key_id", "tool", "endpoint", "policy_decision_id", "request_id", "ok")
 
+# The columns and the detail keys that name the object an event is about, for the ``object_id`` filter.
+# The detail lookups are JSON containment (``detail @> {"policy_id": ...}``), which the GIN index
+# ``audit_detail_path_ops`` answers; so is the ``actor`` filter (``detail @> {"actor": ...}``). Only
+# indexed columns take part, so every branch of the OR is an index scan: ``key_id`` (the acting key)
+# and ``policy_decision_id`` have their own filters, and a key the event is about is in its detail.
+OBJECT_ID_COLUMNS = ("wallet_id", "request_id", "event_id")
+OBJECT_ID_DETAIL_KEYS = (
+    "policy_id",
+    "permit_id",
+    "receipt_id",
+    "quote_id",
+    "action_id",
+    "request_id",
+    "key_id",
+    "new_key_id",
+    "old_key_id",
+    "revoked_key_id",
+    "subject_key_id",
+    "operator_key_id",
+    "entry_id",
+    "ledger_entry_id",
+    "refund_entry_id",
+    "transaction_id",
+    "parent_wallet_id",
+    "note_id",
+    "alert_id",
+)
+
+
+def object_id_q(object_id: str) -> Q:
+    """Events whose columns or detail name ``object_id`` (see ``OBJECT_ID_DETAIL_KEYS``)."""
+    q = Q()
+    for column in OBJECT_ID_COLUMNS:
+        q |= Q(**{column: object_id})
+    for key in OBJECT_ID_DETAIL_KEYS:
+        q |= Q(detail__contains={key: object_id})
+    return q
+
+
+def actor_q(actor: str) -> Q:
+    """Events recorded with ``detail.actor == actor`` (console changes: ``admin:<username>``)."""
+    return Q(detail__contains={"actor": actor})
+
 
 def audit_events_visible(principal: Caller) -> QuerySet[AuditEvent]:
     """Events the caller may read: all for operators; for wallet keys, those about their subtree."""
@@ -56,6 +99,10 @@ def _filtered(qs: QuerySet[AuditEvent], params: dict[str, Any]) -> QuerySet[Audi
     for name in EVENT_FILTERS:
         if params.get(name) is not None:
             qs = qs.filter(**{name: params[name]})
+    if params.get("actor") is not None:
+        qs = qs.filter(actor_q(params["actor"]))
+    if params.get("object_id") is not None:
+        qs = qs.filter(object_id_q(params["object_id"]))
     if params.get("created_after") is not None:
         qs = qs.filter(created_at__gte=params["created_after"])
     if params.get("created_before") is not None:

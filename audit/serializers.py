@@ -60,6 +60,18 @@ class MeAuditEventQuery(PageQuery):
     policy_decision_id = serializers.CharField(required=False, max_length=40)
     request_id = serializers.CharField(required=False, max_length=128)
     ok = serializers.BooleanField(required=False)
+    actor = serializers.CharField(
+        required=False,
+        max_length=200,
+        help_text="Who acted, exactly as recorded in the event's detail.actor (admin:<username>, "
+        "manage.py <command>, velocity).",
+    )
+    object_id = serializers.CharField(
+        required=False,
+        max_length=128,
+        help_text="Events about one object: its id in a column (wallet, key, request, policy decision) or in "
+        "the detail (policy_id, permit_id, receipt_id, quote_id, action_id, key ids, ledger entry ids...).",
+    )
     created_after = serializers.DateTimeField(required=False, help_text="Inclusive lower bound (ISO 8601).")
     created_before = serializers.DateTimeField(required=False, help_text="Exclusive upper bound (ISO 8601).")
 

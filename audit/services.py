@@ -28,6 +28,7 @@ from common import fastsql
 from common.cache import BoundedCache
 from common.canonical import check_round_trip, event_bytes, iso_utc
 from common.ids import new_id
+from common.records import record_json
 from config.middleware import get_request_id
 
 logger = logging.getLogger("tollgate.audit")
@@ -147,6 +148,30 @@ class PreparedEvent:
             self.prefix,
             self.suffix,
         ]
+
+    def record_in(self) -> str:
+        """The event as audit's ``audit_event_in`` record (JSON text): what ``audit_append_in``
+        (audit/sql/audit_append.sql) takes from other apps' database functions. The one constructor."""
+        r = self.record
+        return record_json(
+            {
+                "chain": r.chain,
+                "event_id": r.event_id,
+                "event": r.event,
+                "tenant_id": r.tenant_id,
+                "wallet_id": r.wallet_id,
+                "key_id": r.key_id,
+                "tool": r.tool,
+                "endpoint": r.endpoint,
+                "policy_decision_id": r.policy_decision_id,
+                "request_id": r.request_id,
+                "ok": r.ok,
+                "detail": r.detail,
+                "created_at": r.created_at,
+                "prefix": self.prefix,
+                "suffix": self.suffix,
+            }
+        )
 
     def appended(self, seq: int, prev_hash: str, hash_: str) -> None:
         """Record what the database assigned (``audit_append``'s answer)."""

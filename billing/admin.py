@@ -13,7 +13,7 @@ from typing import Any
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.options import csrf_protect_m
-from django.contrib.admin.utils import quote
+from django.contrib.admin.utils import quote, unquote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.admin import GroupAdmin, UserAdmin
 from django.contrib.auth.models import Group
@@ -21,10 +21,12 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 
+from audit.models import AuditEvent
 from billing import services
 from billing.exceptions import money_display
 from billing.models import (
@@ -38,8 +40,19 @@ from billing.models import (
     WalletStatus,
 )
 from billing.services import wallets
-from common.console import ReadOnlyAdmin, ServiceSavedAdmin, changelist_link, confirmation_page, console_actor, has_perm
+from common.console import (
+    ReadOnlyAdmin,
+    ServiceSavedAdmin,
+    changelist_link,
+    confirmation_page,
+    console_actor,
+    console_log,
+    has_perm,
+    revocation_reason_form,
+)
 from common.errors import ApplicationError, RequestValidationError
+from common.formatting import credits_phrase
+from common.listing import short_id_column
 
 # Session key under which a new API key's secret waits for its single reveal.
 SECRET_SESSION_PREFIX = "tollgate:new-key-secret:"
@@ -108,6 +121,42 @@ class WalletCreateForm(forms.Form):
         return data
 
 
+class WalletSettingsForm(forms.Form):
+    """A wallet's settings, as ``wallet_settings_change`` takes them (empty: no limit, no auto-refill)."""
+
+    name = forms.CharField(max_length=200, required=False)
+    budget = forms.DecimalField(
+        max_digits=20, decimal_places=8, min_value=Decimal(0), required=False, help_text="Lifetime spend cap."
+    )
+    daily_limit = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal(0), required=False)
+    refill_threshold = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal(0), required=False)
+    refill_amount = forms.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal("0.00000001"), required=False)
+
+    def __init__(self, data: Any = None, *, wallet: Wallet, request: HttpRequest) -> None:
+        super().__init__(data, initial={name: getattr(wallet, name) for name in services.WALLET_SETTINGS})
+        self.wallet, self.request = wallet, request
+        if wallet.wallet_type == "sponsor":
+            for name in ("budget", "refill_threshold", "refill_amount"):
+                del self.fields[name]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if "refill_amount" in self.fields:
+            if (data.get("refill_threshold") is None) != (data.get("refill_amount") is None):
+                self.add_error("refill_amount", "Set both refill threshold and refill amount, or neither.")
+            elif (
+                data.get("refill_amount") is not None
+                and (data["refill_amount"], data["refill_threshold"])
+                != (self.wallet.refill_amount, self.wallet.refill_threshold)
+                and not has_perm(self.request, "billing.fund_wallet")
+            ):
+                # An auto-refill moves the parent's credits into the wallet on every charge that needs it.
+                self.add_error(
+                    "refill_amount", "An auto-refill funds the wallet: it needs the 'fund wallet' permission."
+                )
+        return data
+
+
 class ReasonForm(forms.Form):
     reason = forms.CharField(max_length=200, required=False, initial="frozen by operator")
 
@@ -133,12 +182,24 @@ def _failure(exc: Exception) -> str:
 
 @admin.register(Wallet)
 class WalletAdmin(admin.ModelAdmin):
-    list_display = ["wallet_id", "wallet_type", "name", "status", "balance_col", "spent_col", "parent", "created_at"]
+    list_display = [
+        "wallet_short",
+        "wallet_type",
+        "name",
+        "status",
+        "balance_col",
+        "spent_col",
+        "parent_short",
+        "created_at",
+    ]
+    wallet_short = short_id_column("wallet_id", "wallet")
+    parent_short = short_id_column("parent_id", "parent", link_to="billing.wallet")
     list_filter = ["wallet_type", "status"]
     search_fields = ["wallet_id", "name", "tenant_id"]
     ordering = ["-created_at"]
     date_hierarchy = "created_at"
     readonly_fields = ["related", *[f.name for f in Wallet._meta.fields]]
+    object_history_template = "admin/billing/wallet/object_history.html"
 
     @admin.display(description="balance", ordering="balance")
     def balance_col(self, obj: Wallet) -> str:
@@ -160,7 +221,17 @@ class WalletAdmin(admin.ModelAdmin):
         ]
         return format_html_join(" · ", "{}", ((link,) for link in links))
 
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        """The read-only wallet page, with a "Change settings" button beside History for those who may."""
+        extra = dict(extra_context or {})
+        if self.has_change_wallet_settings_permission(request):
+            extra["settings_url"] = reverse("admin:billing_wallet_settings", args=[quote(unquote(object_id))])
+        return super().change_view(request, object_id, form_url, extra)
+
     actions = [
+        "change_settings",
         "provision_credits",
         "fund_from_parent",
         "freeze_wallets",
@@ -241,25 +312,107 @@ class WalletAdmin(admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": title,
             "form": form,
-            "wallets": list(queryset),
+            # A closed wallet is never a target (docs/decisions.md, Operator console): it is left out here.
+            "wallets": list(queryset.exclude(status=WalletStatus.CLOSED)),
+            "closed": list(queryset.filter(status=WalletStatus.CLOSED).values_list("wallet_id", flat=True)),
             "action": action,
             "submit_label": submit_label,
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/billing/wallet_action.html", context)
 
-    def _apply(self, request: HttpRequest, queryset: QuerySet[Wallet], verb: str, call: Any) -> None:
+    def _apply(self, request: HttpRequest, queryset: QuerySet[Wallet], verb: str, call: Any, *, log: str) -> None:
         done, failed = 0, []
         for wallet in queryset.order_by("path"):
+            if wallet.status == WalletStatus.CLOSED:  # closed for good: nothing moves into or out of it
+                failed.append(f"{wallet.wallet_id}: the wallet is closed.")
+                continue
             try:
                 call(wallet)
                 done += 1
+                console_log(request, wallet, log)
             except (ApplicationError, RequestValidationError) as exc:
                 failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
         if done:
-            self.message_user(request, f"{verb} {done} wallet(s).", messages.SUCCESS)
+            self.message_user(request, f"{verb} {done} wallet{pluralize(done)}.", messages.SUCCESS)
         for line in failed:
             self.message_user(request, line, messages.ERROR)
+
+    def has_change_wallet_settings_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "billing.change_wallet_settings")
+
+    def get_urls(self) -> list[Any]:
+        settings_page = path(
+            "<path:object_id>/settings/",
+            self.admin_site.admin_view(self.settings_view),
+            name="billing_wallet_settings",
+        )
+        return [settings_page, *super().get_urls()]
+
+    def settings_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
+        """Change a wallet's settings through ``wallet_settings_change`` (audited, in the wallet's History)."""
+        if not self.has_change_wallet_settings_permission(request):
+            raise PermissionDenied
+        wallet = self.get_object(request, unquote(object_id))
+        if wallet is None:
+            raise PermissionDenied
+        form = WalletSettingsForm(request.POST if request.method == "POST" else None, wallet=wallet, request=request)
+        if request.method == "POST" and form.is_valid():
+            try:
+                result = services.wallet_settings_change(
+                    wallet=wallet, changes=dict(form.cleaned_data), actor=console_actor(request)
+                )
+            except (ApplicationError, RequestValidationError) as exc:
+                form.add_error(None, _failure(exc))
+            else:
+                if result.changes:
+                    summary = "; ".join(
+                        f"{name.replace('_', ' ')}: {change['before'] if change['before'] is not None else 'none'}"
+                        f" -> {change['after'] if change['after'] is not None else 'none'}"
+                        for name, change in result.changes.items()
+                    )
+                    console_log(request, result.wallet, f"Changed settings: {summary}")
+                    self.message_user(request, f"Changed {summary}.", messages.SUCCESS)
+                else:
+                    self.message_user(request, "Nothing changed.", messages.INFO)
+                for notice in result.notices:
+                    self.message_user(request, notice, messages.WARNING)
+                return HttpResponseRedirect(reverse("admin:billing_wallet_change", args=[quote(wallet.pk)]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Change the settings of {wallet}",
+            "form": form,
+            "wallet": wallet,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/billing/wallet_settings.html", context)
+
+    @admin.action(
+        description="Change settings (name, budget, limits, auto-refill)…", permissions=["change_wallet_settings"]
+    )
+    def change_settings(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
+        wallets = list(queryset[:2])
+        if len(wallets) != 1:
+            self.message_user(request, "Select one wallet to change its settings.", messages.ERROR)
+            return None
+        return HttpResponseRedirect(reverse("admin:billing_wallet_settings", args=[quote(wallets[0].pk)]))
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        """Django's History (console actions) and every settings change, from the console or the API (its
+        ``wallet.settings_changed`` audit events, with before and after)."""
+        events = AuditEvent.objects.filter(wallet_id=unquote(object_id), event="wallet.settings_changed").order_by(
+            "-created_at", "-seq"
+        )[:100]
+        rows = [
+            {
+                "created_at": event.created_at,
+                "who": event.detail.get("actor") or event.key_id or "—",
+                "changes": event.detail.get("changes", {}),
+                "notices": event.detail.get("notices", []),
+            }
+            for event in events
+        ]
+        return super().history_view(request, object_id, {**(extra_context or {}), "settings_changes": rows})
 
     def has_provision_credits_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "billing.provision_credits")
@@ -292,10 +445,11 @@ class WalletAdmin(admin.ModelAdmin):
         self._apply(
             request,
             queryset,
-            "Provisioned",
+            f"Provisioned {credits_phrase(amount)} to",
             lambda w: services.wallet_provision(
                 wallet=w, amount=amount, description=description, actor=console_actor(request)
             ),
+            log=f"Provisioned {money_display(amount)} credits from mint" + (f" ({description})" if description else ""),
         )
         return None
 
@@ -324,7 +478,13 @@ class WalletAdmin(admin.ModelAdmin):
                 actor=console_actor(request),
             )
 
-        self._apply(request, queryset, "Funded", fund)
+        self._apply(
+            request,
+            queryset,
+            f"Funded {credits_phrase(amount)} into",
+            fund,
+            log=f"Funded {credits_phrase(amount)} from the parent" + (f" ({description})" if description else ""),
+        )
         return None
 
     @admin.action(description="Freeze", permissions=["freeze_wallet"])
@@ -340,6 +500,7 @@ class WalletAdmin(admin.ModelAdmin):
             queryset,
             "Froze",
             lambda w: services.wallet_freeze(wallet=w, reason=reason, actor=console_actor(request)),
+            log=f"Froze the wallet: {reason or 'frozen by operator'}",
         )
         return None
 
@@ -350,6 +511,7 @@ class WalletAdmin(admin.ModelAdmin):
             queryset.filter(status=WalletStatus.FROZEN),
             "Unfroze",
             lambda w: services.wallet_unfreeze(wallet=w, actor=console_actor(request)),
+            log="Unfroze the wallet",
         )
 
     @admin.action(description="Close wallets for good…", permissions=["close_wallet"])
@@ -380,8 +542,11 @@ class WalletAdmin(admin.ModelAdmin):
         done, failed = 0, []
         for wallet in wallets:
             try:
-                services.wallet_close(wallet=wallet, actor=console_actor(request))
+                closed = services.wallet_close(wallet=wallet, actor=console_actor(request))
                 done += 1
+                console_log(
+                    request, closed, "Closed the wallet; its balance returned to " + (wallet.parent_id or "mint")
+                )
             except ApplicationError as exc:
                 failed.append(f"{wallet.wallet_id}: {_failure(exc)}")
         if done:
@@ -409,16 +574,16 @@ class WalletAdmin(admin.ModelAdmin):
             headings=["Wallet", "Type", "Name", "Active keys in the subtree"],
             row=row,
             confirm_label="Yes, revoke them all",
+            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
+        reason = form.cleaned_data["reason"]
         revoked = 0
         for wallet in queryset.order_by("path"):
-            revoked += len(
-                services.api_key_emergency_revoke(
-                    wallet=wallet, reason="emergency (console)", actor=console_actor(request)
-                )
-            )
+            keys = services.api_key_emergency_revoke(wallet=wallet, reason=reason, actor=console_actor(request))
+            revoked += len(keys)
+            console_log(request, wallet, f"Emergency revocation of {len(keys)} key(s) in the subtree: {reason}")
         self.message_user(request, f"Revoked {revoked} key(s).", messages.WARNING)
         return None
 
@@ -466,7 +631,8 @@ class ConsoleGroupAdmin(SuperuserChangesOnly, GroupAdmin):
 
 @admin.register(LedgerEntry)
 class LedgerEntryAdmin(ReadOnlyAdmin):
-    list_display = ["created_at", "account", "kind", "amount_col", "balance_after_col", "description"]
+    list_display = ["created_at", "account_short", "kind", "amount_col", "balance_after_col", "description"]
+    account_short = short_id_column("account", "account")
     list_filter = ["kind", "service_category"]
     search_fields = ["entry_id", "transaction_id", "account", "tenant_id", "correlation_id"]
     ordering = ["-created_at", "-entry_id"]
@@ -527,6 +693,11 @@ class APIKeyCreateForm(forms.ModelForm):
     )
     may_create_operator_key = False
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "wallet" in self.fields:  # a closed wallet can never act again: not offered
+            self.fields["wallet"].queryset = Wallet.objects.exclude(status=WalletStatus.CLOSED)  # type: ignore[attr-defined]
+
     class Meta:
         model = APIKey
         fields = ["wallet", "name"]
@@ -549,7 +720,9 @@ class APIKeyCreateForm(forms.ModelForm):
 
 @admin.register(APIKey)
 class APIKeyAdmin(ServiceSavedAdmin):
-    list_display = ["key_id", "wallet", "name", "status", "created_at", "revoked_at"]
+    list_display = ["key_short", "wallet_short", "name", "status", "created_at", "revoked_at"]
+    key_short = short_id_column("key_id", "key")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
     list_filter = ["status"]
     search_fields = ["key_id", "name", "wallet__wallet_id", "created_by_key_id"]
     ordering = ["-created_at"]
@@ -567,7 +740,7 @@ class APIKeyAdmin(ServiceSavedAdmin):
         "rotated_from",
         "created_by_key_id",
     ]
-    actions = ["revoke_selected"]
+    actions = ["rotate_selected", "revoke_selected"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         """A wallet key acts with its wallet's money (it funds the wallets below it and charges them), so
@@ -596,6 +769,11 @@ class APIKeyAdmin(ServiceSavedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """A key's page is read-only ("View API key", no Save that reports a change that never
+        happened); keys change only through the revoke action and rotation."""
+        return False if obj is not None else super().has_change_permission(request, obj)
 
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         """No filter on the secret hash: ``?secret_hash__startswith=`` would read it out by probing."""
@@ -669,6 +847,52 @@ class APIKeyAdmin(ServiceSavedAdmin):
     def has_revoke_key_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "billing.revoke_key")
 
+    def has_rotate_key_permission(self, request: HttpRequest) -> bool:
+        """Rotating mints a successor (what adding a key needs) and revokes the old key (``revoke_key``)."""
+        return self.has_add_permission(request) and has_perm(request, "billing.revoke_key")
+
+    @admin.action(description="Rotate the selected key (new secret shown once)…", permissions=["rotate_key"])
+    def rotate_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> HttpResponse | None:
+        """One wallet key at a time: its successor's secret goes through the same one-time reveal as a new key's."""
+        keys = list(queryset.filter(status=APIKeyStatus.ACTIVE, wallet__isnull=False)[:2])
+        if len(keys) != 1:
+            self.message_user(request, "Select exactly one active wallet key to rotate.", messages.ERROR)
+            return None
+        key = keys[0]
+        page = confirmation_page(
+            self,
+            request,
+            queryset.filter(pk=key.pk),
+            action="rotate_selected",
+            title="Rotate this API key?",
+            warning="A successor key is created and its secret shown once. The old key, with every key it minted, "
+            "stops working at once.",
+            headings=["Key", "Wallet", "Name", "Keys it minted"],
+            row=lambda k: [
+                k.key_id,
+                k.wallet_id,
+                k.name,
+                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
+            ],
+            confirm_label="Yes, rotate it",
+            form=(form := revocation_reason_form(request)),
+        )
+        if page is not None:
+            return page
+        assert key.wallet is not None
+        reason = form.cleaned_data["reason"]
+        try:
+            issued = services.api_key_rotate(
+                wallet=key.wallet, key_id=key.key_id, revoke_old=True, reason=reason, actor=console_actor(request)
+            )
+        except ApplicationError as exc:
+            self.message_user(request, f"{key.key_id}: {_failure(exc)}", messages.ERROR)
+            return None
+        console_log(request, key, f"Rotated to {issued.key.key_id}; the old key was revoked: {reason}")
+        self.log_addition(request, issued.key, f"Created by rotating {key.key_id}")
+        request.session[f"{SECRET_SESSION_PREFIX}{issued.key.pk}"] = issued.secret
+        return HttpResponseRedirect(reverse("admin:billing_apikey_secret", args=[issued.key.pk]))
+
     @admin.action(description="Revoke selected keys…", permissions=["revoke_key"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> HttpResponse | None:
         page = confirmation_page(
@@ -686,9 +910,11 @@ class APIKeyAdmin(ServiceSavedAdmin):
                 str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
             ],
             confirm_label="Yes, revoke them",
+            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
+        reason = form.cleaned_data["reason"]
         count = 0
         for key in queryset.filter(status=APIKeyStatus.ACTIVE):
             if key.wallet is None:
@@ -697,12 +923,13 @@ class APIKeyAdmin(ServiceSavedAdmin):
                         request, f"{key.key_id}: operator keys need the operator-key permission.", messages.ERROR
                     )
                     continue
-                services.operator_key_revoke(key_id=key.key_id, reason="operator_console", actor=console_actor(request))
+                services.operator_key_revoke(key_id=key.key_id, reason=reason, actor=console_actor(request))
             else:
                 services.api_key_revoke(
-                    wallet=key.wallet, key_id=key.key_id, reason="operator_console", actor=console_actor(request)
+                    wallet=key.wallet, key_id=key.key_id, reason=reason, actor=console_actor(request)
                 )
             count += 1
+            console_log(request, key, f"Revoked the key: {reason}")
         self.message_user(request, f"Revoked {count} key(s).", messages.SUCCESS)
         return None
 

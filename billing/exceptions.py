@@ -8,6 +8,7 @@ from typing import Any
 from rest_framework import status
 
 from common.errors import ApplicationError, Conflict, PermissionDeniedError
+from common.formatting import credits_text
 
 
 def money(value: Decimal) -> str:
@@ -16,11 +17,8 @@ def money(value: Decimal) -> str:
 
 
 def money_display(value: Decimal | None) -> str:
-    """Credits for people (pages, the console): thousands separators, no trailing zeros. None is a dash."""
-    if value is None:
-        return "—"
-    text = f"{Decimal(value).quantize(Decimal('0.00000001')):,f}"
-    return text.rstrip("0").rstrip(".") if "." in text else text
+    """Credits for people (pages, the console): ``common.formatting.credits_text``. None is a dash."""
+    return credits_text(value)
 
 
 class SpendRefused(PermissionDeniedError):
@@ -147,4 +145,14 @@ class AncestorKeyRotation(PermissionDeniedError):
         "A key cannot rotate a key it descends from (the key that minted it, or one above that): the rotation "
         "would revoke the caller's own key and leave its successor minted by a revoked key. Rotate it with a "
         "key above it, or revoke it."
+    )
+
+
+class WalletLimitRaiseDenied(PermissionDeniedError):
+    """A wallet key tried to raise a limit of its own wallet, or to set a wallet below it above its own limit."""
+
+    code = "wallet_limit_raise_denied"
+    message = (
+        "A wallet key may lower its own wallet's limits but never raise them, and may not set a wallet "
+        "below it above its own limits; the operator or a key of a wallet above may."
     )

@@ -87,6 +87,7 @@ class Wallet(models.Model):
             ("fund_wallet", "Can fund wallets from their parent"),
             ("freeze_wallet", "Can freeze and unfreeze wallets"),
             ("close_wallet", "Can close wallets"),
+            ("change_wallet_settings", "Can change wallet settings (name, budget, daily limit, auto-refill)"),
         ]
         constraints = [
             models.CheckConstraint(condition=Q(balance__gte=0), name="wallet_balance_non_negative"),
@@ -378,6 +379,32 @@ class ToolPrice(models.Model):
 
     def __str__(self) -> str:
         return f"{self.tool}: {self.credits if self.credits is not None else 'not set'}"
+
+
+class ToolPriceChange(models.Model):
+    """One change of a tool's price (set, changed or removed): who, when, the old and the new price.
+
+    Written only by ``billing.services.prices`` in the transaction that changes the ``ToolPrice`` row
+    (under its row lock), so the history and the price never disagree. ``old_credits`` null: the tool
+    had no price; ``new_credits`` null: the price was removed (or unset).
+    """
+
+    id = models.BigAutoField(primary_key=True)
+    tool = models.CharField(max_length=200)
+    old_credits = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    new_credits = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
+    removed = models.BooleanField(default=False)
+    actor = models.CharField(max_length=200, blank=True, default="")
+    actor_key_id = models.CharField(max_length=40, blank=True, default="")
+    changed_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        db_table = "billing_tool_price_change"
+        ordering = ["-changed_at", "-id"]
+        indexes = [models.Index(fields=["tool", "-changed_at"], name="tool_price_change_tool")]
+
+    def __str__(self) -> str:
+        return f"{self.tool}: {self.old_credits} -> {self.new_credits}"
 
 
 class APIKeyStatus(models.TextChoices):

@@ -67,6 +67,7 @@ from billing.authentication import credential_from_headers, resolve_credential
 from billing.selectors import api_key_authenticate_charging
 from common import metrics
 from common.errors import InvalidAPIKey, RateLimited, json_error
+from common.records import record_json
 
 if TYPE_CHECKING:
     from billing.models import APIKey
@@ -271,6 +272,12 @@ class DeferredCharge:
     def claim_params(self) -> list[Any]:
         """The k_ arguments of ``gateway_claim`` and ``billing_charge``: the key, the digest, the window, the limit."""
         return [self.key.key_id, self.digest, self.window_index, settings.RATE_LIMIT_REQUESTS]
+
+    def claim_record(self) -> str:
+        """The deferred charge as ``gateway_claim``'s ``p_rate`` record (JSON text: key_id, secret_hash,
+        window_index, limit). The one constructor of the shape."""
+        key_id, digest, window_index, limit = self.claim_params()
+        return record_json({"key_id": key_id, "secret_hash": digest, "window_index": window_index, "limit": limit})
 
     def claimed(self, count: int) -> None:
         """The statement checked the key and charged its window: ``count`` after the charge."""

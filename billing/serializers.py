@@ -215,6 +215,28 @@ class WalletResponse(serializers.Serializer):
 WalletListResponse = list_envelope("WalletListResponse", WalletResponse)
 
 
+class WalletSettingsRequest(serializers.Serializer):
+    """The settings to change (the others stay); null removes a limit or the auto-refill."""
+
+    name = serializers.CharField(max_length=200, required=False, allow_blank=True)
+    budget = MoneyField(min_value=Decimal(0), required=False, allow_null=True, help_text="Lifetime spend cap.")
+    daily_limit = MoneyField(min_value=Decimal(0), required=False, allow_null=True)
+    refill_threshold = MoneyField(min_value=Decimal(0), required=False, allow_null=True)
+    refill_amount = MoneyField(min_value=Decimal("0.00000001"), required=False, allow_null=True)
+
+
+class WalletSettingChange(serializers.Serializer):
+    before = serializers.CharField(allow_null=True)
+    after = serializers.CharField(allow_null=True)
+
+
+class WalletSettingsResponse(WalletResponse):
+    """The wallet after the change, what changed (before and after) and notices (a limit under what is spent)."""
+
+    changes = serializers.DictField(child=WalletSettingChange())
+    notices = serializers.ListField(child=serializers.CharField())
+
+
 class WalletListQuery(serializers.Serializer):
     wallet_type = serializers.ChoiceField(choices=WalletType.choices, required=False)
     limit = serializers.IntegerField(min_value=1, max_value=MAX_LIMIT, default=50)

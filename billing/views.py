@@ -42,6 +42,8 @@ from billing.serializers import (
     WalletListQuery,
     WalletListResponse,
     WalletResponse,
+    WalletSettingsRequest,
+    WalletSettingsResponse,
     api_key_data,
 )
 from common.errors import OperatorKeyRequired
@@ -113,6 +115,31 @@ class WalletDetailView(APIView):
     )
     def get(self, request: Request, wallet_id: str) -> Response:
         return Response(WalletResponse(selectors.wallet_detail(principal(request), wallet_id)).data)
+
+    @extend_schema(
+        operation_id="billing_wallets_update_settings",
+        tags=BILLING,
+        request=WalletSettingsRequest,
+        responses={200: WalletSettingsResponse, **error_responses(401, 403, 404, 422)},
+        summary="Change a wallet's name, budget, daily limit or auto-refill (extension)",
+        description=(
+            "An extension of the 1.3.0 API. Keys of a wallet above and operator keys may change a wallet's "
+            "settings; a key may lower its own wallet's limits but never raise them (403 "
+            "wallet_limit_raise_denied), nor set a wallet below it above its own budget or daily limit. "
+            "A change applies from the next charge; a limit set under what was already spent in its window "
+            "is kept and reported in notices. Audited as wallet.settings_changed with before and after."
+        ),
+        extensions={"x-tollgate-extension": True},
+    )
+    def patch(self, request: Request, wallet_id: str) -> Response:
+        caller = principal(request)
+        data = parse_body(request, WalletSettingsRequest)
+        wallet = selectors.wallet_for_caller(caller, wallet_id)
+        result = services.wallet_settings_change(wallet=wallet, changes=data, actor_key_id=caller.key_id)
+        detail = selectors.wallet_detail(caller, wallet_id)
+        detail.changes = result.changes  # type: ignore[attr-defined]
+        detail.notices = result.notices  # type: ignore[attr-defined]
+        return Response(WalletSettingsResponse(detail).data)
 
 
 class WalletListView(APIView):

@@ -13,8 +13,10 @@ from functools import wraps
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
+from django import forms
 from django.contrib import admin
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
+from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import csrf_protect_m
 from django.core.exceptions import BadRequest, PermissionDenied
 from django.db.models import QuerySet
@@ -126,13 +128,16 @@ def confirmation_page(
     headings: list[str],
     row: Any,
     confirm_label: str,
+    form: forms.Form | None = None,
 ) -> HttpResponse | None:
     """An intermediate confirmation page like Django's delete confirmation, or None once confirmed.
 
     Destructive console actions (close, revoke, reconciliation results and refunds) list the
     objects and their balances or effects, and act only on the POST that carries ``post=yes``.
+    With a ``form`` (a revocation's reason) the page asks for it and confirms only once it is valid;
+    the caller reads ``form.cleaned_data``.
     """
-    if request.POST.get("post") == "yes":
+    if request.POST.get("post") == "yes" and (form is None or form.is_valid()):
         return None
     objects = list(queryset)
     opts = modeladmin.model._meta
@@ -145,6 +150,7 @@ def confirmation_page(
         "selected": [obj.pk for obj in objects],
         "action": action,
         "confirm_label": confirm_label,
+        "form": form,
         "cancel_url": reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist"),
         "opts": opts,
     }
@@ -154,6 +160,34 @@ def confirmation_page(
 def console_actor(request: HttpRequest) -> str:
     """The actor every console change is audited with: ``admin:<username>``."""
     return f"admin:{request.user.get_username()}" if request.user.is_authenticated else "admin"
+
+
+class RevocationReasonForm(forms.Form):
+    """Why keys or permits are revoked: required, stored on the revoked rows and in their audit events."""
+
+    reason = forms.CharField(
+        max_length=200,
+        min_length=3,
+        strip=True,
+        help_text="Stored with the revocation and in its audit event (3 to 200 characters).",
+    )
+
+
+def revocation_reason_form(request: HttpRequest) -> RevocationReasonForm:
+    """The reason form of a revocation's confirmation page, bound on the confirming POST."""
+    return RevocationReasonForm(request.POST if request.POST.get("post") == "yes" else None)
+
+
+def console_log(request: HttpRequest, obj: Any, message: str) -> None:
+    """Record a console action on ``obj`` as a Django ``LogEntry`` ("Changed" with ``message``), which the
+    object's History and the index's Recent actions show. Every custom action calls it after its service
+    committed, beside the service's audit event (the audit chain stays the evidence; this is the
+    console's own trail)."""
+    if not request.user.is_authenticated:
+        return
+    LogEntry.objects.log_actions(
+        user_id=request.user.pk, queryset=[obj], action_flag=CHANGE, change_message=message[:2000], single_object=True
+    )
 
 
 def has_perm(request: HttpRequest, permission: str) -> bool:

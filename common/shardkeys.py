@@ -32,6 +32,8 @@ TENANT_TABLES: dict[str, str] = {
     "permits_policy_bundle": "tenant_id",
     "permits_tenant_approver": "tenant_id",
     "permits_policy_change_proposal": "tenant_id",
+    "permits_tenant_notification": "tenant_id",
+    "permits_webhook_delivery": "tenant_id",
     "mcpgateway_action": "tenant_id",
     "mcpgateway_partner_note": "tenant_id",
     "receipts_receipt": "tenant_id",
@@ -62,6 +64,7 @@ LOCAL_TABLES: frozenset[str] = frozenset(
     {
         "billing_rate_limit_window",
         "billing_login_throttle",
+        "billing_tool_price_change",
         "mcpgateway_session",
         "auth_group",
         "auth_group_permissions",

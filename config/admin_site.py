@@ -17,6 +17,9 @@ from common.console import View, console_summary, refuse_crafted_requests
 class TollgateAdminSite(admin.AdminSite):
     site_header = "Tollgate operator console"
     site_title = "Tollgate console"
+    # The app list is on the index page and every page has breadcrumbs; the nav sidebar took 300 of
+    # 1366 px from every list (docs/decisions.md, Operator console).
+    enable_nav_sidebar = False
 
     def admin_view(self, view: View, cacheable: bool = False) -> View:
         """Every console page (each ModelAdmin's views and the site's own) refuses crafted requests,

@@ -12,6 +12,11 @@ marked dead for the client's live gauges.
 Workers are gunicorn's gthread workers, taking each new connection where the
 fewest are open (``config.workers.BalancedThreadWorker``).
 
+The control socket (gunicorn's runtime management interface) lives under the checkout's ``.data/``,
+one per master process, instead of ``~/.gunicorn/`` (shared by every checkout and instance of the
+user). Requests for static files (``/static/``, ``/favicon.ico``) are left out of the access log
+(``QuietStaticLogger``): a page load is then one line, not one per asset.
+
 Command-line options (bind, workers, threads...) still apply on top of this file.
 """
 
@@ -24,6 +29,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from gunicorn.glogging import Logger
+
 from config.workers import BOARD, BalancedThreadWorker, ConnectionBoard
 
 _directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR") or tempfile.mkdtemp(prefix="tollgate-metrics-")
@@ -32,6 +39,25 @@ os.environ["PROMETHEUS_MULTIPROC_DIR"] = _directory  # inherited by the workers 
 limit_request_line = 16384  # the charge operation takes long query strings (docs/decisions.md)
 graceful_timeout = 10
 worker_class = BalancedThreadWorker
+
+_data = Path(__file__).resolve().parent.parent / ".data"
+_data.mkdir(exist_ok=True)
+control_socket = str(_data / f"gunicorn-{os.getpid()}.ctl")
+
+# Paths whose requests the access log leaves out: assets a page pulls in, not requests anyone acts on.
+QUIET_PREFIXES = ("/static/", "/favicon.ico")
+
+
+class QuietStaticLogger(Logger):
+    """gunicorn's logger, with no access line for static files."""
+
+    def access(self, resp: Any, req: Any, environ: dict[str, Any], request_time: Any) -> None:
+        if str(environ.get("PATH_INFO", "")).startswith(QUIET_PREFIXES):
+            return
+        super().access(resp, req, environ, request_time)
+
+
+logger_class = QuietStaticLogger
 
 
 def on_starting(server: Any) -> None:

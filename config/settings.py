@@ -247,6 +247,10 @@ LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
 USE_I18N = False
 USE_TZ = True
+# Times to the second with their zone, credits with thousands separators (docs/decisions.md, Operator
+# console, "Money and time read the same everywhere"; common.formatting).
+FORMAT_MODULE_PATH = ["config.formats"]
+USE_THOUSAND_SEPARATOR = True
 
 STATIC_URL = "/static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
@@ -259,6 +263,20 @@ WHITENOISE_USE_FINDERS = True  # serve straight from app directories even before
 
 EMAIL_BACKEND = env.str("EMAIL_BACKEND", default="django.core.mail.backends.console.EmailBackend")
 DEFAULT_FROM_EMAIL = env.str("DEFAULT_FROM_EMAIL", default="tollgate@localhost")
+EMAIL_HOST = env.str("EMAIL_HOST", default="localhost")
+EMAIL_PORT = env.int("EMAIL_PORT", default=25)
+EMAIL_HOST_USER = env.str("EMAIL_HOST_USER", default="")
+EMAIL_HOST_PASSWORD = env.str("EMAIL_HOST_PASSWORD", default="")
+EMAIL_USE_TLS = env.bool("EMAIL_USE_TLS", default=False)
+EMAIL_USE_SSL = env.bool("EMAIL_USE_SSL", default=False)
+EMAIL_TIMEOUT = env.int("EMAIL_TIMEOUT", default=10)
+# Approvers' webhooks (permits.services.notifications): each attempt's timeout, the attempts before a
+# delivery is given up, and the first retry's delay (doubling at each attempt, at most an hour).
+WEBHOOK_TIMEOUT_SECONDS = env.float("WEBHOOK_TIMEOUT_SECONDS", default=5.0)
+WEBHOOK_MAX_ATTEMPTS = env.int("WEBHOOK_MAX_ATTEMPTS", default=8)
+WEBHOOK_RETRY_BASE_SECONDS = env.float("WEBHOOK_RETRY_BASE_SECONDS", default=30.0)
+if WEBHOOK_TIMEOUT_SECONDS <= 0 or WEBHOOK_MAX_ATTEMPTS < 1 or WEBHOOK_RETRY_BASE_SECONDS <= 0:
+    raise ImproperlyConfigured("WEBHOOK_TIMEOUT_SECONDS and WEBHOOK_RETRY_BASE_SECONDS > 0, WEBHOOK_MAX_ATTEMPTS >= 1.")
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False

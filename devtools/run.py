@@ -4,7 +4,13 @@
 2. Migrations, the first-run operator bootstrap (credentials file path printed), the signing key.
 3. The upstream: ``UPSTREAM_MCP_URL`` if set, else the bundled demo upstream on 127.0.0.1
    (``DEMO_UPSTREAM_PORT``, default 8765), priced and with a demo tenant on first run.
-4. ``sync_tools``, then gunicorn on 127.0.0.1:$PORT (default 8000) and the dispatch sweeper.
+4. ``sync_tools``, then gunicorn on 127.0.0.1:$PORT (default 8000), the dispatch sweeper and the
+   approvers' webhook sender (``deliver_webhooks``).
+
+Ports are checked before anything is written: a gateway ``PORT`` that another program holds, or a
+``DEMO_UPSTREAM_PORT`` given and taken, stops the run with what is wrong; the default demo port,
+taken, is replaced by a free one (said so). Another program answering on the demo port was taken
+for the demo upstream, its tools synced and demo credentials written (docs/decisions.md, "Running it").
 """
 
 from __future__ import annotations
@@ -39,6 +45,63 @@ def _wait_for_port(port: int, process: subprocess.Popen[bytes], seconds: float =
     raise SystemExit(f"the demo upstream did not start on port {port}")
 
 
+DEFAULT_DEMO_UPSTREAM_PORT = 8765
+
+
+def port_free(port: int) -> bool:
+    """Whether nothing listens on 127.0.0.1:``port`` (a bind succeeds)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_setting(env: dict[str, str], name: str, default: int) -> int:
+    text = env.get(name, str(default))
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise SystemExit(f"make run: {name}={text!r} is not a port number (1-65535).")
+    return int(text)
+
+
+def choose_ports(env: dict[str, str], *, demo: bool) -> tuple[int, int | None]:
+    """The gateway's port and the demo upstream's (None without the demo), checked before anything is
+    written. A taken gateway port, or a taken ``DEMO_UPSTREAM_PORT`` that was asked for, stops the run
+    with the reason; the default demo port, taken, gives way to a free port."""
+    port = _port_setting(env, "PORT", 8000)
+    if not port_free(port):
+        raise SystemExit(
+            f"make run: port {port} on 127.0.0.1 is already in use by another program, so the gateway cannot "
+            f"serve there. Stop that program or choose another port: PORT=8001 make run. Nothing was changed."
+        )
+    if not demo:
+        return port, None
+    demo_port = _port_setting(env, "DEMO_UPSTREAM_PORT", DEFAULT_DEMO_UPSTREAM_PORT)
+    if port_free(demo_port) and demo_port != port:
+        return port, demo_port
+    if "DEMO_UPSTREAM_PORT" in env:
+        raise SystemExit(
+            f"make run: DEMO_UPSTREAM_PORT={demo_port} is already in use on 127.0.0.1 (by another program, or it "
+            f"is the gateway's PORT); the demo upstream cannot start there. Choose a free port, or leave "
+            f"DEMO_UPSTREAM_PORT unset to have one picked. Nothing was changed."
+        )
+    chosen = free_port()
+    print(
+        f"Port {demo_port} (the demo upstream's default) is in use by another program; "
+        f"the demo upstream uses port {chosen} instead (set DEMO_UPSTREAM_PORT to choose).",
+        flush=True,
+    )
+    return port, chosen
+
+
 def _interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
@@ -47,13 +110,15 @@ def main() -> int:
     # SIGTERM (from a supervisor or `timeout`) stops everything just like Ctrl-C.
     signal.signal(signal.SIGTERM, _interrupt)
     env = dict(os.environ)
+    demo = not env.get("UPSTREAM_MCP_URL")
+    port_number, demo_port_number = choose_ports(env, demo=demo)  # before anything is started or written
     started_db = False
     if not env.get("DATABASE_URL"):
         print("Starting embedded PostgreSQL (.data/postgres) ...", flush=True)
         was_running = pg.running_url() is not None
         env["DATABASE_URL"] = pg.start()
         started_db = not was_running
-    port = env.get("PORT", "8000")
+    port = str(port_number)
     env.setdefault("PUBLIC_BASE_URL", f"http://127.0.0.1:{port}")
     env.setdefault("ALLOWED_ORIGINS", f"http://127.0.0.1:{port},http://localhost:{port}")
     children: list[subprocess.Popen[bytes]] = []
@@ -62,9 +127,8 @@ def main() -> int:
         _manage("migrate", "--no-input", "-v", "0", env=env)
         _manage("bootstrap_operator", env=env)
         _manage("ensure_signing_key", env=env)
-        demo = not env.get("UPSTREAM_MCP_URL")
         if demo:
-            demo_port = env.get("DEMO_UPSTREAM_PORT", "8765")
+            demo_port = str(demo_port_number)
             env["UPSTREAM_MCP_URL"] = f"http://127.0.0.1:{demo_port}/mcp"
             print(f"Starting the bundled demo upstream MCP server on 127.0.0.1:{demo_port} ...", flush=True)
             children.append(
@@ -76,6 +140,7 @@ def main() -> int:
         if demo:
             _manage("demo_bootstrap", env=env)
         children.append(subprocess.Popen([PY, "manage.py", "sweep_dispatches", "--loop"], cwd=ROOT, env=env))
+        children.append(subprocess.Popen([PY, "manage.py", "deliver_webhooks", "--loop"], cwd=ROOT, env=env))
         workers = env.get("WEB_CONCURRENCY", "2")
         threads = env.get("GUNICORN_THREADS", "4")
         children.append(

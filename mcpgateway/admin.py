@@ -3,18 +3,23 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlencode
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
+from django.urls import reverse
+from django.utils.html import format_html, format_html_join
 
 from billing import services as billing_services
-from billing.admin import money_display
-from billing.models import ToolPrice
+from billing.admin import credits_cell, money_display
+from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
-from common.console import ServiceSavedAdmin, confirmation_page, console_actor, has_perm
+from common.console import ServiceSavedAdmin, confirmation_page, console_actor, console_log, has_perm
 from common.errors import ApplicationError
+from common.listing import short_id_column
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
 from mcpgateway.services.upstreams import (
@@ -46,13 +51,45 @@ class ToolPriceForm(forms.ModelForm):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        priced = set(ToolPrice.objects.values_list("tool", flat=True))
         if self.instance and self.instance.pk:
-            priced.discard(self.instance.pk)
+            # Changing a price: the tool is the row's (shown read-only), not a choice. The declared field
+            # would otherwise stay in the form without a value (the change page's KeyError: 'tool').
+            self.fields.pop("tool", None)
+            return
+        priced = set(ToolPrice.objects.values_list("tool", flat=True))
         tools = Tool.objects.exclude(service_id__in=priced).order_by("service_id")
         self.fields["tool"].choices = [("", "---------")] + [  # type: ignore[attr-defined]
             (t.service_id, f"{t.service_id} ({t.category})") for t in tools
         ]
+
+
+def price_history_table(tool: str, limit: int = 20) -> str:
+    """The latest price changes of ``tool`` (``ToolPriceChange``: when, who, old, new), newest first."""
+    changes = ToolPriceChange.objects.filter(tool=tool).order_by("-changed_at", "-id")[:limit]
+    if not changes:
+        return "No change recorded."
+
+    def shown(value: Any, removed: bool = False) -> str:
+        return "removed" if removed else ("not set" if value is None else money_display(value))
+
+    rows = format_html_join(
+        "",
+        "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        (
+            (
+                f"{c.changed_at:%Y-%m-%d %H:%M:%S} UTC",
+                c.actor or c.actor_key_id or "—",
+                shown(c.old_credits),
+                shown(c.new_credits, c.removed),
+            )
+            for c in changes
+        ),
+    )
+    return format_html(
+        '<table class="price-history"><thead><tr><th>When</th><th>Who</th><th>Old</th><th>New</th></tr></thead>'
+        "<tbody>{}</tbody></table>",
+        rows,
+    )
 
 
 @admin.register(ToolPrice)
@@ -60,16 +97,25 @@ class ToolPriceAdmin(ServiceSavedAdmin):
     """Tool prices (``billing.ToolPrice``, published in the pricing table); registered here, where the synced
     tools are known. Setting and removing go through ``tool_price_set`` / ``tool_price_remove`` (audited)."""
 
-    list_display = ["tool", "credits", "updated_at"]
+    list_display = ["tool", "credits", "updated_at", "change_link"]
     search_fields = ["tool"]
     ordering = ["tool"]
     form = ToolPriceForm
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["tool"] if obj is not None else []
+        return ["tool", "history"] if obj is not None else []
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
-        return ["tool", "credits"]
+        return ["tool", "credits", "history"] if obj is not None else ["tool", "credits"]
+
+    @admin.display(description="")
+    def change_link(self, obj: ToolPrice) -> str:
+        url = reverse("admin:billing_toolprice_change", args=[quote(obj.pk)])
+        return format_html('<a href="{}" class="change-price">Change price</a>', url)
+
+    @admin.display(description="price history")
+    def history(self, obj: ToolPrice) -> str:
+        return price_history_table(obj.tool)
 
     def save_model(self, request: HttpRequest, obj: ToolPrice, form: Any, change: bool) -> None:
         tool = obj.tool if change else form.cleaned_data["tool"]
@@ -84,6 +130,26 @@ class ToolPriceAdmin(ServiceSavedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[ToolPrice]) -> None:
         for row in queryset:
             billing_services.tool_price_remove(tool=row.tool, actor=console_actor(request))
+
+
+@admin.register(ToolPriceChange)
+class ToolPriceChangeAdmin(admin.ModelAdmin):
+    """Every price change of every tool (``tool_price_set`` / ``tool_price_remove``), read-only."""
+
+    list_display = ["changed_at", "tool", "old_credits", "new_credits", "removed", "actor"]
+    list_filter = ["removed"]
+    search_fields = ["tool", "actor", "actor_key_id"]
+    ordering = ["-changed_at", "-id"]
+    date_hierarchy = "changed_at"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
 
 
 @admin.register(Tool)
@@ -105,8 +171,10 @@ class ToolAdmin(ServiceSavedAdmin):
         "output_schema",
         "annotations",
         "synced_at",
+        "price_controls",
     ]
     readonly_fields = [
+        "price_controls",
         "service_id",
         "server",
         "remote_name",
@@ -124,6 +192,23 @@ class ToolAdmin(ServiceSavedAdmin):
     def price(self, obj: Tool) -> str:
         value = tool_price(obj.service_id)
         return "not set (not callable)" if value is None else f"{value:f}"
+
+    @admin.display(description="price")
+    def price_controls(self, obj: Tool) -> str:
+        """The tool's price with the link that changes it (or sets it), and its recent history."""
+        if ToolPrice.objects.filter(tool=obj.service_id).exists():
+            url = reverse("admin:billing_toolprice_change", args=[quote(obj.service_id)])
+            label = "Change price"
+        else:
+            url = reverse("admin:billing_toolprice_add") + "?" + urlencode({"tool": obj.service_id})
+            label = "Set a price"
+        return format_html(
+            '{} <a href="{}" class="change-price" id="tool-price-link">{}</a><div>{}</div>',
+            self.price(obj),
+            url,
+            label,
+            price_history_table(obj.service_id, limit=5),
+        )
 
     @admin.display(description="inputSchema usable", boolean=True)
     def schema_usable(self, obj: Tool) -> bool:
@@ -146,7 +231,24 @@ class ToolAdmin(ServiceSavedAdmin):
 
 @admin.register(Action)
 class ActionAdmin(admin.ModelAdmin):
-    list_display = ["action_id", "created_at", "wallet", "tool", "state", "outcome", "price", "receipt"]
+    list_display = [
+        "action_short",
+        "created_at",
+        "wallet_short",
+        "tool",
+        "state",
+        "outcome",
+        "price_col",
+        "receipt_short",
+    ]
+    action_short = short_id_column("action_id", "action")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+    receipt_short = short_id_column("receipt_id", "receipt", link_to="receipts.receipt")
+
+    @admin.display(description="price", ordering="price")
+    def price_col(self, obj: Action) -> str:
+        return credits_cell(obj.price)
+
     list_filter = ["state", "outcome", "transport"]
     search_fields = ["action_id", "idempotency_key", "wallet__wallet_id", "tool"]
     ordering = ["-created_at"]
@@ -207,6 +309,7 @@ class ActionAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
                 continue
             done += 1
+            console_log(request, action, "Recorded as executed (external reconciliation): the charge stands")
         self.message_user(request, f"{done} delivery_uncertain action(s) recorded as executed.", messages.SUCCESS)
         return None
 
@@ -226,6 +329,7 @@ class ActionAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
                 continue
             done += 1
+            console_log(request, action, "Marked not executed (external reconciliation): a refund is owed")
         self.message_user(
             request,
             f"{done} action(s) marked not executed: retry their refunds under Refund reconciliations.",

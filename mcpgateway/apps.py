@@ -18,7 +18,11 @@ class McpgatewayConfig(AppConfig):
         def describe(names: list[str]) -> dict[str, str]:
             return dict(Tool.objects.filter(service_id__in=names).values_list("service_id", "description"))
 
+        def known() -> list[str]:
+            return list(Tool.objects.filter(enabled=True).values_list("service_id", flat=True))
+
         selectors.describe_tools = describe
+        selectors.known_tools = known
 
         # Billing sits below the gateway and receipts too; closing a wallet asks whether a refund may
         # still come back to it.

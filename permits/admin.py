@@ -5,18 +5,34 @@ Revocation and policy changes go through the same services as the API.
 
 from __future__ import annotations
 
+from decimal import Decimal
 from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.urls import reverse
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
 from django.utils import timezone
+from django.utils.html import format_html
 
-from billing.admin import money_display
-from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, has_perm
+from billing.admin import credits_cell, money_display
+from billing.models import ServiceCategory, Wallet, WalletStatus
+from common.console import (
+    ReadOnlyAdmin,
+    ServiceSavedAdmin,
+    confirmation_page,
+    console_actor,
+    console_log,
+    has_perm,
+    revocation_reason_form,
+)
 from common.errors import ApplicationError
+from common.listing import short_id_column
+from permits import selectors as permit_selectors
 from permits import services
 from permits.models import (
     Permit,
@@ -27,13 +43,29 @@ from permits.models import (
     ProposalStatus,
     Quote,
     TenantApprover,
+    TenantNotification,
+    WebhookDelivery,
 )
+from permits.selectors import permit_request_card_context
+from permits.services.notifications import approval_sign_in_url, approver_reachability, webhook_url_problem
+from permits.services.permit_requests import approval_url
 from permits.services.policies import policy_rules_problems
 
 
 @admin.register(Permit)
 class PermitAdmin(ReadOnlyAdmin):
-    list_display = ["permit_id", "wallet", "status", "max_credits", "spent_credits", "calls_used", "expires_at"]
+    list_display = ["permit_short", "wallet_short", "status", "allowance", "spent_col", "calls_used", "expires_at"]
+    permit_short = short_id_column("permit_id", "permit")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+
+    @admin.display(description="allowance", ordering="max_credits")
+    def allowance(self, obj: Permit) -> str:
+        return credits_cell(obj.max_credits)
+
+    @admin.display(description="spent", ordering="spent_credits")
+    def spent_col(self, obj: Permit) -> str:
+        return credits_cell(obj.spent_credits)
+
     list_filter = ["status"]
     search_fields = ["permit_id", "wallet__wallet_id", "tenant_id", "subject_key_id"]
     ordering = ["-created_at"]
@@ -60,13 +92,16 @@ class PermitAdmin(ReadOnlyAdmin):
                 p.expires_at,
             ],
             confirm_label="Yes, revoke them",
+            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
+        reason = form.cleaned_data["reason"]
         count = 0
         for permit in queryset.exclude(status=PermitStatus.REVOKED):
-            services.permit_revoke(permit_id=permit.permit_id, reason="operator_console", actor=console_actor(request))
+            services.permit_revoke(permit_id=permit.permit_id, reason=reason, actor=console_actor(request))
             count += 1
+            console_log(request, permit, f"Revoked the permit: {reason}")
         self.message_user(request, f"Revoked {count} permit(s).", messages.SUCCESS)
         return None
 
@@ -76,7 +111,50 @@ class PermitAdmin(ReadOnlyAdmin):
 
 @admin.register(PermitRequest)
 class PermitRequestAdmin(ReadOnlyAdmin):
-    list_display = ["request_id", "wallet", "status", "max_credits", "created_at", "decided_by", "permit"]
+    list_display = ["request_short", "wallet_short", "status", "allowance", "created_at", "decided_by", "permit_short"]
+    request_short = short_id_column("request_id", "request")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+    permit_short = short_id_column("permit_id", "permit", link_to="permits.permit")
+
+    @admin.display(description="allowance", ordering="max_credits")
+    def allowance(self, obj: PermitRequest) -> str:
+        return credits_cell(obj.max_credits)
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["card", *[f.name for f in PermitRequest._meta.fields]]
+
+    @admin.display(description="approval card")
+    def card(self, obj: PermitRequest) -> str:
+        """Links to the card the approvers see (the console's copy, for this session) and to the
+        approval page where an approver of the tenant decides."""
+        card_url = reverse("admin:permits_permitrequest_card", args=[quote(obj.pk)])
+        return format_html(
+            '<a href="{}" id="permit-request-card-link">Open the approval card</a> · approvers decide at '
+            '<a href="{}">{}</a>',
+            card_url,
+            approval_url(obj.request_id),
+            approval_url(obj.request_id),
+        )
+
+    def get_urls(self) -> list[Any]:
+        card = path(
+            "<str:request_id>/card/",
+            self.admin_site.admin_view(self.card_view),
+            name="permits_permitrequest_card",
+        )
+        return [card, *super().get_urls()]
+
+    def card_view(self, request: HttpRequest, request_id: str) -> HttpResponse:
+        """The request's card as its approvers get it, read-only, for console users who may view requests."""
+        preq = PermitRequest.objects.select_related("wallet", "decided_by").filter(pk=unquote(request_id)).first()
+        if preq is None or not self.has_view_permission(request, preq):
+            raise PermissionDenied
+        context = {
+            **permit_request_card_context(preq, approval_url=approval_url(preq.request_id)),
+            "show_decide_link": True,
+        }
+        return TemplateResponse(request, "permits/card_page.html", context)
+
     list_filter = ["status"]
     search_fields = ["request_id", "wallet__wallet_id", "tenant_id"]
     ordering = ["-created_at"]
@@ -84,25 +162,119 @@ class PermitRequestAdmin(ReadOnlyAdmin):
 
 @admin.register(Quote)
 class QuoteAdmin(ReadOnlyAdmin):
-    list_display = ["quote_id", "wallet", "tool", "quoted_credits", "status", "expires_at"]
+    list_display = ["quote_short", "wallet_short", "tool", "quoted_col", "status", "expires_at"]
+    quote_short = short_id_column("quote_id", "quote")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
+
+    @admin.display(description="quoted credits", ordering="quoted_credits")
+    def quoted_col(self, obj: Quote) -> str:
+        return credits_cell(obj.quoted_credits)
+
     list_filter = ["status"]
     search_fields = ["quote_id", "tool", "wallet__wallet_id"]
     ordering = ["-created_at"]
 
 
+ANY, ONLY = "any", "only"
+
+
+def _tool_choices(current: list[str] | None, *, patterns: bool) -> list[tuple[str, str]]:
+    """The synced tools (``selectors.known_tools``), their namespace patterns (``prefix.*``) when
+    ``patterns``, and what the policy already names that is neither (kept selectable, so editing
+    never drops a rule silently; marked, so it is removed on purpose)."""
+    tools = sorted(permit_selectors.known_tools())  # the hook, read at call time (mcpgateway.apps sets it)
+    choices = [(name, name) for name in tools]
+    if patterns:
+        prefixes = sorted({name.rsplit(".", 1)[0] for name in tools if "." in name})
+        choices += [(f"{prefix}.*", f"{prefix}.* (every {prefix} tool)") for prefix in prefixes]
+    offered = {value for value, _ in choices}
+    choices += [(name, f"{name} (not a synced tool)") for name in current or [] if name not in offered]
+    return choices
+
+
 class PolicyBundleForm(forms.ModelForm):
-    """The rules are held to ``policy_rules_problems``, as in the API: the form's JSON fields would
-    otherwise take any JSON (``5``, ``[1]``, ``"foo"``), and authorization reads these rules at every
-    governed call of the subtree. An empty ``denied_tools`` (or ``null``) means none."""
+    """A policy's rules as people set them (docs/decisions.md, Operator console): tools from the synced
+    tools (a name that is not one, such as ``notes.apend``, is refused), categories as checkboxes,
+    limits as numbers; "any" is a choice of its own, apart from an empty selection (no tool at all).
+    The rules are then held to ``policy_rules_problems``, as in the API; a closed wallet is not offered."""
+
+    tools_mode = forms.ChoiceField(
+        label="Tools allowed",
+        choices=[(ANY, "Any tool (the denied tools below excepted)"), (ONLY, "Only the tools selected below")],
+        widget=forms.RadioSelect,
+        initial=ANY,
+    )
+    allowed_tools = forms.MultipleChoiceField(
+        required=False,
+        label="Allowed tools",
+        widget=forms.SelectMultiple(attrs={"size": 8}),
+        help_text="Used with “Only the tools selected below”; selecting none allows no tool. Ctrl-click for several.",
+    )
+    denied_tools = forms.MultipleChoiceField(
+        required=False,
+        label="Denied tools",
+        widget=forms.SelectMultiple(attrs={"size": 8}),
+        help_text="Refused even where allowed. A pattern such as notes.* covers every tool of that namespace.",
+    )
+    categories_mode = forms.ChoiceField(
+        label="Service categories allowed",
+        choices=[(ANY, "Any category"), (ONLY, "Only the categories ticked below")],
+        widget=forms.RadioSelect,
+        initial=ANY,
+    )
+    allowed_categories = forms.MultipleChoiceField(
+        required=False,
+        label="Allowed categories",
+        choices=ServiceCategory.choices,
+        widget=forms.CheckboxSelectMultiple,
+    )
+    max_credits_per_call = forms.DecimalField(
+        required=False,
+        max_digits=20,
+        decimal_places=8,
+        min_value=Decimal(0),
+        label="Most credits per call",
+        help_text="A call priced above this is refused. Empty: no limit per call.",
+    )
+    max_daily_credits = forms.DecimalField(
+        required=False,
+        max_digits=20,
+        decimal_places=8,
+        min_value=Decimal(0),
+        label="Most credits per day",
+        help_text="What the wallets under this policy may spend together in a UTC day. Empty: no daily limit.",
+    )
 
     class Meta:
         model = PolicyBundle
-        fields = ["wallet", *services.POLICY_FIELDS]
+        fields = ["wallet", "name", "enabled", "human_approval_required"]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        policy = self.instance if self.instance.pk else None
+        allowed = policy.allowed_tools if policy is not None else None
+        denied = policy.denied_tools if policy is not None else []
+        self.fields["allowed_tools"].choices = _tool_choices(allowed, patterns=True)  # type: ignore[attr-defined]
+        self.fields["denied_tools"].choices = _tool_choices(denied, patterns=True)  # type: ignore[attr-defined]
+        if policy is not None:
+            self.initial.update(
+                tools_mode=ONLY if allowed is not None else ANY,
+                allowed_tools=list(allowed or []),
+                denied_tools=list(denied or []),
+                categories_mode=ONLY if policy.allowed_categories is not None else ANY,
+                allowed_categories=list(policy.allowed_categories or []),
+                max_credits_per_call=policy.max_credits_per_call,
+                max_daily_credits=policy.max_daily_credits,
+            )
+        if "wallet" in self.fields:  # a closed wallet can never spend again: not offered
+            self.fields["wallet"].queryset = Wallet.objects.exclude(status=WalletStatus.CLOSED)  # type: ignore[attr-defined]
 
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
-        if "denied_tools" in data and data["denied_tools"] is None:
-            data["denied_tools"] = []
+        data["allowed_tools"] = list(data.get("allowed_tools") or []) if data.get("tools_mode") == ONLY else None
+        data["denied_tools"] = list(data.get("denied_tools") or [])
+        only_categories = data.get("categories_mode") == ONLY
+        data["allowed_categories"] = list(data.get("allowed_categories") or []) if only_categories else None
         rules = {name: data[name] for name in services.POLICY_FIELDS if name in data}
         for problem in policy_rules_problems(rules):
             name, *at = problem["loc"]
@@ -132,11 +304,13 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         "wallet",
         "name",
         "enabled",
+        "tools_mode",
         "allowed_tools",
         "denied_tools",
+        "categories_mode",
+        "allowed_categories",
         "max_credits_per_call",
         "max_daily_credits",
-        "allowed_categories",
         "human_approval_required",
         "version",
         "created_at",
@@ -155,12 +329,14 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
             rules["denied_tools"] = []
         if change:
             result = services.policy_change(
-                policy_id=obj.policy_id, actor=console_actor(request), user=request.user, **rules
+                policy_id=obj.policy_id, actor=console_actor(request), user=request.user, endpoint=request.path, **rules
             )
             updated = result.policy
             obj._relaxation_proposal = result.proposal  # type: ignore[attr-defined]
         else:
-            updated = services.policy_create(wallet=form.cleaned_data["wallet"], actor=console_actor(request), **rules)
+            updated = services.policy_create(
+                wallet=form.cleaned_data["wallet"], actor=console_actor(request), endpoint=request.path, **rules
+            )
         obj.pk = updated.pk
         obj.policy_id = updated.policy_id
         obj._state.adding = False
@@ -278,6 +454,11 @@ class PolicyChangeProposalAdmin(ReadOnlyAdmin):
                 self.message_user(request, f"{proposal.proposal_id}: {err.detail_message}", messages.ERROR)
             else:
                 done += 1
+                console_log(
+                    request,
+                    proposal,
+                    f"{'Confirmed' if confirm else 'Rejected'} the proposal to change policy {proposal.policy_id}",
+                )
         verb = "Confirmed" if confirm else "Rejected"
         self.message_user(request, f"{verb} {done} proposal(s).", messages.SUCCESS if done else messages.WARNING)
         return None
@@ -315,9 +496,34 @@ class TenantApproverForm(forms.ModelForm):
 class TenantApproverAdmin(ServiceSavedAdmin):
     """Who approves a tenant's permit requests; adding and removing go through audited services."""
 
-    list_display = ["user", "tenant", "created_at"]
+    list_display = ["user", "email", "tenant", "signs_in_at", "notified", "created_at"]
+    list_select_related = ["user", "tenant"]
     search_fields = ["user__username", "tenant__wallet_id"]
     form = TenantApproverForm
+
+    @admin.display(description="email", ordering="user__email")
+    def email(self, obj: TenantApprover) -> str:
+        return obj.user.email or format_html("<strong>{}</strong>", "none: never emailed")
+
+    @admin.display(description="signs in at")
+    def signs_in_at(self, obj: TenantApprover) -> str:
+        url = approval_sign_in_url()
+        return format_html('<a href="{}">{}</a>', url, url)
+
+    @admin.display(description="how the tenant's approvers hear of requests")
+    def notified(self, obj: TenantApprover) -> str:
+        return _reachability_cell(obj.tenant_id)
+
+    def changelist_view(self, request: HttpRequest, extra_context: dict[str, Any] | None = None) -> HttpResponse:
+        """Warn, above the list, about each tenant whose approvers would never hear of a request."""
+        if request.method == "GET":
+            for tenant_id in sorted(set(TenantApprover.objects.values_list("tenant_id", flat=True))):
+                reach = approver_reachability(tenant_id)
+                if not reach.reachable:
+                    messages.warning(
+                        request, f"Approvers of {tenant_id} cannot be reached: {'; '.join(reach.problems)}."
+                    )
+        return super().changelist_view(request, extra_context)
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False if obj is not None else super().has_change_permission(request, obj)
@@ -334,6 +540,22 @@ class TenantApproverAdmin(ServiceSavedAdmin):
         )
         obj.pk = approver.pk
         obj._state.adding = False
+        user = form.cleaned_data["user"]
+        messages.info(
+            request,
+            f"Approver {user.get_username()} signs in at {approval_sign_in_url()} to decide permit requests "
+            "(send them this address and their password).",
+        )
+        reach = approver_reachability(approver.tenant_id)
+        if not user.email or not reach.reachable:
+            problems = [p for p in reach.problems if p != "no webhook" or not reach.reachable]
+            messages.warning(
+                request,
+                f"Approver {user.get_username()} will not be told of new requests by email"
+                + ("" if user.email else " (no email address)")
+                + (f"; the tenant's approvers cannot be reached: {'; '.join(problems)}" if not reach.reachable else "")
+                + ". Set the tenant's notification under Tenant notifications.",
+            )
 
     def delete_model(self, request: HttpRequest, obj: TenantApprover) -> None:
         services.tenant_approver_remove(approver=obj, actor=console_actor(request))
@@ -341,3 +563,146 @@ class TenantApproverAdmin(ServiceSavedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[TenantApprover]) -> None:
         for approver in queryset:
             services.tenant_approver_remove(approver=approver, actor=console_actor(request))
+
+
+def _reachability_cell(tenant_id: str) -> str:
+    reach = approver_reachability(tenant_id)
+    if reach.reachable:
+        return format_html('<span class="reachable">reachable</span>{}', _problems_suffix(reach.problems))
+    return format_html('<strong class="unreachable">cannot be reached</strong>: {}', "; ".join(reach.problems))
+
+
+def _problems_suffix(problems: list[str]) -> str:
+    notes = [p for p in problems if p != "no webhook"]
+    return f" (but: {'; '.join(notes)})" if notes else ""
+
+
+class TenantNotificationForm(forms.ModelForm):
+    """The tenant's channels. The webhook secret is write-only: the field is always empty, an empty
+    field keeps the stored secret, and nothing shows it again."""
+
+    webhook_url = forms.URLField(
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        label="Webhook address",
+        help_text="http(s) only; redirects are not followed. Slack and Teams incoming webhooks read the body's "
+        "text. Empty: no webhook.",
+    )
+    new_webhook_secret = forms.CharField(
+        required=False,
+        max_length=200,
+        label="Webhook signing secret",
+        widget=forms.PasswordInput(render_value=False, attrs={"autocomplete": "new-password"}),
+        help_text="Signs each delivery (HMAC-SHA256 over the timestamp and the body). Stored, never shown "
+        "again: leave empty to keep the current one.",
+    )
+
+    class Meta:
+        model = TenantNotification
+        fields = ["tenant", "email_enabled", "webhook_url"]
+        labels = {"email_enabled": "Email each approver"}
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if "tenant" in self.fields:
+            self.fields["tenant"].queryset = Wallet.objects.filter(wallet_type="sponsor").exclude(  # type: ignore[attr-defined]
+                status=WalletStatus.CLOSED
+            )
+
+    def clean_webhook_url(self) -> str:
+        url = self.cleaned_data.get("webhook_url") or ""
+        problem = webhook_url_problem(url) if url else None
+        if problem:
+            raise forms.ValidationError(problem)
+        return url
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        has_secret = bool(self.instance.pk and self.instance.webhook_secret)
+        if data.get("webhook_url") and not data.get("new_webhook_secret") and not has_secret:
+            self.add_error("new_webhook_secret", "A webhook needs a signing secret.")
+        return data
+
+
+@admin.register(TenantNotification)
+class TenantNotificationAdmin(ServiceSavedAdmin):
+    """How each tenant's approvers hear of permit requests; saving goes through
+    ``tenant_notification_set`` (audited, the secret never)."""
+
+    form = TenantNotificationForm
+    list_display = ["tenant", "email_enabled", "webhook_host", "secret_state", "reachability"]
+    readonly_fields = ["secret_state", "reachability", "sign_in_address"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        fields = ["tenant", "email_enabled", "webhook_url", "new_webhook_secret", "secret_state"]
+        return [*fields, "reachability", "sign_in_address"] if obj is not None else fields
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["tenant", *self.readonly_fields] if obj is not None else ["secret_state"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    @admin.display(description="webhook")
+    def webhook_host(self, obj: TenantNotification) -> str:
+        from urllib.parse import urlsplit
+
+        return urlsplit(obj.webhook_url).hostname or "—" if obj.webhook_url else "—"
+
+    @admin.display(description="signing secret")
+    def secret_state(self, obj: TenantNotification | None) -> str:
+        if obj is None or not obj.pk or not obj.webhook_secret:
+            return "not set"
+        when = obj.webhook_secret_set_at.strftime("%Y-%m-%d %H:%M:%S UTC") if obj.webhook_secret_set_at else ""
+        return f"set {when} (never shown again)"
+
+    @admin.display(description="approvers")
+    def reachability(self, obj: TenantNotification) -> str:
+        return _reachability_cell(obj.tenant_id)
+
+    @admin.display(description="approvers sign in at")
+    def sign_in_address(self, obj: TenantNotification) -> str:
+        return approval_sign_in_url()
+
+    def save_model(self, request: HttpRequest, obj: TenantNotification, form: Any, change: bool) -> None:
+        tenant = obj.tenant if change else form.cleaned_data["tenant"]
+        saved = services.tenant_notification_set(
+            tenant=tenant,
+            email_enabled=form.cleaned_data["email_enabled"],
+            webhook_url=form.cleaned_data.get("webhook_url") or "",
+            webhook_secret=form.cleaned_data.get("new_webhook_secret") or None,
+            actor=console_actor(request),
+        )
+        obj.pk = saved.pk
+        obj._state.adding = False
+        reach = approver_reachability(tenant.wallet_id)
+        if not reach.reachable:
+            messages.warning(
+                request, f"The approvers of {tenant.wallet_id} cannot be reached: {'; '.join(reach.problems)}."
+            )
+
+
+@admin.register(WebhookDelivery)
+class WebhookDeliveryAdmin(ReadOnlyAdmin):
+    """Each webhook notification, its attempts and outcome (read-only)."""
+
+    list_display = [
+        "delivery_short",
+        "created_at",
+        "tenant_id",
+        "request_short",
+        "status",
+        "attempts",
+        "last_status_code",
+        "next_attempt_at",
+        "last_error",
+    ]
+    list_filter = ["status"]
+    search_fields = ["delivery_id", "tenant_id", "permit_request__request_id"]
+    ordering = ["-created_at"]
+    delivery_short = short_id_column("delivery_id", "delivery")
+    request_short = short_id_column("permit_request_id", "request", link_to="permits.permitrequest")
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [f.name for f in WebhookDelivery._meta.fields]

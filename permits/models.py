@@ -177,6 +177,75 @@ class TenantApprover(models.Model):
         return f"{self.user} approves {self.tenant_id}"
 
 
+class TenantNotification(models.Model):
+    """How a tenant's approvers hear of a new permit request (docs/decisions.md, Human approval): email
+    to each approver's address, a signed webhook, or both. Without a row, email only (as before).
+
+    ``webhook_secret`` is write-only: set in the console, used to sign each delivery (HMAC-SHA256),
+    never shown again, logged or audited (the audit event says only that it changed).
+    """
+
+    tenant = models.OneToOneField(
+        Wallet,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        db_constraint=False,  # the composite (tenant_id, tenant_id) -> wallet key replaces it (common.shardkeys)
+        related_name="approver_notification",
+        limit_choices_to={"wallet_type": "sponsor"},
+    )
+    email_enabled = models.BooleanField(default=True)
+    webhook_url = models.URLField(max_length=500, blank=True, default="")
+    webhook_secret = models.CharField(max_length=200, blank=True, default="")
+    webhook_secret_set_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "permits_tenant_notification"
+
+    def __str__(self) -> str:
+        return f"approver notification of {self.tenant_id}"
+
+
+class WebhookDeliveryStatus(models.TextChoices):
+    PENDING = "pending"
+    DELIVERED = "delivered"
+    FAILED = "failed"
+
+
+class WebhookDelivery(models.Model):
+    """One webhook notification of a permit request, its attempts and its outcome.
+
+    Written in the transaction that creates the request (so a crash after commit loses none), sent
+    by ``manage.py deliver_webhooks`` (``make run`` runs it in a loop), retried with backoff until
+    ``WEBHOOK_MAX_ATTEMPTS``. ``body`` holds the exact bytes signed and sent.
+    """
+
+    delivery_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    permit_request = models.ForeignKey(
+        PermitRequest, on_delete=models.CASCADE, db_constraint=False, related_name="webhook_deliveries"
+    )
+    url = models.URLField(max_length=500)
+    body = models.TextField()
+    status = models.CharField(
+        max_length=16, choices=WebhookDeliveryStatus.choices, default=WebhookDeliveryStatus.PENDING
+    )
+    attempts = models.PositiveIntegerField(default=0)
+    next_attempt_at = models.DateTimeField()
+    last_status_code = models.PositiveSmallIntegerField(null=True, blank=True)
+    last_error = models.CharField(max_length=500, blank=True, default="")
+    created_at = models.DateTimeField()
+    delivered_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "permits_webhook_delivery"
+        indexes = [models.Index(fields=["status", "next_attempt_at"], name="webhook_delivery_due")]
+        verbose_name_plural = "webhook deliveries"
+
+    def __str__(self) -> str:
+        return f"{self.delivery_id} ({self.status})"
+
+
 class QuoteStatus(models.TextChoices):
     ACTIVE = "active"
     CONSUMED = "consumed"

@@ -188,8 +188,14 @@ def _no_descriptions(names: list[str]) -> dict[str, str]:
     return {}
 
 
+def _no_tools() -> list[str]:
+    return []
+
+
 # Set by the gateway app (mcpgateway.apps), which owns the tool registry; permits cannot import it.
 describe_tools: Callable[[list[str]], dict[str, str]] = _no_descriptions
+# The enabled tools' names (the console's policy form offers these and refuses any other name).
+known_tools: Callable[[], list[str]] = _no_tools
 
 
 def duration_words(seconds: float) -> str:
@@ -221,6 +227,14 @@ def permit_request_card_context(preq: PermitRequest, *, approval_url: str) -> di
     ]
     wallet = preq.wallet
     status = preq.effective_status(now)
+    tenant = Wallet.objects.filter(wallet_id=preq.tenant_id).only("wallet_id", "name").first()
+    # The enabled policies of the wallet's line that require a person's approval, nearest first: the
+    # reason the agent had to ask, and the caps that still bind the permit once approved.
+    ancestry = list(wallet.ancestry)
+    policies = sorted(
+        PolicyBundle.objects.filter(wallet_id__in=ancestry, enabled=True, human_approval_required=True),
+        key=lambda p: -ancestry.index(p.wallet_id) if p.wallet_id in ancestry else 0,
+    )
     return {
         "preq": preq,
         "status": status,
@@ -232,11 +246,37 @@ def permit_request_card_context(preq: PermitRequest, *, approval_url: str) -> di
         "daily_spent": wallet_spend(wallet, now=now).today,
         "permit_lifetime": duration_words(preq.permit_ttl_seconds),
         "request_expires_in": duration_words((preq.expires_at - now).total_seconds()),
+        "tenant_id": preq.tenant_id,
+        "tenant_name": tenant.name if tenant is not None else "",
+        "wallet_state": wallet.effective_status,
+        "approval_policies": policies,
     }
 
 
 def console_figures(user: Any, now: datetime) -> dict[str, Any]:
-    """The console index's permits figure: requests waiting for a person (``view_permitrequest``)."""
-    if not user.has_perm("permits.view_permitrequest"):
-        return {}
-    return {"pending_requests": PermitRequest.objects.filter(status="pending", expires_at__gt=now).count()}
+    """The console index's permits figures: requests waiting for a person, in all and per tenant
+    (``view_permitrequest``), and the tenants whose approvers would never hear of a request
+    (``view_tenantapprover``; ``notifications.approver_reachability``)."""
+    from django.db.models import Count
+
+    from permits.services.notifications import approver_reachability
+
+    figures: dict[str, Any] = {}
+    pending = PermitRequest.objects.filter(status="pending", expires_at__gt=now)
+    if user.has_perm("permits.view_permitrequest"):
+        figures["pending_requests"] = pending.count()
+        by_tenant = list(pending.values("tenant_id").annotate(waiting=Count("pk")).order_by("-waiting")[:20])
+        names = dict(Wallet.objects.filter(wallet_id__in=[t["tenant_id"] for t in by_tenant]).values_list("pk", "name"))
+        figures["pending_by_tenant"] = [
+            (t["tenant_id"], names.get(t["tenant_id"], ""), t["waiting"]) for t in by_tenant
+        ]
+    if user.has_perm("permits.view_tenantapprover"):
+        tenants = set(TenantApprover.objects.values_list("tenant_id", flat=True))
+        tenants |= set(pending.values_list("tenant_id", flat=True))
+        unreachable = []
+        for tenant_id in sorted(tenants)[:50]:
+            reach = approver_reachability(tenant_id)
+            if not reach.reachable:
+                unreachable.append((tenant_id, "; ".join(reach.problems)))
+        figures["unreachable_approvers"] = unreachable
+    return figures

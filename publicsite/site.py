@@ -663,7 +663,8 @@ def _staff_receipt(request: HttpRequest, receipt_id: str) -> Any:
 
 def _evidence_json(request: HttpRequest, receipt_id: str, build: Any) -> HttpResponse:
     if not request.user.is_authenticated:
-        return redirect_to_login(request.get_full_path(), login_url=reverse("approvals-login"))
+        # Console-only (staff with receipts.view_receipt): the console's login, not the approvers'.
+        return redirect_to_login(request.get_full_path(), login_url=reverse("admin:login"))
     receipt = _staff_receipt(request, receipt_id)
     if receipt is None:
         return json_error(request, NotFound("No such receipt.", receipt_id=receipt_id))
@@ -721,3 +722,31 @@ def landing(request: HttpRequest) -> HttpResponse:
 def liveness(request: HttpRequest) -> JsonResponse:
     """Liveness only: the process answers. Dependency truth is ``/health/dependencies``."""
     return JsonResponse({"status": "ok", "service": "tollgate", "version": settings.SERVICE_VERSION})
+
+
+@cache
+def _favicon_bytes() -> bytes:
+    """A 16x16 icon (the console's dark blue square), an ICO holding one PNG, built once."""
+    import struct
+    import zlib
+
+    size = 16
+    row = b"\x00" + bytes((0x16, 0x1B, 0x26, 0xFF)) * size  # filter byte, then RGBA pixels
+    chunks = b""
+    for kind, data in (
+        (b"IHDR", struct.pack(">IIBBBBB", size, size, 8, 6, 0, 0, 0)),
+        (b"IDAT", zlib.compress(row * size)),
+        (b"IEND", b""),
+    ):
+        chunks += struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
+    png = b"\x89PNG\r\n\x1a\n" + chunks
+    header = struct.pack("<HHH", 0, 1, 1) + struct.pack("<BBBBHHII", size, size, 0, 0, 1, 32, len(png), 22)
+    return header + png
+
+
+@require_safe
+def favicon(request: HttpRequest) -> HttpResponse:
+    """``/favicon.ico``: browsers ask for it on every page; it answered 404."""
+    response = HttpResponse(_favicon_bytes(), content_type="image/x-icon")
+    response["Cache-Control"] = "public, max-age=86400"
+    return response

@@ -25,6 +25,7 @@ def site_urlpatterns(*, proof_surfaces: bool) -> list[URLPattern]:
         path("health/dependencies", site.HealthDependenciesView.as_view(), name="health-dependencies"),
         path("health/ready", site.HealthReadyView.as_view(), name="health-ready"),
         path("", site.landing, name="landing"),
+        path("favicon.ico", site.favicon, name="favicon"),
         path("dashboard", site.dashboard, name="dashboard"),
         path("dashboard/evidence/<str:receipt_id>", site.dashboard_evidence, name="dashboard-evidence"),
         path("dashboard/portable/<str:receipt_id>", site.dashboard_portable, name="dashboard-portable"),

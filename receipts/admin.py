@@ -5,20 +5,28 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib import admin, messages
+from django.contrib.admin.utils import quote, unquote
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.utils.html import format_html_join
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from rest_framework.renderers import JSONRenderer
 
 from billing.admin import credits_cell, money_display
-from common.console import changelist_link, confirmation_page, console_actor, has_perm
+from common.console import changelist_link, confirmation_page, console_actor, console_log, has_perm
 from common.errors import ApplicationError
-from receipts import services
+from common.listing import short_id_column
+from receipts import selectors, services
 from receipts.models import Outcome, Receipt, RefundReconciliation
+from receipts.serializers import EvidenceBundleResponse
 
 
 @admin.register(Receipt)
 class ReceiptAdmin(admin.ModelAdmin):
-    list_display = ["receipt_id", "created_at", "wallet", "tool", "outcome", "credits_col"]
+    list_display = ["receipt_short", "created_at", "wallet_short", "tool", "outcome", "credits_col"]
+    receipt_short = short_id_column("receipt_id", "receipt")
+    wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
     list_filter = ["outcome"]
     search_fields = ["receipt_id", "action_id", "wallet__wallet_id", "api_key_id", "tool"]
     ordering = ["-created_at"]
@@ -27,6 +35,53 @@ class ReceiptAdmin(admin.ModelAdmin):
     @admin.display(description="credits", ordering="credits_charged")
     def credits_col(self, obj: Receipt) -> str:
         return credits_cell(obj.credits_charged)
+
+    @admin.display(description="downloads")
+    def downloads(self, obj: Receipt) -> str:
+        """The portable receipt (verifiable offline) and the evidence bundle, as the API serves them."""
+        portable = reverse("admin:receipts_receipt_portable", args=[quote(obj.pk)])
+        evidence = reverse("admin:receipts_receipt_evidence", args=[quote(obj.pk)])
+        return format_html(
+            '<a href="{}" id="download-portable" download>Portable receipt (JSON)</a> · '
+            '<a href="{}" id="download-evidence" download>Evidence bundle (JSON)</a>',
+            portable,
+            evidence,
+        )
+
+    def get_urls(self) -> list[Any]:
+        downloads = [
+            path(
+                "<str:receipt_id>/portable.json",
+                self.admin_site.admin_view(self.portable_view),
+                name="receipts_receipt_portable",
+            ),
+            path(
+                "<str:receipt_id>/evidence.json",
+                self.admin_site.admin_view(self.evidence_view),
+                name="receipts_receipt_evidence",
+            ),
+        ]
+        return [*downloads, *super().get_urls()]
+
+    def _receipt(self, request: HttpRequest, receipt_id: str) -> Receipt:
+        receipt = Receipt.objects.select_related("permit", "ledger_entry").filter(pk=unquote(receipt_id)).first()
+        if receipt is None or not self.has_view_permission(request, receipt):
+            raise PermissionDenied
+        return receipt
+
+    def _download(self, data: Any, filename: str) -> HttpResponse:
+        response = HttpResponse(JSONRenderer().render(data), content_type="application/json")
+        response["Content-Disposition"] = f'attachment; filename="{filename}"'
+        return response
+
+    def portable_view(self, request: HttpRequest, receipt_id: str) -> HttpResponse:
+        receipt = self._receipt(request, receipt_id)
+        return self._download(selectors.portable_receipt(receipt), f"{receipt.receipt_id}.portable.json")
+
+    def evidence_view(self, request: HttpRequest, receipt_id: str) -> HttpResponse:
+        receipt = self._receipt(request, receipt_id)
+        bundle = EvidenceBundleResponse(selectors.evidence_bundle(receipt)).data
+        return self._download(bundle, f"{receipt.receipt_id}.evidence.json")
 
     @admin.display(description="related")
     def related(self, obj: Receipt) -> str:
@@ -41,7 +96,7 @@ class ReceiptAdmin(admin.ModelAdmin):
     actions = ["mark_not_executed"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return ["related", *[f.name for f in Receipt._meta.fields]]
+        return ["downloads", "related", *[f.name for f in Receipt._meta.fields]]
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
@@ -83,6 +138,7 @@ class ReceiptAdmin(admin.ModelAdmin):
                 self.message_user(request, f"{receipt.receipt_id}: {err.detail_message}", messages.ERROR)
                 continue
             done += 1
+            console_log(request, receipt, "Marked not executed (external reconciliation): a refund is owed")
         self.message_user(
             request, f"{done} receipt(s) marked not executed; retry their refunds under reconciliation.", messages.INFO
         )
@@ -91,7 +147,13 @@ class ReceiptAdmin(admin.ModelAdmin):
 
 @admin.register(RefundReconciliation)
 class RefundReconciliationAdmin(admin.ModelAdmin):
-    list_display = ["receipt", "amount", "status", "origin", "attempts", "last_error", "created_at", "resolved_at"]
+    list_display = ["receipt_short", "amount_col", "status", "origin", "attempts", "last_error", "created_at"]
+    receipt_short = short_id_column("receipt_id", "receipt")
+
+    @admin.display(description="amount", ordering="amount")
+    def amount_col(self, obj: RefundReconciliation) -> str:
+        return credits_cell(obj.amount)
+
     list_filter = ["status", "origin"]
     search_fields = ["receipt__receipt_id", "receipt__wallet__wallet_id"]
     ordering = ["-created_at"]
@@ -136,6 +198,7 @@ class RefundReconciliationAdmin(admin.ModelAdmin):
             except ApplicationError as err:
                 self.message_user(request, f"{item.receipt_id}: {err.detail_message}", messages.ERROR)
                 continue
+            console_log(request, item, f"Retried the owed refund: {status}")
             if status == "resolved":
                 resolved += 1
         self.message_user(request, f"{resolved} of {queryset.count()} item(s) resolved.", messages.INFO)

@@ -566,6 +566,13 @@ CASES: dict[tuple[str, str], Builder] = {
     ("get", "/v1/billing/wallets/{wallet_id}"): _simple(
         "get", "/v1/billing/wallets/{w}", WALLET_DENIED, w="target.wallet_id"
     ),
+    ("patch", "/v1/billing/wallets/{wallet_id}"): _simple(
+        "patch",
+        "/v1/billing/wallets/{w}",
+        WALLET_DENIED,
+        lambda a, t: {"name": "stolen", "daily_limit": None, "budget": None},
+        w="target.wallet_id",
+    ),
     ("post", "/v1/billing/wallets/agent"): _simple(
         "post",
         "/v1/billing/wallets/agent",

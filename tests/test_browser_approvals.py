@@ -105,9 +105,9 @@ def test_the_card_speaks_to_a_non_technical_approver(live_server):
         assert "2 hours from the approval" in card  # the permit's lifetime, in words
         assert "This request expires in 23 hours" in card or "This request expires in 1 day" in card
         assert "Append a note to the notebook." in card
-        assert "1,250.5 credits" in card
-        assert "up to 2,500 credits" in card
-        assert "40 credits; spent today 0" in card
+        assert "1,250.50 credits" in card  # common.formatting: at least two decimals
+        assert "up to 2,500.00 credits" in card
+        assert "40.00 credits; spent today 0.00" in card
         assert "Decide on the approval page" not in card  # the form is right here
         screenshot(page, "approval-card-pending")
         page.fill("#note", "Fine for this week only.")

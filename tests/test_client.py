@@ -151,6 +151,14 @@ def _authority_sections(
     stats_url: str,
     other: Any,
 ) -> None:
+    # --- wallet settings (an extension): the sponsor sets, the agent only lowers --------------------
+    limited = sp.wallets.update(agent_id, daily_limit="500")
+    assert limited.daily_limit == Decimal("500")
+    assert limited.raw["changes"]["daily_limit"]["after"] == "500.00000000"
+    assert ag.wallets.update(agent_id, daily_limit=Decimal("400")).daily_limit == Decimal("400")
+    with pytest.raises(PermissionDenied):
+        ag.wallets.update(agent_id, daily_limit=None)
+
     # --- permits (issued by the sponsor key) ---------------------------------------------------
     permit = sp.permits.issue(agent_id, ["notes.append", "math.add"], "5", max_calls=10)
     assert permit.permit_id.startswith("pmt_")

@@ -3,7 +3,10 @@ objects, the index summary, and the first job of a new operator (a sponsor and a
 
 from __future__ import annotations
 
+import json
 from datetime import timedelta
+from decimal import Decimal
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -62,16 +65,16 @@ def test_lists_summary_and_links_at_1366(live_server: Any) -> None:
         page.goto(f"{live_server.url}/admin/billing/wallet/{quote(tenant.agent.wallet_id)}/change/")
         wait_for(page, ".field-related a:text-is('ledger')").click()
         page.wait_for_selector("#result_list")
-        assert tenant.agent.wallet_id in page.inner_text("#result_list")
+        assert tenant.agent.wallet_id in page.inner_html("#result_list")  # shortened ids carry the full id on hover
         page.go_back()
         wait_for(page, ".field-related a:text-is('receipts')").click()
         page.wait_for_selector("#result_list")
-        assert receipt.receipt_id in page.inner_text("#result_list")
+        assert receipt.receipt_id in page.inner_html("#result_list")
         # A receipt links to its action, ledger entry and audit event.
         page.goto(f"{live_server.url}/admin/receipts/receipt/{quote(receipt.receipt_id)}/change/")
         wait_for(page, ".field-related a:text-is('audit event')").click()
         page.wait_for_selector("#result_list")
-        assert receipt.audit_event_id in page.inner_text("#result_list")
+        assert receipt.audit_event_id in page.inner_html("#result_list")
 
 
 def test_a_new_operator_creates_a_tenant_and_a_key(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,3 +204,119 @@ def test_permissions_throttling_prices_and_approvers_in_the_browser(
         page.wait_for_selector(".messagelist .success")
         assert TenantApprover.objects.filter(user__username="alice", tenant=tenant.sponsor).exists()
         screenshot(page, "console-approver-added")
+
+
+def _run_action(page: Any, url: str, selected: str, action: str) -> None:
+    page.goto(url)
+    page.check(f"input.action-select[value='{selected}']")
+    page.select_option("select[name=action]", action)
+    page.click("button[name=index]")
+
+
+def test_day_two_in_the_console(live_server: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 30: settings, a price change, a rotation, a revocation with its reason, audit search, chain
+    verification and a receipt's downloads, each done in the browser, each in the object's History."""
+    from audit.models import ChainVerificationRecord
+    from billing.models import ToolPrice, ToolPriceChange
+    from billing.services import tool_price_set, wallet_freeze
+    from mcpgateway.services import tools_sync
+    from permits.models import Permit
+
+    require_chromium()
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")
+    get_user_model().objects.create_superuser("root", "", "pw-for-tests-only")
+    tenant = make_tenant("daytwo")
+    receipt = make_receipt(tenant)  # the agent spent 2 credits today
+    tools_sync(remote_tools=[{"name": "notes.append", "description": "Append a note.", "inputSchema": {}}])
+    tool_price_set(tool="notes.append", credits=Decimal("0.5"), actor="manage.py set_tool_price")
+    agent_id = tenant.agent.wallet_id
+
+    with browser_page(viewport=VIEWPORT, accept_downloads=True) as page:
+        # 1. The wallet's settings: a daily limit under today's spend is kept, and the page says so.
+        _login(page, live_server.url, f"/admin/billing/wallet/{quote(agent_id)}/change/")
+        wait_for(page, "#change-wallet-settings").click()
+        wait_for(page, "#wallet-settings")
+        page.fill("#id_name", "night shift")
+        page.fill("#id_daily_limit", "1")
+        page.fill("#id_budget", "300")
+        screenshot(page, "console-wallet-settings")
+        page.click("#save-settings")
+        wait_for(page, ".messagelist .success")
+        assert "already spent today" in page.inner_text(".messagelist .warning")
+        agent = Wallet.objects.get(pk=agent_id)
+        assert (agent.name, agent.daily_limit, agent.budget) == ("night shift", 1, 300)
+        page.goto(f"{live_server.url}/admin/billing/wallet/{quote(agent_id)}/history/")
+        wait_for(page, "#settings-history")
+        assert "admin:root" in page.inner_text("#settings-history")
+        assert "Changed settings" in page.inner_text("#change-history")
+
+        # 2. A price changes from the tool's page, in place, with its history.
+        page.goto(f"{live_server.url}/admin/mcpgateway/tool/{quote('notes.append')}/change/")
+        wait_for(page, "#tool-price-link").click()
+        wait_for(page, "#id_credits")
+        page.fill("#id_credits", "0.75")
+        page.click("input[name=_save]")
+        wait_for(page, ".messagelist .success")
+        assert ToolPrice.objects.get(tool="notes.append").credits == Decimal("0.75")
+        page.goto(f"{live_server.url}/admin/billing/toolprice/{quote('notes.append')}/change/")
+        history = wait_for(page, ".price-history").inner_text()
+        assert "admin:root" in history
+        assert "0.75" in history
+        assert "manage.py set_tool_price" in history
+        assert ToolPriceChange.objects.filter(tool="notes.append", removed=True).count() == 0
+
+        # 3. A key is rotated: the reason asked for, the successor's secret shown once.
+        _run_action(page, f"{live_server.url}/admin/billing/apikey/", tenant.agent_key_id, "rotate_selected")
+        wait_for(page, "#confirm-form")
+        assert page.get_attribute("#id_reason", "required") is not None  # the browser asks for it first
+        page.fill("#id_reason", "laptop lost")
+        page.click("#confirm-action")
+        secret = wait_for(page, "#api-key-secret").inner_text().strip()
+        assert "Successor of" in page.inner_text("#rotated-from")
+        screenshot(page, "console-key-rotated")
+        page.reload()
+        wait_for(page, "#secret-gone")
+        assert secret not in page.content()
+        assert APIKey.objects.get(pk=tenant.agent_key_id).revoke_reason == "laptop lost"
+
+        # 4. A permit is revoked with a reason, stored and audited.
+        permit_id = receipt.permit_id
+        _run_action(page, f"{live_server.url}/admin/permits/permit/", permit_id, "revoke_selected")
+        wait_for(page, "#confirm-form")
+        page.fill("#id_reason", "task cancelled")
+        page.click("#confirm-action")
+        wait_for(page, ".messagelist .success")
+        assert Permit.objects.get(pk=permit_id).revoke_reason == "task cancelled"
+
+        # 5. Audit search by actor, event name and object id.
+        wallet_freeze(wallet=Wallet.objects.get(pk=agent_id), reason="drill", actor="admin:operator")
+        for term, expected in (("admin:operator", "wallet.frozen"), ("wallet.frozen", "wallet.frozen"),
+                               (permit_id, "permit.revoked"), ("admin:root", "wallet.settings_changed")):  # fmt: skip
+            page.goto(f"{live_server.url}/admin/audit/auditevent/")
+            page.fill("#searchbar", term)
+            page.press("#searchbar", "Enter")
+            wait_for(page, "#result_list")
+            assert expected in page.inner_text("#result_list"), term
+        screenshot(page, "console-audit-search")
+
+        # 6. The tenant's chain verified from the console: verdict and checkpoint shown, verdict recorded.
+        _run_action(page, f"{live_server.url}/admin/audit/chainhead/", tenant.sponsor.wallet_id, "verify_selected")
+        wait_for(page, "#chain-verification .chain-valid")
+        assert tenant.sponsor.wallet_id in page.inner_text(".chain-checkpoint")
+        assert ChainVerificationRecord.objects.get(chain=tenant.sponsor.wallet_id).valid
+        screenshot(page, "console-chain-verified")
+
+        # 7. The receipt's page offers the portable receipt and the evidence bundle as downloads.
+        page.goto(f"{live_server.url}/admin/receipts/receipt/{quote(receipt.receipt_id)}/change/")
+        for link in ("#download-portable", "#download-evidence"):
+            with page.expect_download() as download:
+                wait_for(page, link).click()
+            body = json.loads(Path(download.value.path()).read_text())
+            assert receipt.receipt_id in json.dumps(body)
+
+        # 8. Recent actions on the index list the console's custom actions, not only "Added".
+        page.goto(f"{live_server.url}/admin/")
+        recent = wait_for(page, "#recent-actions-module").inner_text()
+        assert permit_id in recent
+        assert agent_id in recent
+        screenshot(page, "console-recent-actions")

@@ -11,12 +11,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import CHANGE, LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
 from django.utils import timezone
 
-from audit.models import AuditEvent
+from audit.models import AuditEvent, ChainVerificationRecord
 from billing.models import APIKey, Wallet
 from billing.services import wallet_freeze
 from common.ids import new_id
@@ -100,10 +102,10 @@ CASES = [
          lambda w: [w.frozen_wallet_id], {"apply": "1", "post": "yes"},
          lambda w: Wallet.objects.get(pk=w.frozen_wallet_id).status),
     Case("revoke key", "/admin/billing/apikey/", "revoke_selected", "billing.revoke_key",
-         lambda w: [w.tenant.agent_key_id], {"apply": "1", "post": "yes"},
+         lambda w: [w.tenant.agent_key_id], {"apply": "1", "post": "yes", "reason": "leaked in a log"},
          lambda w: APIKey.objects.get(pk=w.tenant.agent_key_id).status),
     Case("revoke permit", "/admin/permits/permit/", "revoke_selected", "permits.revoke_permit",
-         lambda w: [w.permit_id], {"apply": "1", "post": "yes"},
+         lambda w: [w.permit_id], {"apply": "1", "post": "yes", "reason": "task finished early"},
          lambda w: Permit.objects.get(pk=w.permit_id).status),
     Case("mark not executed", "/admin/receipts/receipt/", "mark_not_executed", "receipts.reconcile",
          lambda w: [w.receipt_id], {"apply": "1", "post": "yes"},
@@ -112,7 +114,7 @@ CASES = [
          lambda w: [w.frozen_wallet_id], {},
          lambda w: Wallet.objects.get(pk=w.frozen_wallet_id).status),
     Case("emergency revoke", "/admin/billing/wallet/", "emergency_revoke_keys", "billing.revoke_key",
-         lambda w: [w.tenant.agent.wallet_id], {"post": "yes"},
+         lambda w: [w.tenant.agent.wallet_id], {"post": "yes", "reason": "compromised host"},
          lambda w: APIKey.objects.get(pk=w.tenant.agent_key_id).status),
     Case("reconciled executed", "/admin/mcpgateway/action/", "reconciled_executed", "receipts.reconcile",
          lambda w: [w.action_id], {"post": "yes"},
@@ -124,6 +126,9 @@ CASES = [
          lambda w: [str(RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).pk)],
          {"apply": "1", "post": "yes"},
          lambda w: RefundReconciliation.objects.get(receipt_id=w.owed_receipt_id).status),
+    Case("verify chain", "/admin/audit/chainhead/", "verify_selected", "audit.verify_chain",
+         lambda w: [w.tenant.sponsor.wallet_id], {},
+         lambda w: ChainVerificationRecord.objects.filter(chain=w.tenant.sponsor.wallet_id).count()),
 ]  # fmt: skip
 
 
@@ -150,6 +155,12 @@ def test_an_action_needs_its_permission(tenant: Tenant, case: Case) -> None:
     assert case.state(world) != before, f"{case.name} did not run with {case.permission}"
     actors = [e.detail.get("actor") for e in AuditEvent.objects.order_by("-created_at")[:5]]
     assert f"admin:{user.get_username()}" in actors, actors
+    # Besides the audit event, Django's LogEntry: the object's History and the index's Recent actions.
+    entries = LogEntry.objects.filter(user=user, action_flag=CHANGE)
+    assert entries.exists(), f"{case.name} wrote no LogEntry"
+    history = allowed.get(f"{case.changelist}{quote(entries[0].object_id or '')}/history/")
+    assert history.status_code == 200
+    assert entries[0].change_message.encode() in history.content
 
 
 def test_view_wallet_alone_cannot_provision_the_exact_attack(tenant: Tenant) -> None:
@@ -217,10 +228,11 @@ def test_revoking_an_operator_key_in_the_console_is_audited(tenant: Tenant) -> N
     operator = factories.make_operator_key()
     client, user = staff("billing.view_apikey", "billing.revoke_key", "billing.create_operator_key")
     client.post("/admin/billing/apikey/", {"action": "revoke_selected", "_selected_action": [operator.key.key_id],
-                                           "apply": "1", "post": "yes"})  # fmt: skip
+                                           "apply": "1", "post": "yes", "reason": "rotating operators"})  # fmt: skip
     assert APIKey.objects.get(pk=operator.key.key_id).status == "revoked"
     event = AuditEvent.objects.get(event="api_key.operator_revoked")
     assert event.detail["actor"] == f"admin:{user.get_username()}"
+    assert event.detail["reason"] == "rotating operators"
     assert event.detail["revoked_key_id"] == operator.key.key_id
 
 
@@ -301,8 +313,11 @@ def test_emergency_revocation_from_the_console_covers_the_subtree(tenant: Tenant
     page = client.post("/admin/billing/wallet/", data)
     assert b"Revoke every API key" in page.content
     assert APIKey.objects.get(pk=tenant.agent_key_id).status == "active"
-    client.post("/admin/billing/wallet/", {**data, "post": "yes"})
+    client.post("/admin/billing/wallet/", {**data, "post": "yes"})  # no reason: asked again, nothing revoked
+    assert APIKey.objects.get(pk=tenant.agent_key_id).status == "active"
+    client.post("/admin/billing/wallet/", {**data, "post": "yes", "reason": "host compromised"})
     assert APIKey.objects.get(pk=tenant.agent_key_id).status == "revoked"
+    assert APIKey.objects.get(pk=tenant.agent_key_id).revoke_reason == "host compromised"
     assert APIKey.objects.get(pk=child_key.key.key_id).status == "revoked"
     assert APIKey.objects.get(pk=tenant.sponsor_key_id).status == "active"
     event = AuditEvent.objects.get(event="api_key.emergency_revoked")

@@ -32,8 +32,8 @@ from mcpgateway.services import lookup
 from mcpgateway.upstream.client import CallResult
 from permits.models import Permit, Quote
 from permits.services import (
+    permit_reservation_record,
     permit_revoke,
-    permit_verified_columns,
     policy_create,
     policy_update,
     quote_consume,
@@ -70,7 +70,12 @@ def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple
         created_at=now,
         claimed_at=now,
     )
-    debit = debit_call(wallet_id=tenant.agent.wallet_id, amount=Decimal(amount), correlation_id=action.action_id)
+    debit = debit_call(
+        tenant_id=tenant.agent.tenant_id,
+        wallet_id=tenant.agent.wallet_id,
+        amount=Decimal(amount),
+        correlation_id=action.action_id,
+    )
     action.ledger_entry_id = debit.entry_id
     event = audit_event_prepare(
         event="tool_call.dispatch_claimed",
@@ -80,20 +85,15 @@ def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple
         detail={"action_id": action.action_id},
     )
     params = [
+        tenant.agent.tenant_id,
         json.dumps(fastsql.json_row(action)),
-        "",
-        None,
-        None,
-        True,
-        *debit.params()[:11],
-        permit.permit_id,
-        Decimal(amount),
-        now,
-        *permit_verified_columns(permit),
-        *event.params(),
-        *[None] * 4,  # nothing from the process's cache to compare
-        *[None] * 4,  # no deferred rate-limit charge
-        *[None] * 3,  # no policy's daily cap
+        None,  # no quote
+        debit.record(),
+        permit_reservation_record(permit=permit, amount=Decimal(amount), now=now),
+        event.record_in(),
+        "{}",  # nothing from the process's cache to compare
+        None,  # no deferred rate-limit charge
+        None,  # no policy's daily cap
     ]
     return action, params
 
@@ -103,7 +103,7 @@ def test_the_function_claims_in_one_statement(fault, tenant):
     permit = Permit.objects.get(pk=caller.permit_id)
     action, params = claim_params(tenant, permit, amount="3", key="direct-1")
     with connection.cursor() as cursor:
-        cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
+        cursor.execute(claiming._CLAIM_SQL, params)
         code, *_rest = cursor.fetchone()
     assert code == "ok"
     stored = Action.objects.get(pk=action.action_id)
@@ -121,7 +121,7 @@ def test_a_refusal_raises_and_writes_nothing(fault, tenant):
     action, params = claim_params(tenant, permit, amount="3", key="direct-2")
     events = AuditEvent.objects.count()
     with pytest.raises(DatabaseError) as caught, fastsql.own_transaction(), connection.cursor() as cursor:
-        cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
+        cursor.execute(claiming._CLAIM_SQL, params)
     assert getattr(caught.value.__cause__, "sqlstate", None) == services.CLAIM_REFUSED
     refusal = claiming._claim_refusal(caught.value)
     assert refusal is not None
@@ -203,31 +203,28 @@ def test_a_quote_spent_or_edited_after_the_check_is_refused(fault, tenant, monke
 def test_permits_reserve_requires_every_signed_column(tenant):
     permit = Permit.objects.get(pk=issue_permit(tenant, max_credits="5", max_calls=2))
     now = timezone.now()
-    verified = permit_verified_columns(permit)
+    verified = json.loads(permit_reservation_record(permit=permit, amount=Decimal(1), now=now))
 
-    def reserve(*columns: Any) -> bool:
+    def reserve(tenant_id: str = tenant.sponsor.tenant_id, **changed: Any) -> bool:
         with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT permits_reserve(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                [permit.permit_id, 1, now, *columns],
-            )
+            cursor.execute("SELECT permits_reserve_in(%s, %s::jsonb)", [tenant_id, json.dumps({**verified, **changed})])
             return bool(cursor.fetchone()[0])
 
-    def but(index: int, value: Any) -> list[Any]:
-        return [*verified[:index], value, *verified[index + 1 :]]
-
-    assert reserve(*verified)
+    assert reserve()
     # What the caller verified is not what the row says: each signed column, and the signature.
-    assert not reserve(*but(0, "forged"))
-    assert not reserve(*but(1, "spn_other"))
-    assert not reserve(*but(2, tenant.sponsor.wallet_id))
-    assert not reserve(*but(3, tenant.agent_key_id))
-    assert not reserve(*but(4, '["other.*"]'))
-    assert not reserve(*but(5, Decimal("6")))
-    assert not reserve(*but(6, 3))
-    assert not reserve(*but(7, permit.expires_at + timedelta(seconds=1)))
-    assert reserve(*[None] * 8)  # no verified statement: the allowance rules alone
-    assert not reserve(*verified)  # the call limit (2) is used up
+    assert not reserve(signature="forged")
+    assert not reserve(wallet_id=tenant.sponsor.wallet_id)
+    assert not reserve(subject_key_id=tenant.agent_key_id)
+    assert not reserve(allowed_tools=["other.*"])
+    assert not reserve(max_credits="6")
+    assert not reserve(max_calls=3)
+    assert not reserve(expires_at=(permit.expires_at + timedelta(seconds=1)).isoformat())
+    # Another tenant's permit is never touched, whatever else matches.
+    assert not reserve("spn_other")
+    with connection.cursor() as cursor:  # no verified statement: the allowance rules alone
+        cursor.execute("SELECT permits_reserve(%s, %s, %s, %s)", [permit.tenant_id, permit.permit_id, 1, now])
+        assert cursor.fetchone()[0]
+    assert not reserve()  # the call limit (2) is used up
     permit.refresh_from_db()
     assert (permit.spent_credits, permit.calls_used) == (2, 2)
 
@@ -236,14 +233,20 @@ def test_permits_quote_consume_spends_once_at_the_signed_price(fault, tenant):
     quote = quote_create(wallet=tenant.agent, tool="echo")
     now = timezone.now()
 
-    def consume(credits: Decimal, signature: str, wallet_id: str = tenant.agent.wallet_id) -> bool:
+    def consume(
+        credits: Decimal,
+        signature: str,
+        wallet_id: str = tenant.agent.wallet_id,
+        tenant_id: str = tenant.agent.tenant_id,
+    ) -> bool:
         with connection.cursor() as cursor:
             cursor.execute(
-                "SELECT permits_quote_consume(%s, %s, %s, %s, %s, %s, %s)",
-                [quote.quote_id, wallet_id, "echo", credits, signature, "act_x", now],
+                "SELECT permits_quote_consume(%s, %s, %s, %s, %s, %s, %s, %s)",
+                [tenant_id, quote.quote_id, wallet_id, "echo", credits, signature, "act_x", now],
             )
             return bool(cursor.fetchone()[0])
 
+    assert not consume(quote.quoted_credits, quote.signature, tenant_id="spn_other")  # another tenant's: untouched
     assert not consume(quote.quoted_credits + 1, quote.signature)
     assert not consume(quote.quoted_credits, "forged")
     assert not consume(quote.quoted_credits, quote.signature, wallet_id=tenant.sponsor.wallet_id)
@@ -292,7 +295,7 @@ def test_an_answer_after_the_sweep_writes_nothing(fault, tenant):
     permit = Permit.objects.get(pk=caller.permit_id)
     action, params = claim_params(tenant, permit, amount="3", key="late-1")
     with connection.cursor() as cursor:
-        cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
+        cursor.execute(claiming._CLAIM_SQL, params)
     assert services.action_sweep(older_than=timedelta(0)) == [action.action_id]
     late = CallResult(kind="success", reason="ok", request_id=action.action_id, status_code=200, result={"content": []})
     settled = finishing._phase3(action, late)
@@ -418,4 +421,3 @@ def test_the_claim_statement_is_parsed_once_per_process():
 
     assert claiming._CLAIM_SQL.count("%s") <= _queries.MAX_CACHED_STATEMENT_PARAMS
     assert len(claiming._CLAIM_SQL.encode()) <= _queries.MAX_CACHED_STATEMENT_LENGTH
-    assert len(claiming.claim_sql_params(list(range(53)))) == claiming._CLAIM_SQL.count("%s")

@@ -170,11 +170,10 @@ def admin_form(wallet_id: str, **fields: str) -> dict[str, str]:
         "wallet": wallet_id,
         "name": "x",
         "enabled": "on",
-        "allowed_tools": "null",
-        "denied_tools": "[]",
+        "tools_mode": "any",  # the console's form: "any" or "only" the tools selected
         "max_credits_per_call": "",
         "max_daily_credits": "",
-        "allowed_categories": "null",
+        "categories_mode": "any",
     }
     return {**form, **fields}
 
@@ -235,10 +234,12 @@ def test_api_accepts_known_categories_and_patterns(tenant: Tenant) -> None:
     "fields",
     [
         {"denied_tools": "5"},
-        {"allowed_tools": "[1]"},
-        {"allowed_tools": '"foo"'},
-        {"allowed_tools": '["a\\u0000"]'},
-        {"allowed_categories": '["nope"]'},
+        {"allowed_tools": "[1]", "tools_mode": "only"},
+        {"allowed_tools": '"foo"', "tools_mode": "only"},
+        {"allowed_tools": '["a\\u0000"]', "tools_mode": "only"},
+        {"allowed_tools": "notes.apend", "tools_mode": "only"},  # not a synced tool
+        {"allowed_categories": '["nope"]', "categories_mode": "only"},
+        {"allowed_categories": "nope", "categories_mode": "only"},
         {"max_daily_credits": "-1"},
     ],
     ids=repr,
@@ -271,16 +272,18 @@ def test_console_refuses_rules_the_api_refuses(tenant: Tenant, fields: dict[str,
 
 
 def test_console_still_saves_valid_rules(tenant: Tenant) -> None:
+    from mcpgateway.models import Tool
+
+    for name in ("math.add", "clock.now", "notes.append"):
+        Tool.objects.create(service_id=name)
     client = staff_client("permits.view_policybundle", "permits.add_policybundle")
     r = client.post(
         "/admin/permits/policybundle/add/",
-        admin_form(
-            tenant.sponsor.wallet_id,
-            allowed_tools='["math.*", "clock.now"]',
-            denied_tools="null",  # none
-            allowed_categories='["tooling"]',
-            max_daily_credits="10",
-        ),
+        {
+            **admin_form(tenant.sponsor.wallet_id, tools_mode="only", categories_mode="only", max_daily_credits="10"),
+            "allowed_tools": ["math.*", "clock.now"],  # the synced tools and their namespaces
+            "allowed_categories": ["tooling"],  # the checkboxes
+        },
     )
     assert r.status_code == 302, r.content.decode()[:2000]
     policy = PolicyBundle.objects.get()

@@ -88,11 +88,10 @@ def _form(policy: PolicyBundle, **fields: str) -> dict[str, str]:
     """The console's change form as saved with the policy's current rules, then ``fields``."""
     form = {
         "name": policy.name,
-        "allowed_tools": "null",
-        "denied_tools": "[]",
+        "tools_mode": "any",  # the console's form: "any" or "only" the tools selected
         "max_credits_per_call": "",
         "max_daily_credits": "",
-        "allowed_categories": "null",
+        "categories_mode": "any",
         **({"enabled": "on"} if policy.enabled else {}),
         **({"human_approval_required": "on"} if policy.human_approval_required else {}),
     }

@@ -242,10 +242,10 @@ def test_the_claim_checks_the_key_and_charges_its_window(fault, tenant, settings
 
     def claim(key_id: str, digest: str, limit: int, idem: str) -> tuple[str, Any]:
         action, params = claim_params(tenant, permit, amount="1", key=idem)
-        params[-7:-3] = [key_id, digest, window_index, limit]
+        params[7] = json.dumps({"key_id": key_id, "secret_hash": digest, "window_index": window_index, "limit": limit})
         try:
             with fastsql.own_transaction(), connection.cursor() as cursor:
-                cursor.execute(claiming._CLAIM_SQL, claiming.claim_sql_params(params))
+                cursor.execute(claiming._CLAIM_SQL, params)
                 row = cursor.fetchone()
         except DatabaseError as err:
             refusal = claiming._claim_refusal(err)

@@ -267,7 +267,9 @@ def test_a_database_with_rows_migrates_to_the_tenant_scoped_keys() -> None:
     graph = MigrationExecutor(connection).loader.graph
     try:
         MigrationExecutor(connection).migrate(BEFORE_SHARD_KEYS)
-        before = shard_problems(TENANT_TABLES)
+        # The tables that exist at that point (tenant tables added later are created with their keys).
+        existing = [t for t in TENANT_TABLES if _rows("SELECT to_regclass(%s) IS NOT NULL", [t])[0][0]]
+        before = shard_problems({t: TENANT_TABLES[t] for t in existing})
         keys = [p for p in before if " foreign key " not in p]
         # 18 primary keys and 12 unique keys leave the tenant out (the API keys' primary key, the 31st,
         # is a reference table's), and 26 single-column foreign keys join tenant tables.
@@ -279,11 +281,11 @@ def test_a_database_with_rows_migrates_to_the_tenant_scoped_keys() -> None:
         agent = make_wallet(sponsor, "agent", balance=5)
         make_key(agent)
         SpendBucket.objects.create(wallet=agent, tenant_id=agent.tenant_id, hour=timezone.now(), amount=1)
-        counts = {table: _rows(f"SELECT count(*) FROM {table}")[0][0] for table in TENANT_TABLES}
+        counts = {table: _rows(f"SELECT count(*) FROM {table}")[0][0] for table in existing}
         assert counts["billing_ledger_entry"] > 0
         assert counts["audit_event"] > 0
         MigrationExecutor(connection).migrate(graph.leaf_nodes())
         assert shard_problems(TENANT_TABLES) == []
-        assert {table: _rows(f"SELECT count(*) FROM {table}")[0][0] for table in TENANT_TABLES} == counts
+        assert {table: _rows(f"SELECT count(*) FROM {table}")[0][0] for table in existing} == counts
     finally:
         MigrationExecutor(connection).migrate(graph.leaf_nodes())

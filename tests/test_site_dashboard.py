@@ -110,7 +110,7 @@ def test_evidence_links_need_a_staff_session_with_the_permission(receipts):
     receipt_id = receipts[0].receipt_id
     anonymous = Client().get(f"/dashboard/evidence/{receipt_id}")
     assert anonymous.status_code == 302
-    assert anonymous["Location"].startswith("/approvals/login")
+    assert anonymous["Location"].startswith("/admin/login/?next=/dashboard/evidence/")  # the console's login
     staff = get_user_model().objects.create_user(username="clerk", password="pw-clerk-12345", is_staff=True)
     client = Client()
     client.force_login(staff)

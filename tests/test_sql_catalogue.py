@@ -217,3 +217,28 @@ def test_the_comparison_leaves_nothing_behind():
         assert cursor.fetchone() == (0,)
         cursor.execute("SHOW search_path")
         assert "sqlfiles_scratch" not in cursor.fetchone()[0]
+
+
+# One posting function
+
+
+def test_every_ledger_entry_is_written_by_billing_post():
+    """The one posting of money (docs/decisions.md, "One posting function"): no other SQL file inserts ledger
+    entries or moves a balance, and no Python module creates entries (they are built in memory from what
+    the database wrote)."""
+    root = Path(__file__).resolve().parent.parent
+    inserting = [f.label for f in sqlfiles.sql_files() if "INSERT INTO billing_ledger_entry" in f.text()]
+    assert inserting == ["billing/sql/billing_post.sql"]
+    moving = [f.label for f in sqlfiles.sql_files() if "SET balance" in " ".join(f.text().split())]
+    assert moving == ["billing/sql/billing_post.sql"]
+    creating = [
+        str(path.relative_to(root))
+        for app in ("audit", "billing", "common", "config", "mcpgateway", "permits", "receipts")
+        for path in (root / app).rglob("*.py")
+        if "migrations" not in path.parts
+        and any(
+            marker in path.read_text(encoding="utf-8")
+            for marker in ("LedgerEntry.objects.create", "LedgerEntry.objects.bulk_create", "billing_ledger_entry (")
+        )
+    ]
+    assert creating == []

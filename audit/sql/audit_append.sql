@@ -14,6 +14,8 @@
 -- Lock order: the chain head is the last lock a transaction takes (docs/decisions.md, "Lock
 -- order"), so it is held from here to the commit only.
 --
+-- The chain is the tenant's (p_tenant_id; 'system' for events of no tenant): any other chain is refused
+-- (SQLSTATE TGTN1), so the rows it touches are the tenant's.
 -- Assumes: the server encoding is UTF8 (the sequence number is converted to UTF-8 bytes).
 CREATE OR REPLACE FUNCTION audit_append(
     p_chain text,
@@ -37,6 +39,9 @@ CREATE OR REPLACE FUNCTION audit_append(
 )
 LANGUAGE plpgsql AS $$
 BEGIN
+    IF p_chain IS DISTINCT FROM COALESCE(p_tenant_id, 'system') THEN  -- a tenant's events go to its own chain only
+        RAISE EXCEPTION 'audit_append: chain % is not the chain of tenant %', p_chain, p_tenant_id USING ERRCODE = 'TGTN1';
+    END IF;
     SELECT h.seq + 1, h.head_hash INTO event_seq, event_prev_hash
       FROM audit_chain_head h WHERE h.chain = p_chain FOR NO KEY UPDATE;
     IF NOT FOUND THEN
@@ -57,3 +62,37 @@ BEGIN
 END;
 $$;
 
+
+-- audit_append_in: audit_append for an event passed as one record, audit's audit_event_in shape.
+--
+-- p_event is the JSON object audit.services.PreparedEvent.record_in builds (the one constructor of the
+-- shape): chain, event_id, event, tenant_id, wallet_id, key_id, tool, endpoint, policy_decision_id,
+-- request_id, ok, detail (a JSON object), created_at (ISO 8601 with its offset), prefix and suffix
+-- (the canonical bytes around the seq, in hex). Other apps' database functions (gateway_claim,
+-- gateway_finish) append an event they were handed with this, never with audit_append's positional
+-- arguments. Refuses (SQLSTATE TGTN1), writing nothing, an event of another tenant than p_tenant_id
+-- (its tenant_id, or its chain, is not p_tenant_id): a caller appends only to the chain of the tenant
+-- it acts for.
+CREATE OR REPLACE FUNCTION audit_append_in(
+    p_tenant_id text,
+    p_event jsonb,
+    OUT event_seq bigint,
+    OUT event_prev_hash text,
+    OUT event_hash text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    appended record;
+BEGIN
+    IF p_event->>'tenant_id' IS DISTINCT FROM p_tenant_id OR p_event->>'chain' IS DISTINCT FROM p_tenant_id THEN
+        RAISE EXCEPTION 'audit_append_in: the event is not of tenant %', p_tenant_id USING ERRCODE = 'TGTN1';
+    END IF;
+    appended := audit_append(
+        p_event->>'chain', p_event->>'event_id', p_event->>'event', p_tenant_id, p_event->>'wallet_id',
+        p_event->>'key_id', p_event->>'tool', p_event->>'endpoint', p_event->>'policy_decision_id',
+        p_event->>'request_id', (p_event->>'ok')::boolean, p_event->'detail', (p_event->>'created_at')::timestamptz,
+        decode(p_event->>'prefix', 'hex'), decode(p_event->>'suffix', 'hex')
+    );
+    event_seq := appended.event_seq; event_prev_hash := appended.event_prev_hash; event_hash := appended.event_hash;
+END;
+$$;

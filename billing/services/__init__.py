@@ -46,6 +46,8 @@ from billing.services.ledger import (
 )
 from billing.services.prices import category_price_set, tool_price_remove, tool_price_set
 from billing.services.wallets import (
+    WALLET_SETTINGS,
+    WalletSettingsChange,
     wallet_close,
     wallet_create_agent,
     wallet_create_sponsor,
@@ -54,6 +56,7 @@ from billing.services.wallets import (
     wallet_fund,
     wallet_provision,
     wallet_refund,
+    wallet_settings_change,
     wallet_unfreeze,
 )
 
@@ -62,10 +65,12 @@ __all__ = [
     "DEBIT_COLUMNS",
     "VELOCITY_DAY_LIMIT",
     "VELOCITY_HOUR_LIMIT",
+    "WALLET_SETTINGS",
     "ChargeOutcome",
     "DebitCall",
     "DebitResult",
     "IssuedKey",
+    "WalletSettingsChange",
     "api_key_create",
     "api_key_emergency_revoke",
     "api_key_revoke",
@@ -93,5 +98,6 @@ __all__ = [
     "wallet_fund",
     "wallet_provision",
     "wallet_refund",
+    "wallet_settings_change",
     "wallet_unfreeze",
 ]

@@ -153,7 +153,7 @@ def _require_key_room(wallet: Wallet, *, freed: int = 0) -> None:
 
 
 def _audit_key_limit(
-    refused: APIKeyLimitReached, wallet: Wallet, *, actor_key_id: str, actor: str, endpoint: str
+    refused: APIKeyLimitReached, wallet: Wallet, *, actor_key_id: str, actor: str, endpoint: str | None
 ) -> None:
     """The refusal of a key beyond the cap, on the wallet's chain (its own transaction: the refused one rolled back)."""
     audit_record(
@@ -341,7 +341,13 @@ def _revoke(key: APIKey, reason: str) -> bool:
 
 
 def api_key_rotate(
-    *, wallet: Wallet, key_id: str, revoke_old: bool = True, reason: str = "rotation", actor_key_id: str = ""
+    *,
+    wallet: Wallet,
+    key_id: str,
+    revoke_old: bool = True,
+    reason: str = "rotation",
+    actor_key_id: str = "",
+    actor: str = "",
 ) -> IssuedKey:
     """Rotate ``key_id`` (``_api_key_rotate``). A rotation that revokes the old key leaves the count of
     active keys as it was, so it works at ``API_KEYS_PER_WALLET``; one that keeps the old key adds one and
@@ -349,15 +355,19 @@ def api_key_rotate(
     """
     try:
         return _api_key_rotate(
-            wallet=wallet, key_id=key_id, revoke_old=revoke_old, reason=reason, actor_key_id=actor_key_id
+            wallet=wallet, key_id=key_id, revoke_old=revoke_old, reason=reason, actor_key_id=actor_key_id, actor=actor
         )
     except APIKeyLimitReached as refused:
-        _audit_key_limit(refused, wallet, actor_key_id=actor_key_id, actor="", endpoint="/v1/api-keys/rotate")
+        _audit_key_limit(
+            refused, wallet, actor_key_id=actor_key_id, actor=actor, endpoint=None if actor else "/v1/api-keys/rotate"
+        )
         raise
 
 
 @transaction.atomic(durable=True)
-def _api_key_rotate(*, wallet: Wallet, key_id: str, revoke_old: bool, reason: str, actor_key_id: str) -> IssuedKey:
+def _api_key_rotate(
+    *, wallet: Wallet, key_id: str, revoke_old: bool, reason: str, actor_key_id: str, actor: str
+) -> IssuedKey:
     """Create a successor for ``key_id``; optionally revoke the old key in the same transaction.
 
     The successor is minted by the acting key, which must not descend from ``key_id`` (403
@@ -408,8 +418,14 @@ def _api_key_rotate(*, wallet: Wallet, key_id: str, revoke_old: bool, reason: st
         tenant_id=wallet.tenant_id,
         wallet_id=wallet.wallet_id,
         key_id=actor_key_id or None,
-        endpoint="/v1/api-keys/rotate",
-        detail={"old_key_id": old.key_id, "new_key_id": issued.key.key_id, "old_revoked": revoke_old},
+        endpoint=None if actor else "/v1/api-keys/rotate",  # the console passes its actor, the API its key
+        detail={
+            "old_key_id": old.key_id,
+            "new_key_id": issued.key.key_id,
+            "old_revoked": revoke_old,
+            "reason": reason,
+            **({"actor": actor} if actor else {}),
+        },
     )
     return issued
 

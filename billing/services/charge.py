@@ -33,16 +33,16 @@ from django.utils import timezone
 
 from audit.models import AuditEvent
 from audit.services import EventFields, audit_event_prepare
-from billing.exceptions import ChargePolicyDenied, VelocityLimitExceeded, money
+from billing.exceptions import VelocityLimitExceeded, money
 from billing.models import DEFAULT_CATEGORY_PRICES, LedgerKind, ServiceCategory, SystemAccount, Wallet
 from billing.ratelimit import DeferredCharge, DeferredRefused
+from billing.refusals import DEBIT_REFUSALS, refusal_exception
 from billing.selectors import Principal
 from billing.serializers import charge_response_in_order, charge_response_template
 from billing.services.ledger import (
     DEBIT_COLUMNS,
     VELOCITY_DAY_LIMIT,
     VELOCITY_HOUR_LIMIT,
-    _refusal,
     ledger_event_detail,
     refusal_for_viewer,
     to_money,
@@ -52,10 +52,7 @@ from common import dbretry, fastsql
 from common.cache import BoundedCache
 from common.canonical import canonical_bytes_fast
 from common.errors import (
-    IdempotencyKeyInProgress,
-    IdempotencyKeyReused,
     NotFound,
-    RequestValidationError,
     WalletAccessDenied,
     is_retryable,
 )
@@ -666,47 +663,21 @@ def _charge_rows_together(calls: list[list[Any]]) -> list[dict[str, Any]]:
 
 
 def _charge_outcome(row: dict[str, Any], call: ChargeCall) -> ChargeOutcome:
-    """The outcome ``billing_charge`` answered, or its refusal raised as today's exception."""
+    """The outcome ``billing_charge`` answered, or its refusal raised as its exception (``billing.refusals``)."""
     code = row["code"]
     if code in ("ok", "replay"):
         body = charge_response_in_order(json.loads(row["body"]))
         return ChargeOutcome(status=row["response_status"], body=body, replayed=code == "replay")
-    if code == "idempotency_key_reused":
-        raise IdempotencyKeyReused()
-    if code == "idempotency_key_in_progress":
-        raise IdempotencyKeyInProgress(headers={"Retry-After": "1"})
-    if code == "access_denied" or (code == "not_found" and call.reach_wallet_id is not None):
-        raise WalletAccessDenied(wallet_id=call.wallet_id)
-    if code == "unknown_category":
-        raise NotFound("No such service category.", service_category=call.service_category)
-    if code == "amount_too_small":
-        raise RequestValidationError.single(
-            ["query", "units"],
-            f"The charge amount (price {money(row['unit_price'])} x units {money(call.units)}) "
-            "is zero at 8 decimal places.",
-            "amount_too_small",
-        )
-    if code == "policy_denied":
-        raise _policy_refusal(row, call)
-    refusal = _refusal(row, row["charged"])
+    if code == "not_found" and call.reach_wallet_id is not None:  # a key learns nothing of wallets out of reach
+        code = "access_denied"
+    answer = {**row, "code": code, "category": call.service_category, "units": call.units}
+    if code == "policy_denied" and answer["spend_window"] == "max_daily_credits":
+        answer["figure_visible"] = _within_reach(row["refusal_reason"], call)
+    refusal = refusal_exception(answer, row["charged"])
     assert refusal is not None
-    raise refusal_for_viewer(refusal, visible=_within_reach(row["subject_id"], call))
-
-
-def _policy_refusal(row: dict[str, Any], call: ChargeCall) -> ChargePolicyDenied:
-    """``billing_charge``'s refusal by a policy bundle, as the governed call words one (``permits.services.
-    authorization``): the policy and its rule, the limit, and for a daily cap the spend today when the
-    wallet it counts is within the caller's reach (an ancestor's counts the caller's siblings)."""
-    rule = row["spend_window"]
-    refusal = ChargePolicyDenied(policy_id=row["subject_id"], rule=rule)
-    if rule == "allowed_categories":
-        refusal.extra["category"] = call.service_category
-        return refusal
-    refusal.extra["limit"] = money(row["figure_limit"])
-    if rule == "max_daily_credits" and _within_reach(row["refusal_reason"], call):
-        refusal.extra["spent"] = money(row["figure"])
-    refusal.extra["required"] = money(row["charged"])
-    return refusal
+    if code in DEBIT_REFUSALS:  # the wallet that refuses may be an agent ancestor out of the caller's reach
+        raise refusal_for_viewer(refusal, visible=_within_reach(row["subject_id"], call))
+    raise refusal
 
 
 def _within_reach(wallet_id: str, call: ChargeCall) -> bool:

@@ -1,6 +1,8 @@
 """The double-entry ledger's building blocks, which run inside a transaction the caller holds:
-``ledger_debit``, ``ledger_refund``, and ``debit_call`` (the arguments of the database function
-``billing_debit``, which the tool gateway's ``gateway_claim`` runs inside its phase-1 transaction).
+``ledger_debit``, ``ledger_refund``, ``wallet_check_may_spend`` and ``debit_call`` (billing's
+``debit_in`` record, which the tool gateway's ``gateway_claim`` hands to ``billing_debit_in`` inside
+its phase-1 statement). Each is one call of a database function (billing/sql/): the money rules live
+once, in PostgreSQL (docs/decisions.md); every posting is ``billing_post``'s.
 
 Money movements (docs/architecture.md, "Money"). Each movement is one ledger
 transaction: a debit entry on the source account and a credit entry on the
@@ -43,35 +45,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any
+from typing import Any, TypeVar
 
-from django.db import connection
-from django.db.models import F, Q, Sum
-from django.db.models.functions import Greatest
+from django.db import DatabaseError, connection
 from django.utils import timezone
 
 from audit.services import audit_record
-from billing import selectors
-from billing.exceptions import (
-    BudgetExceeded,
-    DailyLimitExceeded,
-    InsufficientFunds,
-    RefundExceedsCharge,
-    VelocityLimitExceeded,
-    WalletClosed,
-    WalletExpired,
-    WalletFrozen,
-    money,
-)
-from billing.models import ZERO, LedgerEntry, LedgerKind, SystemAccount, Wallet, WalletStatus
+from billing.exceptions import money
+from billing.models import LedgerEntry, LedgerKind, SystemAccount, Wallet
+from billing.refusals import BALANCE_OVERFLOW, balance_overflow, refusal_exception
 from common import fastsql
-from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
+from common.errors import ApplicationError, NotFound, RequestValidationError
 from common.ids import new_id
+from common.records import record_json
 from config.middleware import get_request_id
 
 CENT = Decimal("0.00000001")
-# The columns of balances and entries are numeric(20,8): nothing may take a balance past this.
-LARGEST_BALANCE = Decimal("999999999999.99999999")
 VELOCITY_HOUR_LIMIT = Decimal("1000")
 VELOCITY_DAY_LIMIT = Decimal("10000")
 
@@ -94,55 +83,30 @@ def _lock(wallet_id: str) -> Wallet:
     return wallet
 
 
+_MAY_SPEND_SQL = "SELECT code, subject_id, refusal_reason FROM billing_wallet_may_spend(%s, %s, %s)"
+
+
 def wallet_check_may_spend(*, wallet: Wallet, reach_wallet_id: str | None) -> None:
-    """The status controls alone (closed, frozen, expired: 403), for calls that cost nothing.
+    """The status rule alone (closed, frozen, expired: 403), for what costs nothing or moves credit down.
 
-    Reads the wallet's current row and its ancestors'; a zero-priced tool call must
-    still be refused to a frozen, expired or closed wallet, or to one below such a wallet.
-    ``reach_wallet_id`` is the wallet of the caller's key (None for an operator): an
-    ancestor's refusal shows its figures only within that reach (``_check_line_may_spend``).
+    One call of ``billing_wallet_may_spend`` (billing/sql/billing_wallet_may_spend.sql), the rule's only
+    copy, which the debit applies too: the wallet's current row, then its ancestors' (a freeze covers
+    the subtree); the refusal names the wallet that stops it. ``reach_wallet_id`` is the wallet of the
+    caller's key (None for an operator or the console): unless the wallet that refuses is within that
+    reach, the refusal keeps its code and that wallet's id but not its figures (``refusal_for_viewer``;
+    a velocity freeze reason counts the spend of the ancestor's whole subtree). A caller that holds the
+    wallet's row lock reads the locked row.
     """
-    current = Wallet.objects.get(pk=wallet.pk)
-    _check_may_spend(current)
-    _check_line_may_spend(current, reach_wallet_id=reach_wallet_id)
-
-
-def _check_may_spend(wallet: Wallet) -> None:
-    """Status controls: closed, frozen and expired wallets spend nothing (403)."""
-    if wallet.status == WalletStatus.CLOSED:
-        raise WalletClosed(wallet_id=wallet.wallet_id)
-    if wallet.status == WalletStatus.FROZEN:
-        raise WalletFrozen(wallet_id=wallet.wallet_id, frozen_reason=wallet.frozen_reason)
-    if wallet.is_expired:
-        raise WalletExpired(wallet_id=wallet.wallet_id)
-
-
-def _check_line_may_spend(wallet: Wallet, *, reach_wallet_id: str | None) -> None:
-    """A freeze covers the subtree: refuse (403) when any ancestor is frozen, expired or closed.
-
-    The refusal names the ancestor that stops the wallet (the debit applies the same
-    rule in ``billing_debit``). ``reach_wallet_id`` is the wallet of the caller's key (None
-    for an operator or the console): unless that ancestor is within its reach, the refusal
-    keeps its code and the ancestor's id but not the ancestor's figures (``refusal_for_viewer``;
-    a velocity freeze reason counts the spend of the ancestor's whole subtree).
-    """
-    ancestors = wallet.ancestry[:-1]
-    if not ancestors:
-        return
-    blocked_id = (
-        Wallet.objects.filter(wallet_id__in=ancestors)
-        .filter(~Q(status=WalletStatus.ACTIVE) | Q(expires_at__lte=timezone.now()))
-        .order_by("path")
-        .values_list("wallet_id", flat=True)
-        .first()
-    )
-    if blocked_id:
-        blocked = Wallet.objects.get(wallet_id=blocked_id)
-        try:
-            _check_may_spend(blocked)
-        except ApplicationError as refusal:
-            visible = reach_wallet_id is None or reach_wallet_id in blocked.ancestry
-            raise refusal_for_viewer(refusal, visible=visible) from None
+    with connection.cursor() as cursor:
+        cursor.execute(_MAY_SPEND_SQL, [wallet.tenant_id, wallet.wallet_id, timezone.now()])
+        code, subject_id, reason = cursor.fetchone()
+    refusal = refusal_exception({"code": code, "subject_id": subject_id, "refusal_reason": reason}, Decimal(0))
+    if refusal is not None:
+        visible = subject_id == wallet.wallet_id or reach_wallet_id is None
+        if not visible:
+            path = Wallet.objects.filter(wallet_id=subject_id).values_list("path", flat=True).first() or ""
+            visible = reach_wallet_id in path.split("/")
+        raise refusal_for_viewer(refusal, visible=visible)
 
 
 def _check_positive(amount: Decimal, *, loc: str = "amount") -> Decimal:
@@ -153,6 +117,14 @@ def _check_positive(amount: Decimal, *, loc: str = "amount") -> Decimal:
 
 
 Account = Wallet | SystemAccount
+_POST_SQL = (
+    "SELECT source_balance, target_balance FROM billing_post(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, "
+    "%s, %s)"
+)
+
+
+def _account(account: Account) -> str:
+    return account.wallet_id if isinstance(account, Wallet) else str(account)
 
 
 def _move(
@@ -162,67 +134,73 @@ def _move(
     source: Account,
     target: Account,
     amount: Decimal,
-    service_category: str = "",
-    units: Decimal | None = None,
     description: str = "",
-    request_path: str = "",
-    correlation_id: str = "",
-    refund_of: LedgerEntry | None = None,
-    spend_delta: Decimal = ZERO,
 ) -> tuple[LedgerEntry, LedgerEntry]:
-    """Post one balanced ledger transaction moving ``amount`` from ``source`` to ``target``.
+    """Post one balanced ledger transaction moving ``amount`` from ``source`` to ``target``: one call of
+    ``billing_post`` (billing/sql/billing_post.sql), the one posting of money, which moves the balances
+    with the entries. For the movements that are not spend (provision, fund, return on close); the
+    debit and refunds post through it in the database (``billing_debit``, ``billing_refund``).
 
-    Caller holds the transaction and the row locks of every wallet involved,
-    and has checked that ``source`` can pay. Updates the wallets' balances (and
-    ``total_spent`` by ``spend_delta`` on the source for charges, or on the
-    target for refunds, where it is negative) in memory and in the database.
-    Refuses (422 ``balance_overflow``) an amount that would take the target's
-    balance past ``LARGEST_BALANCE``, before writing anything.
-    Returns (source entry, target entry).
+    Caller holds the transaction and the row locks of every wallet involved, and has checked that
+    ``source`` can pay. Updates the wallets' balances in memory too. Refuses (422
+    ``balance_overflow``) an amount that would take the target's balance past the largest a
+    wallet holds, writing nothing. Returns (source entry, target entry).
     """
-    if isinstance(target, Wallet) and target.balance + amount > LARGEST_BALANCE:
-        raise RequestValidationError.single(
-            ["body", "amount"],
-            f"The amount would take the balance of {target.wallet_id} past {LARGEST_BALANCE}, "
-            "the largest balance a wallet holds.",
-            "balance_overflow",
-        )
     now = timezone.now()
-    transaction_id = new_id("ltx")
-    correlation_id = correlation_id or get_request_id() or ""
-    entries = []
-    for account, other, signed in ((source, target, -amount), (target, source, amount)):
-        wallet = account if isinstance(account, Wallet) else None
-        balance_after = None
-        if wallet is not None:
-            balance_after = wallet.balance + signed
-            changes: dict[str, Any] = {"balance": F("balance") + signed, "updated_at": now}
-            if spend_delta and ((spend_delta > 0 and signed < 0) or (spend_delta < 0 and signed > 0)):
-                changes["total_spent"] = Greatest(F("total_spent") + spend_delta, ZERO)
-                wallet.total_spent = max(wallet.total_spent + spend_delta, ZERO)
-            Wallet.objects.filter(wallet_id=wallet.wallet_id).update(**changes)
-            wallet.balance = balance_after
-        entries.append(
-            LedgerEntry(
-                entry_id=new_id("led"),
-                transaction_id=transaction_id,
-                tenant_id=tenant_id,
-                wallet=wallet,
-                account=wallet.wallet_id if wallet is not None else str(account),
-                counterparty=other.wallet_id if isinstance(other, Wallet) else str(other),
-                kind=kind,
-                amount=signed,
-                balance_after=balance_after,
-                service_category=service_category,
-                units=units,
-                description=description[:500],
-                request_path=request_path[:300],
-                correlation_id=correlation_id[:128],
-                refund_of=refund_of,
-                created_at=now,
+    transaction_id, source_entry_id, target_entry_id = new_id("ltx"), new_id("led"), new_id("led")
+    description, correlation_id = description[:500], (get_request_id() or "")[:128]
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _POST_SQL,
+                [
+                    tenant_id,
+                    transaction_id,
+                    kind,
+                    _account(source),
+                    _account(target),
+                    amount,
+                    source_entry_id,
+                    target_entry_id,
+                    Decimal(0),
+                    "",
+                    None,
+                    description,
+                    "",
+                    correlation_id,
+                    None,
+                    now,
+                ],
             )
+            balances = cursor.fetchone()
+    except DatabaseError as err:
+        if getattr(err.__cause__, "sqlstate", None) == BALANCE_OVERFLOW:
+            raise balance_overflow(_account(target)) from None
+        raise
+    entries = []
+    for account, other, signed, entry_id, balance in (
+        (source, target, -amount, source_entry_id, balances[0]),
+        (target, source, amount, target_entry_id, balances[1]),
+    ):
+        wallet = account if isinstance(account, Wallet) else None
+        if wallet is not None:
+            wallet.balance = balance
+        entry = LedgerEntry(
+            entry_id=entry_id,
+            transaction_id=transaction_id,
+            tenant_id=tenant_id,
+            wallet=wallet,
+            account=_account(account),
+            counterparty=_account(other),
+            kind=kind,
+            amount=signed,
+            balance_after=balance,
+            description=description,
+            correlation_id=correlation_id,
+            created_at=now,
         )
-    LedgerEntry.objects.bulk_create(entries)
+        fastsql.inserted(entry)  # written by the database function
+        entries.append(entry)
     return entries[0], entries[1]
 
 
@@ -235,85 +213,20 @@ class DebitResult:
     daily_spent: Decimal
 
 
-def _count_spend(*, owners: list[Wallet], tenant_id: str, hour: datetime, amount: Decimal) -> None:
-    """Add ``amount`` (negative for a refund) to the owners' spend buckets of ``hour``, floored at zero.
-
-    Also moves the lifetime ``total_spent`` of every owner but the last (the charged
-    wallet itself, whose figure ``_move`` keeps). Caller holds the owners' row locks.
-    """
-    ids = [owner.wallet_id for owner in owners]
-    with connection.cursor() as cursor:
-        if amount > 0:
-            cursor.execute(
-                "INSERT INTO billing_spend_bucket (wallet_id, tenant_id, hour, amount) "
-                "SELECT owner, %s, %s, %s FROM unnest(%s::text[]) AS owner "
-                "ON CONFLICT (wallet_id, hour, tenant_id) "
-                "DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount",
-                [tenant_id, hour, amount, ids],
-            )
-        else:
-            cursor.execute(
-                "UPDATE billing_spend_bucket SET amount = GREATEST(amount + %s, 0) "
-                "WHERE wallet_id = ANY(%s::text[]) AND hour = %s",
-                [amount, ids, hour],
-            )
-    above = owners[:-1]
-    if above:
-        Wallet.objects.filter(wallet_id__in=[owner.wallet_id for owner in above]).update(
-            total_spent=Greatest(F("total_spent") + amount, ZERO)
-        )
-        for owner in above:
-            owner.total_spent = max(owner.total_spent + amount, ZERO)
-
+R = TypeVar("R", bound=Exception)
 
 # A spend refusal's figures of the wallet that refuses: its budget, spend, limits and freeze reason.
 SPEND_FIGURES = ("budget", "total_spent", "daily_limit", "daily_spent", "limit", "spent", "frozen_reason")
 
 
-def refusal_for_viewer(refusal: ApplicationError, *, visible: bool) -> ApplicationError:
+def refusal_for_viewer(refusal: R, *, visible: bool) -> R:
     """``refusal`` as its caller may read it. A refusal by a wallet above the caller's reach (an agent
     ancestor's budget, daily limit, velocity window or freeze) keeps its code and that wallet's id, but
     not that wallet's figures: they count the spend of its other descendants, the caller's siblings."""
-    if not visible:
+    if not visible and isinstance(refusal, ApplicationError):
         for name in SPEND_FIGURES:
             refusal.extra.pop(name, None)
     return refusal
-
-
-def _refusal(row: dict[str, Any], amount: Decimal) -> ApplicationError | None:
-    """The exception for a refusal code of ``billing_debit`` (None for ``ok`` and ``replay``)."""
-    code, subject = row["code"], row["subject_id"]
-    if code in ("ok", "replay"):
-        return None
-    if code == "not_found":
-        return NotFound("No such wallet.", wallet_id=subject)
-    if code == "wallet_closed":
-        return WalletClosed(wallet_id=subject)
-    if code == "wallet_frozen":
-        return WalletFrozen(wallet_id=subject, frozen_reason=row["refusal_reason"])
-    if code == "wallet_expired":
-        return WalletExpired(wallet_id=subject)
-    if code == "insufficient_funds":
-        return InsufficientFunds(wallet_id=subject, balance=row["new_balance"], required=amount)
-    if code == "budget_exceeded":
-        return BudgetExceeded(
-            wallet_id=subject,
-            budget=money(row["figure_limit"]),
-            total_spent=money(row["figure"]),
-            required=money(amount),
-        )
-    if code == "daily_limit_exceeded":
-        return DailyLimitExceeded(
-            wallet_id=subject,
-            daily_limit=money(row["figure_limit"]),
-            daily_spent=money(row["figure"]),
-            required=money(amount),
-        )
-    if code == "velocity":
-        return VelocityLimitExceeded(
-            wallet_id=subject, window=row["spend_window"], spent=row["figure"], amount=amount, limit=row["figure_limit"]
-        )
-    raise RuntimeError(f"billing_debit answered an unknown code {code!r}")
 
 
 # The answer of billing_debit (its OUT parameters), read by name.
@@ -330,18 +243,20 @@ DEBIT_COLUMNS = (
     "spend_window",
     "refusal_reason",
 )
-_DEBIT_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM billing_debit({', '.join(['%s'] * 12)})"  # noqa: S608
+_DEBIT_SQL = f"SELECT {', '.join(DEBIT_COLUMNS)} FROM billing_debit_in(%s, %s::jsonb)"  # noqa: S608
 
 
 @dataclass(frozen=True)
 class DebitCall:
-    """One prepared call of ``billing_debit``: what only Python does (ids, the time, truncated texts).
+    """One prepared debit: what only Python does (ids, the time, truncated texts).
 
-    ``params`` are the function's arguments in order; ``result`` turns its answer into the
-    posted entries or raises the refusal. The governed call's claim (``gateway_claim``) passes
-    the same arguments to the same function inside its own round trip.
+    ``record`` is billing's ``debit_in`` record, the debit as ``billing_debit_in`` takes it (its one
+    constructor); ``result`` turns the answer into the posted entries or raises the refusal. The
+    governed call's claim (``gateway_claim``) passes the record to the same function inside its own
+    round trip.
     """
 
+    tenant_id: str
     wallet_id: str
     amount: Decimal
     now: datetime
@@ -357,25 +272,27 @@ class DebitCall:
         """The id the charge's wallet entry will have."""
         return self.ids[1]
 
-    def params(self, idempotency_key: str | None = None) -> list[Any]:
-        return [
-            self.wallet_id,
-            self.amount,
-            self.now,
-            self.service_category,
-            self.units,
-            self.description,
-            self.request_path,
-            self.correlation_id,
-            list(self.ids),
-            VELOCITY_HOUR_LIMIT,
-            VELOCITY_DAY_LIMIT,
-            idempotency_key,
-        ]
+    def record(self) -> str:
+        """The ``debit_in`` record (billing/sql/billing_debit.sql, ``billing_debit_in``) as JSON text."""
+        return record_json(
+            {
+                "wallet_id": self.wallet_id,
+                "amount": self.amount,
+                "now": self.now,
+                "category": self.service_category,
+                "units": self.units,
+                "description": self.description,
+                "request_path": self.request_path,
+                "correlation_id": self.correlation_id,
+                "ids": self.ids,
+                "hour_limit": VELOCITY_HOUR_LIMIT,
+                "day_limit": VELOCITY_DAY_LIMIT,
+            }
+        )
 
     def result(self, row: dict[str, Any]) -> DebitResult | None:
         """The posted entries (None for a replay), or raises the refusal ``row`` names."""
-        refusal = _refusal(row, self.amount)
+        refusal = refusal_exception(row, self.amount)
         if refusal is not None:
             raise refusal
         if row["code"] == "replay":
@@ -419,6 +336,7 @@ class DebitCall:
 
 def debit_call(
     *,
+    tenant_id: str,
     wallet_id: str,
     amount: Decimal,
     service_category: str = "",
@@ -427,8 +345,10 @@ def debit_call(
     request_path: str = "",
     correlation_id: str = "",
 ) -> DebitCall:
-    """Prepare a debit of ``amount`` (positive, at 8 places) from ``wallet_id`` to revenue."""
+    """Prepare a debit of ``amount`` (positive, at 8 places) from ``wallet_id`` (a wallet of ``tenant_id``) to
+    revenue."""
     return DebitCall(
+        tenant_id=tenant_id,
         wallet_id=wallet_id,
         amount=amount,
         now=timezone.now(),
@@ -441,17 +361,17 @@ def debit_call(
     )
 
 
-def _debit(call: DebitCall, idempotency_key: str | None = None) -> DebitResult | None:
-    """One round trip: ``billing_debit`` (billing/sql/billing_debit.sql) with ``call``'s arguments.
+def _debit(call: DebitCall) -> DebitResult:
+    """One round trip: ``billing_debit_in`` (billing/sql/billing_debit.sql) with ``call``'s record.
 
-    Returns the posted entries, or None when ``idempotency_key`` names a charge
-    that committed while this call waited for the wallet's lock (a replay).
-    Raises the refusal as its exception. Caller holds the transaction.
+    Returns the posted entries; raises the refusal as its exception. Caller holds the transaction.
     """
     with connection.cursor() as cursor:
-        cursor.execute(_DEBIT_SQL, call.params(idempotency_key))
+        cursor.execute(_DEBIT_SQL, [call.tenant_id, call.record()])
         row = dict(zip(DEBIT_COLUMNS, cursor.fetchone(), strict=True))
-    return call.result(row)
+    result = call.result(row)
+    assert result is not None  # no idempotency key: never a replay
+    return result
 
 
 def ledger_debit(
@@ -486,9 +406,17 @@ def ledger_debit(
     amount = to_money(amount)
     if amount <= 0:
         raise ValueError("a debit amount must be positive")
-    result = _debit(
+    if isinstance(wallet, Wallet):
+        tenant_id, wallet_id = wallet.tenant_id, wallet.wallet_id
+    else:
+        found = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
+        if found is None:
+            raise NotFound("No such wallet.", wallet_id=wallet)
+        tenant_id, wallet_id = found, wallet
+    return _debit(
         debit_call(
-            wallet_id=wallet.wallet_id if isinstance(wallet, Wallet) else wallet,
+            tenant_id=tenant_id,
+            wallet_id=wallet_id,
             amount=amount,
             service_category=service_category,
             units=units,
@@ -497,8 +425,13 @@ def ledger_debit(
             correlation_id=correlation_id,
         )
     )
-    assert result is not None  # no idempotency key: never a replay
-    return result
+
+
+_REFUND_COLUMNS = ("code", "subject_id", "figure", "balance_after", "service_category", "correlation_id")
+_REFUND_SQL = (
+    f"SELECT {', '.join(_REFUND_COLUMNS)} "  # noqa: S608
+    "FROM billing_refund(%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
+)
 
 
 def ledger_refund(
@@ -512,60 +445,60 @@ def ledger_refund(
 ) -> LedgerEntry:
     """Move ``amount`` from revenue back to a wallet; returns the wallet's entry. Caller holds the transaction.
 
-    With ``charge`` (a charge entry), refunds go to that charge's wallet and
-    never exceed what is left of it (409 ``refund_exceeds_charge``); the
-    wallet's row lock serializes concurrent refunds of one charge. Without it,
-    ``wallet`` is required (an operator's goodwill credit out of revenue).
-    Frozen and expired wallets accept refunds; closed wallets do not. Lowers
-    the wallet's net spend (``total_spent`` and the daily figure). Writes no
-    audit event (see ``ledger_debit``).
+    One call of ``billing_refund`` (billing/sql/billing_refund.sql), the rule's only copy: with
+    ``charge`` (a charge entry), refunds go to that charge's wallet and never exceed what is left
+    of it (409 ``refund_exceeds_charge``); the wallet's row lock serializes concurrent refunds of
+    one charge. Without it, ``wallet`` is required (an operator's goodwill credit out of revenue).
+    Frozen and expired wallets accept refunds; closed wallets do not. Lowers the wallet's net
+    spend (``total_spent`` and the windows of the charge's hour, its agent ancestors' too). Writes
+    no audit event (see ``ledger_debit``).
     """
     _require_atomic("ledger_refund")
     amount = to_money(amount)
     if amount <= 0:
         raise ValueError("a refund amount must be positive")
     if charge is not None:
-        if charge.kind != LedgerKind.CHARGE or charge.wallet_id is None:
-            raise Conflict("Only a charge entry of a wallet can be refunded.", entry_id=charge.entry_id)
-        wallet_id = charge.wallet_id
+        tenant_id, wallet_id = charge.tenant_id, charge.wallet_id
     elif wallet is not None:
-        wallet_id = wallet.wallet_id if isinstance(wallet, Wallet) else wallet
+        if isinstance(wallet, Wallet):
+            tenant_id, wallet_id = wallet.tenant_id, wallet.wallet_id
+        else:
+            found = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
+            if found is None:
+                raise NotFound("No such wallet.", wallet_id=wallet)
+            tenant_id, wallet_id = found, wallet
     else:
         raise ValueError("ledger_refund needs a charge or a wallet")
-    path = Wallet.objects.filter(wallet_id=wallet_id).values_list("path", flat=True).first()
-    if path is None:
-        raise NotFound("No such wallet.", wallet_id=wallet_id)
-    # Agent ancestors first, then the wallet: the lock order of the debit (``billing_debit``).
-    ancestors = [_lock(ancestor_id) for ancestor_id in path.split("/")[1:-1]]
-    locked = _lock(wallet_id)
-    if locked.status == WalletStatus.CLOSED:
-        raise WalletClosed(wallet_id=wallet_id)
-    if charge is not None:
-        refunded = LedgerEntry.objects.filter(refund_of=charge, account=wallet_id).aggregate(t=Sum("amount"))["t"]
-        remaining = -charge.amount - (refunded or ZERO)
-        if amount > remaining:
-            raise RefundExceedsCharge(entry_id=charge.entry_id, remaining=money(remaining), requested=money(amount))
-    _, entry = _move(
-        kind=LedgerKind.REFUND,
-        tenant_id=locked.tenant_id,
-        source=SystemAccount.REVENUE,
-        target=locked,
-        amount=amount,
-        service_category=charge.service_category if charge is not None else "",
-        description=description,
-        request_path=request_path,
-        correlation_id=correlation_id or (charge.correlation_id if charge is not None else ""),
-        refund_of=charge,
-        spend_delta=-amount,
-    )
-    # The refund undoes spend in the windows the charge counted in: the buckets of the charge's hour.
-    _count_spend(
-        owners=[*ancestors, locked],
-        tenant_id=locked.tenant_id,
-        hour=selectors.spend_hour(charge.created_at if charge is not None else entry.created_at),
-        amount=-amount,
-    )
-    return entry
+    now = timezone.now()
+    transaction_id, revenue_entry_id, wallet_entry_id = new_id("ltx"), new_id("led"), new_id("led")
+    correlation_id = correlation_id or (charge.correlation_id if charge is not None else "") or get_request_id() or ""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                _REFUND_SQL,
+                [
+                    tenant_id,
+                    charge.entry_id if charge is not None else None,
+                    wallet_id,
+                    amount,
+                    transaction_id,
+                    revenue_entry_id,
+                    wallet_entry_id,
+                    description[:500],
+                    request_path[:300],
+                    correlation_id[:128],
+                    now,
+                ],
+            )
+            row = dict(zip(_REFUND_COLUMNS, cursor.fetchone(), strict=True))
+    except DatabaseError as err:
+        if getattr(err.__cause__, "sqlstate", None) == BALANCE_OVERFLOW:
+            raise balance_overflow(str(wallet_id)) from None
+        raise
+    refusal = refusal_exception({**row, "charge_entry_id": charge.entry_id if charge is not None else None}, amount)
+    if refusal is not None:
+        raise refusal
+    return LedgerEntry.objects.get(entry_id=wallet_entry_id)
 
 
 def ledger_event_detail(

@@ -7,6 +7,7 @@ inside it, as the last statements.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
 from typing import Any
@@ -21,7 +22,9 @@ from billing.exceptions import (
     WalletClosed,
     WalletHasOpenCalls,
     WalletHasOpenChildren,
+    WalletLimitRaiseDenied,
     WalletNotActive,
+    money,
 )
 from billing.models import (
     WALLET_PREFIX,
@@ -33,17 +36,17 @@ from billing.models import (
     WalletStatus,
     WalletType,
 )
+from billing.selectors import spend_windows
 from billing.services.ledger import (
-    _check_line_may_spend,
-    _check_may_spend,
     _check_positive,
     _lock,
     _move,
     ledger_audit,
     ledger_refund,
     to_money,
+    wallet_check_may_spend,
 )
-from common.errors import Conflict, RequestValidationError
+from common.errors import Conflict, RequestValidationError, WalletAccessDenied
 from common.ids import new_id
 
 
@@ -155,8 +158,7 @@ def wallet_create_agent(
             ["body", "parent_wallet_id"], "A child wallet cannot have child wallets.", "wallet_hierarchy"
         )
     # Nothing is created beneath a frozen, expired or closed wallet, or below one (403).
-    _check_may_spend(locked_parent)
-    _check_line_may_spend(locked_parent, reach_wallet_id=_reach_of(actor_key_id))
+    wallet_check_may_spend(wallet=locked_parent, reach_wallet_id=_reach_of(actor_key_id))
     if (refill_threshold is None) != (refill_amount is None):
         raise RequestValidationError.single(
             ["body", "refill_amount"], "Set both refill_threshold and refill_amount, or neither.", "refill_pair"
@@ -251,8 +253,7 @@ def wallet_fund(
         raise Conflict("Wallets are funded by their direct parent only.", source=source.wallet_id)
     locked_source = _lock(source.wallet_id)
     locked_target = _lock(target.wallet_id)
-    _check_may_spend(locked_source)
-    _check_line_may_spend(locked_source, reach_wallet_id=_reach_of(actor_key_id))
+    wallet_check_may_spend(wallet=locked_source, reach_wallet_id=_reach_of(actor_key_id))
     if locked_target.status == WalletStatus.CLOSED:
         raise WalletClosed(wallet_id=locked_target.wallet_id)
     if locked_source.balance < amount:
@@ -401,3 +402,146 @@ def wallet_close(*, wallet: Wallet, actor_key_id: str = "", actor: str = "") -> 
     if entry is not None:
         ledger_audit(entry, actor_key_id=actor_key_id, actor=actor)
     return locked
+
+
+# The settings ``wallet_settings_change`` changes; the first four are limits (None: no limit).
+WALLET_LIMITS = ("budget", "daily_limit", "refill_threshold", "refill_amount")
+WALLET_SETTINGS = ("name", *WALLET_LIMITS)
+
+
+@dataclass(frozen=True)
+class WalletSettingsChange:
+    """What ``wallet_settings_change`` did: the wallet after it, each changed setting's before and after
+    (money as strings), and notices for the caller (a limit now under what is already spent)."""
+
+    wallet: Wallet
+    changes: dict[str, dict[str, Any]]
+    notices: list[str]
+
+
+def _setting_shown(value: Any) -> Any:
+    return money(value) if isinstance(value, Decimal) else value
+
+
+def _raises(before: Decimal | None, after: Decimal | None) -> bool:
+    """Whether ``after`` allows more than ``before`` (None: no limit, the most)."""
+    if after is None:
+        return before is not None
+    return before is not None and after > before
+
+
+def _check_limit_authority(locked: Wallet, reach: Wallet | None, settings: dict[str, Any], changed: list[str]) -> None:
+    """The "lower but never raise" rule, judged on the locked rows (docs/decisions.md, Operator console).
+
+    No reach (the operator, the console, ``manage.py``): any value. A key changing its own wallet: each
+    changed limit may only go down (an auto-refill draws on the parent, so a larger refill is a raise, and
+    adding one where there was none too). A key changing a wallet below its own: no budget or daily limit
+    above its own wallet's (and none left unlimited while its own is limited).
+    """
+    if reach is None:
+        return
+    if reach.wallet_id == locked.wallet_id:
+        for name in changed:
+            before, after = getattr(locked, name), settings[name]
+            if name in ("refill_threshold", "refill_amount"):
+                # No refill (None) draws nothing: adding one, or a larger one, is the raise.
+                raised = after is not None and (before is None or after > before)
+            else:
+                raised = name in WALLET_LIMITS and _raises(before, after)
+            if raised:
+                raise WalletLimitRaiseDenied(wallet_id=locked.wallet_id, setting=name)
+        return
+    for name in ("budget", "daily_limit"):
+        own = getattr(reach, name)
+        if name in changed and _raises(own, settings[name]):
+            raise WalletLimitRaiseDenied(wallet_id=locked.wallet_id, setting=name, reach_wallet_id=reach.wallet_id)
+
+
+@transaction.atomic(durable=True)
+def wallet_settings_change(
+    *, wallet: Wallet, changes: dict[str, Any], actor_key_id: str = "", actor: str = ""
+) -> WalletSettingsChange:
+    """Change some of a wallet's settings (name, budget, daily limit, auto-refill); the others stay.
+
+    The caller has checked that the wallet is in the acting key's reach. Locks the acting key's wallet
+    (when it is an ancestor) before the wallet, ancestor first as every service does, then judges the
+    change on the locked rows: who may raise what (``_check_limit_authority``: 403
+    ``wallet_limit_raise_denied``), sponsors have no budget or auto-refill and the refill pair is set
+    together (422), a closed wallet changes no more (403). The spend rules read the limits at charge time
+    (billing/sql/billing_debit.sql), so a change applies from the next charge; a limit set under what the
+    wallet has already spent in its window (today, or its lifetime for the budget) is kept and said so in
+    ``notices``: charges are refused until the window moves on. Audited as ``wallet.settings_changed``
+    with every changed setting's before and after. A change that changes nothing is not audited.
+    """
+    unknown = sorted(set(changes) - set(WALLET_SETTINGS))
+    if unknown:
+        raise RequestValidationError.single(["body", unknown[0]], "Not a wallet setting.", "unknown_setting")
+    reach_id = _reach_of(actor_key_id)
+    if reach_id == "":
+        raise WalletAccessDenied(wallet_id=wallet.wallet_id)
+    reach = _lock(reach_id) if reach_id and reach_id != wallet.wallet_id else None
+    locked = _lock(wallet.wallet_id)
+    if reach_id and reach_id == wallet.wallet_id:
+        reach = locked
+    if reach is not None and not (
+        locked.tenant_id == reach.tenant_id and locked.ancestry[: len(reach.ancestry)] == reach.ancestry
+    ):
+        raise WalletAccessDenied(wallet_id=locked.wallet_id)
+    if locked.status == WalletStatus.CLOSED:
+        raise WalletClosed(wallet_id=locked.wallet_id)
+    settings = {name: getattr(locked, name) for name in WALLET_SETTINGS}
+    for name, value in changes.items():
+        if name == "name":
+            settings[name] = (value or "").strip()
+            if len(settings[name]) > 200:
+                raise RequestValidationError.single(["body", "name"], "At most 200 characters.", "string_too_long")
+        else:
+            settings[name] = _optional_money(value)
+            if settings[name] is not None and settings[name] < 0:
+                raise RequestValidationError.single(["body", name], "Must be 0 or more.", "greater_than_equal")
+    if locked.wallet_type == WalletType.SPONSOR:
+        for name in ("budget", "refill_threshold", "refill_amount"):
+            if settings[name] is not None:
+                raise RequestValidationError.single(
+                    ["body", name], "A sponsor wallet has no budget or auto-refill.", "sponsor_setting"
+                )
+    if (settings["refill_threshold"] is None) != (settings["refill_amount"] is None):
+        raise RequestValidationError.single(
+            ["body", "refill_amount"], "Set both refill_threshold and refill_amount, or neither.", "refill_pair"
+        )
+    if settings["refill_amount"] is not None and settings["refill_amount"] <= 0:
+        raise RequestValidationError.single(["body", "refill_amount"], "Must be more than 0.", "greater_than")
+    changed = [name for name in WALLET_SETTINGS if settings[name] != getattr(locked, name)]
+    _check_limit_authority(locked, reach, settings, changed)
+    if not changed:
+        return WalletSettingsChange(wallet=locked, changes={}, notices=[])
+    before = {name: getattr(locked, name) for name in changed}
+    for name in changed:
+        setattr(locked, name, settings[name])
+    locked.save(update_fields=[*changed, "updated_at"])
+    notices = []
+    if "daily_limit" in changed and locked.daily_limit is not None:
+        today = spend_windows([locked.wallet_id])[locked.wallet_id].today
+        if today > 0 and today >= locked.daily_limit:
+            notices.append(
+                f"The daily limit {money(locked.daily_limit)} is at or under what the wallet has already spent today "
+                f"({money(today)}): it applies from the next charge, which is refused until 00:00 UTC."
+            )
+    if "budget" in changed and locked.budget is not None and 0 < locked.total_spent >= locked.budget:
+        notices.append(
+            f"The budget {money(locked.budget)} is at or under the wallet's lifetime spend "
+            f"({money(locked.total_spent)}): it applies from the next charge, which is refused."
+        )
+    diff = {
+        name: {"before": _setting_shown(before[name]), "after": _setting_shown(getattr(locked, name))}
+        for name in changed
+    }
+    _audit_wallet(
+        "wallet.settings_changed",
+        locked,
+        actor_key_id=actor_key_id,
+        actor=actor,
+        changes=diff,
+        **({"notices": notices} if notices else {}),
+    )
+    return WalletSettingsChange(wallet=locked, changes=diff, notices=notices)

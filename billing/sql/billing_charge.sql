@@ -2,11 +2,11 @@
 --
 -- Guarantees, in one call, which in autocommit is one transaction:
 --
--- 1. Reach. The wallet exists (else code 'not_found') and, when p_reach_wallet_id is given (a
---    wallet key), belongs to p_tenant_id with p_reach_wallet_id on its path, i.e. it is the
---    key's wallet or below it (else 'access_denied'; billing.selectors.wallet_in_reach). Without
---    p_reach_wallet_id the caller has checked access; a wallet outside p_tenant_id is then an
---    error (the events would go to the wrong chain).
+-- 1. Reach. The wallet is a wallet of p_tenant_id (else code 'not_found': this function and
+--    those it calls read and write only p_tenant_id's rows) and, when p_reach_wallet_id is given
+--    (a wallet key), has p_reach_wallet_id on its path, i.e. it is the key's wallet or below it
+--    (else 'access_denied'; billing.selectors.wallet_in_reach). Without p_reach_wallet_id the
+--    caller has checked access.
 -- 2. Idempotency, as billing.services did it in Python: with p_idempotency_key, a stored record
 --    of (wallet, key) answers before any lock: 'idempotency_key_reused' when its request hash
 --    differs from p_request_hash, 'idempotency_key_in_progress' when it holds no response yet,
@@ -77,7 +77,9 @@
 -- auto-refill, which billing_debit may lock. Such a charge raises SQLSTATE 'TGBT1' instead, and
 -- the batch rolls back whole; its charges then run one statement each.
 --
--- billing_debit and audit_append are called as assignments (``d := billing_debit(...)``), not as
+-- The events go to audit_append_in as audit's audit_event_in record (audit/sql/audit_append.sql), the
+-- one reader of that shape; the canonical bytes around the seq travel in hex.
+-- billing_debit and audit_append_in are called as assignments (``d := billing_debit(...)``), not as
 -- ``SELECT ... INTO`` or ``PERFORM``: PL/pgSQL evaluates such a call as an expression, without a
 -- query's executor and portal around it (about 1.3 % of PostgreSQL's instructions per charge).
 --
@@ -167,7 +169,7 @@ BEGIN
     END IF;
     SELECT w.tenant_id, w.path, w.refill_threshold IS NOT NULL AND w.refill_amount IS NOT NULL
       INTO wallet_tenant, wallet_path, refills
-      FROM billing_wallet w WHERE w.wallet_id = p_wallet_id;
+      FROM billing_wallet w WHERE w.wallet_id = p_wallet_id AND w.tenant_id = p_tenant_id;
     IF p_batch_later AND refills THEN
         RAISE EXCEPTION 'billing_charge: a charge of a wallet with an auto-refill cannot follow another in a batch'
               USING ERRCODE = 'TGBT1';
@@ -175,18 +177,13 @@ BEGIN
     IF wallet_tenant IS NULL THEN
         code := 'not_found'; subject_id := p_wallet_id; RETURN;
     END IF;
-    IF p_reach_wallet_id IS NOT NULL THEN
-        IF wallet_tenant IS DISTINCT FROM p_tenant_id
-           OR NOT p_reach_wallet_id = ANY(string_to_array(wallet_path, '/')) THEN
-            code := 'access_denied'; subject_id := p_wallet_id; RETURN;
-        END IF;
-    ELSIF wallet_tenant IS DISTINCT FROM p_tenant_id THEN
-        RAISE EXCEPTION 'billing_charge: wallet % belongs to tenant %, not %', p_wallet_id, wallet_tenant, p_tenant_id;
+    IF p_reach_wallet_id IS NOT NULL AND NOT p_reach_wallet_id = ANY(string_to_array(wallet_path, '/')) THEN
+        code := 'access_denied'; subject_id := p_wallet_id; RETURN;
     END IF;
 
     IF p_idempotency_key IS NOT NULL THEN  -- a replay needs no lock
         SELECT * INTO stored FROM billing_charge_idempotency c
-         WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key;
+         WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key AND c.tenant_id = p_tenant_id;
         IF FOUND THEN
             code := CASE WHEN stored.request_hash <> p_request_hash THEN 'idempotency_key_reused'
                          WHEN stored.status <> 'done' OR stored.response_status IS NULL
@@ -222,17 +219,17 @@ BEGIN
 
     IF cap_policies IS NULL THEN
         d := billing_debit(
-            p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path, p_correlation_id, p_ids,
-            p_hour_limit, p_day_limit, p_idempotency_key
+            p_tenant_id, p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path,
+            p_correlation_id, p_ids, p_hour_limit, p_day_limit, p_idempotency_key
         );
     ELSE
         BEGIN  -- a savepoint: a charge over a cap is undone, locks included, and refused
             d := billing_debit(
-                p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path, p_correlation_id,
+                p_tenant_id, p_wallet_id, charged, p_now, p_category, p_units, p_description, p_request_path, p_correlation_id,
                 p_ids, p_hour_limit, p_day_limit, p_idempotency_key
             );
             IF d.code = 'ok' THEN
-                over := billing_daily_cap_over(cap_policies, cap_wallets, cap_limits, p_now);
+                over := billing_daily_cap_over(p_tenant_id, cap_policies, cap_wallets, cap_limits, p_now);
                 IF over.policy_id IS NOT NULL THEN
                     RAISE EXCEPTION USING ERRCODE = 'TGPC1';
                 END IF;
@@ -249,7 +246,7 @@ BEGIN
     spend_window := d.spend_window; refusal_reason := d.refusal_reason;
     IF code = 'replay' THEN  -- a duplicate committed while this call waited for the wallet's lock
         SELECT * INTO stored FROM billing_charge_idempotency c
-         WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key;
+         WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key AND c.tenant_id = p_tenant_id;
         code := CASE WHEN stored.request_hash <> p_request_hash THEN 'idempotency_key_reused'
                      WHEN stored.status <> 'done' OR stored.response_status IS NULL
                           THEN 'idempotency_key_in_progress'
@@ -293,25 +290,27 @@ BEGIN
                 || p_refill_parts[2] || convert_to('"' || money_refilled_balance || '"', 'UTF8')
                 || p_refill_parts[3] || convert_to(to_json(refill_parent)::text, 'UTF8')
                 || p_refill_parts[4];
-        appended := audit_append(
-            wallet_tenant, p_refill_event_id, 'ledger.refill', wallet_tenant, p_wallet_id, p_key_id, NULL, p_endpoint,
-            NULL, p_request_id, true,
-            p_refill_detail || jsonb_build_object(
+        appended := audit_append_in(wallet_tenant, jsonb_build_object(
+            'chain', wallet_tenant, 'event_id', p_refill_event_id, 'event', 'ledger.refill', 'tenant_id', wallet_tenant,
+            'wallet_id', p_wallet_id, 'key_id', p_key_id, 'tool', NULL, 'endpoint', p_endpoint,
+            'policy_decision_id', NULL, 'request_id', p_request_id, 'ok', true,
+            'detail', p_refill_detail || jsonb_build_object(
                 'amount', money_refill,
                 'balance_after', money_refilled_balance,
                 'counterparty', refill_parent
             ),
-            p_refill_created_at, payload, p_refill_parts[5]
-        );
+            'created_at', p_refill_created_at, 'prefix', encode(payload, 'hex'), 'suffix', encode(p_refill_parts[5], 'hex')
+        ));
     END IF;
     payload := p_charge_parts[1] || convert_to('"' || round(-charged, 8)::text || '"', 'UTF8')
             || p_charge_parts[2] || convert_to('"' || money_balance || '"', 'UTF8')
             || p_charge_parts[3];
-    appended := audit_append(
-        wallet_tenant, p_charge_event_id, 'ledger.charge', wallet_tenant, p_wallet_id, p_key_id, NULL, p_endpoint,
-        NULL, p_request_id, true,
-        p_charge_detail || jsonb_build_object('amount', round(-charged, 8)::text, 'balance_after', money_balance),
-        p_charge_created_at, payload, p_charge_parts[4]
-    );
+    appended := audit_append_in(wallet_tenant, jsonb_build_object(
+        'chain', wallet_tenant, 'event_id', p_charge_event_id, 'event', 'ledger.charge', 'tenant_id', wallet_tenant,
+        'wallet_id', p_wallet_id, 'key_id', p_key_id, 'tool', NULL, 'endpoint', p_endpoint,
+        'policy_decision_id', NULL, 'request_id', p_request_id, 'ok', true,
+        'detail', p_charge_detail || jsonb_build_object('amount', round(-charged, 8)::text, 'balance_after', money_balance),
+        'created_at', p_charge_created_at, 'prefix', encode(payload, 'hex'), 'suffix', encode(p_charge_parts[4], 'hex')
+    ));
 END;
 $$;

@@ -9,16 +9,16 @@
 -- the debit, the cap), or NULLs. Spend today: the wallet's hourly spend buckets since midnight UTC,
 -- which count the wallet's subtree (billing_debit). Empty or NULL arrays: NULLs.
 --
--- Used by billing_charge (POST /v1/billing/charge) and gateway_claim (the governed call's phase 1).
+-- Reads only p_tenant_id's buckets. Used by billing_charge (POST /v1/billing/charge) and gateway_claim (the governed call's phase 1).
 CREATE OR REPLACE FUNCTION billing_daily_cap_over(
-    p_policy_ids text[], p_wallet_ids text[], p_limits numeric[], p_now timestamptz,
+    p_tenant_id text, p_policy_ids text[], p_wallet_ids text[], p_limits numeric[], p_now timestamptz,
     OUT policy_id text, OUT spent numeric, OUT cap numeric
 )
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     FOR i IN 1 .. COALESCE(array_length(p_policy_ids, 1), 0) LOOP
         SELECT COALESCE(sum(b.amount), 0) INTO spent FROM billing_spend_bucket b
-         WHERE b.wallet_id = p_wallet_ids[i]
+         WHERE b.wallet_id = p_wallet_ids[i] AND b.tenant_id = p_tenant_id
            AND b.hour >= date_trunc('day', p_now AT TIME ZONE 'UTC') AT TIME ZONE 'UTC';
         IF spent > p_limits[i] THEN
             policy_id := p_policy_ids[i]; cap := p_limits[i];

@@ -1,4 +1,5 @@
--- billing_debit: the debit, the only copy of the spend rules.
+-- billing_debit: the debit, the only copy of the spend rules (the status rule is billing_wallet_may_spend's,
+-- the posting billing_post's).
 --
 -- Every charge (``POST /v1/billing/charge``, governed tool calls, the console) is
 -- one call of this function, so a debit is one round trip however many wallets
@@ -21,24 +22,27 @@
 --    ``transaction_conflict``.
 -- 2. With ``p_idempotency_key``, answers ``replay`` when the charge endpoint's
 --    record for (wallet, key) committed while this call waited for the lock.
--- 3. Refuses, in this order, naming the wallet that refuses: the wallet's own
---    status (closed, frozen, expired), then the highest ancestor that is not
---    active or has expired (a freeze covers the subtree); funds, counting an
+-- 3. Refuses, in this order, naming the wallet that refuses: the status rule
+--    (billing_wallet_may_spend: the wallet's own status, closed, frozen, expired, then the
+--    highest ancestor that is not active or has expired; a freeze covers the subtree); funds, counting an
 --    auto-refill the parent can pay (due when the balance of the wallet and its
 --    children falls under the threshold; ``insufficient_funds``, which freezes
 --    nothing); budget and daily limit of the wallet, then of each agent ancestor
 --    upwards; velocity (hour, then day) of the same, in the same order
 --    (``velocity``: the caller freezes the wallet named).
 -- 4. Posts the refill (parent -> wallet) when due, then the charge (wallet ->
---    revenue) as balanced ledger transactions, moves the balances and the
---    lifetime ``total_spent`` of the wallet and of every agent ancestor, and adds
---    the amount to each owner's spend bucket of the hour.
+--    revenue) as balanced ledger transactions (billing_post, which moves the balances
+--    and the wallet's lifetime ``total_spent``), moves the ``total_spent`` of every agent
+--    ancestor, and adds the amount to each owner's spend bucket of the hour.
+--
+-- Touches only p_tenant_id's rows: a wallet of another tenant is 'not_found'.
 --
 -- Spend windows are read from ``billing_spend_bucket`` (at most 25 rows per
 -- owner), as ``billing.selectors.spend_windows`` reads them: last hour = the
 -- current and previous clock hours, last day = the current and 24 previous,
 -- today = since 00:00 UTC.
 CREATE OR REPLACE FUNCTION billing_debit(
+    p_tenant_id text,
     p_wallet_id text,
     p_amount numeric,
     p_now timestamptz,
@@ -76,7 +80,8 @@ DECLARE
     path_ids text[];
     owner_ids text[];
     lock_ids text[];
-    blocked billing_wallet;
+    status record;    -- billing_wallet_may_spend's answer
+    posted record;    -- billing_post's answer
     wallet_id_ text;
     refill_due boolean := false;
     held_below numeric;
@@ -89,7 +94,7 @@ DECLARE
     i int;
     n int;
 BEGIN
-    SELECT * INTO hint FROM billing_wallet WHERE wallet_id = p_wallet_id;
+    SELECT * INTO hint FROM billing_wallet WHERE wallet_id = p_wallet_id AND tenant_id = p_tenant_id;
     IF NOT FOUND THEN
         code := 'not_found'; subject_id := p_wallet_id; RETURN;
     END IF;
@@ -102,33 +107,25 @@ BEGIN
         lock_ids := lock_ids || hint.parent_id;
     END IF;
     FOREACH wallet_id_ IN ARRAY lock_ids LOOP  -- the parent is the last ancestor: top-down order holds
-        PERFORM 1 FROM billing_wallet WHERE wallet_id = wallet_id_ FOR NO KEY UPDATE;
+        PERFORM 1 FROM billing_wallet WHERE wallet_id = wallet_id_ AND tenant_id = p_tenant_id FOR NO KEY UPDATE;
     END LOOP;
-    SELECT * INTO w FROM billing_wallet WHERE wallet_id = p_wallet_id FOR NO KEY UPDATE;
+    SELECT * INTO w FROM billing_wallet WHERE wallet_id = p_wallet_id AND tenant_id = p_tenant_id FOR NO KEY UPDATE;
     wallet_tenant := w.tenant_id;
 
     -- Two IFs, not one condition: a query that runs only for keyed charges keeps one plan for all of them.
     IF p_idempotency_key IS NOT NULL THEN
         IF EXISTS (SELECT 1 FROM billing_charge_idempotency c
-                    WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key) THEN
+                    WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key AND c.tenant_id = p_tenant_id) THEN
             code := 'replay'; subject_id := p_wallet_id; RETURN;
         END IF;
     END IF;
 
-    -- Status: the wallet, then the highest ancestor that stops it.
-    subject_id := w.wallet_id;
-    IF w.status = 'closed' THEN code := 'wallet_closed'; RETURN; END IF;
-    IF w.status = 'frozen' THEN code := 'wallet_frozen'; refusal_reason := w.frozen_reason; RETURN; END IF;
-    IF w.status = 'expired' OR w.expires_at <= p_now THEN code := 'wallet_expired'; RETURN; END IF;
-    SELECT * INTO blocked FROM billing_wallet
-     WHERE wallet_id = ANY(path_ids[1:n - 1]) AND (status <> 'active' OR expires_at <= p_now)
-     ORDER BY path LIMIT 1;
-    IF FOUND THEN
-        subject_id := blocked.wallet_id;
-        IF blocked.status = 'closed' THEN code := 'wallet_closed'; RETURN; END IF;
-        IF blocked.status = 'frozen' THEN code := 'wallet_frozen'; refusal_reason := blocked.frozen_reason; RETURN; END IF;
-        code := 'wallet_expired'; RETURN;
+    -- Status: the wallet, then the highest ancestor that stops it (under the wallet's lock).
+    status := billing_wallet_may_spend(p_tenant_id, p_wallet_id, p_now);
+    IF status.code IS NOT NULL THEN
+        code := status.code; subject_id := status.subject_id; refusal_reason := status.refusal_reason; RETURN;
     END IF;
+    subject_id := w.wallet_id;
 
     -- Funds, counting an auto-refill the parent can pay.
     IF w.parent_id IS NOT NULL AND w.refill_threshold IS NOT NULL AND w.refill_amount IS NOT NULL
@@ -141,9 +138,10 @@ BEGIN
         -- credit down and charging a little never draws a refill (it drained the parent into the
         -- children). Every debit and refill of a child, and every funding of one, holds this
         -- wallet's lock, so the children's balances are settled here.
-        SELECT COALESCE(sum(c.balance), 0) INTO held_below FROM billing_wallet c WHERE c.parent_id = w.wallet_id;
+        SELECT COALESCE(sum(c.balance), 0) INTO held_below FROM billing_wallet c
+         WHERE c.parent_id = w.wallet_id AND c.tenant_id = p_tenant_id;
         IF w.balance + held_below - p_amount < w.refill_threshold THEN
-            SELECT * INTO parent FROM billing_wallet WHERE wallet_id = w.parent_id;
+            SELECT * INTO parent FROM billing_wallet WHERE wallet_id = w.parent_id AND tenant_id = p_tenant_id;
             refill_due := parent.status = 'active' AND (parent.expires_at IS NULL OR parent.expires_at > p_now)
                           AND parent.balance >= w.refill_amount;
         END IF;
@@ -158,13 +156,13 @@ BEGIN
                COALESCE(s.last_hour, 0) AS last_hour, COALESCE(s.last_day, 0) AS last_day,
                COALESCE(s.today, 0) AS today
           FROM unnest(owner_ids || w.wallet_id) WITH ORDINALITY AS o(id, ord)
-          JOIN billing_wallet bw ON bw.wallet_id = o.id
+          JOIN billing_wallet bw ON bw.wallet_id = o.id AND bw.tenant_id = p_tenant_id
           LEFT JOIN LATERAL (
               SELECT SUM(b.amount) FILTER (WHERE b.hour >= hour_start - interval '1 hour') AS last_hour,
                      SUM(b.amount) FILTER (WHERE b.hour >= hour_start - interval '24 hours') AS last_day,
                      SUM(b.amount) FILTER (WHERE b.hour >= midnight) AS today
                 FROM billing_spend_bucket b
-               WHERE b.wallet_id = o.id AND b.hour >= LEAST(hour_start - interval '24 hours', midnight)
+               WHERE b.wallet_id = o.id AND b.tenant_id = p_tenant_id AND b.hour >= LEAST(hour_start - interval '24 hours', midnight)
           ) s ON true
          ORDER BY o.ord DESC
     LOOP
@@ -193,42 +191,55 @@ BEGIN
     END LOOP;
     subject_id := w.wallet_id;
 
-    IF refill_due THEN
+    IF refill_due THEN  -- just before the charge it pays for, in every listing
         refilled := w.refill_amount;
         refill_parent := parent.wallet_id;
-        UPDATE billing_wallet SET balance = balance - refilled, updated_at = p_now
-         WHERE wallet_id = parent.wallet_id;
-        INSERT INTO billing_ledger_entry
-            (entry_id, transaction_id, tenant_id, wallet_id, account, counterparty, kind, amount, balance_after,
-             service_category, units, description, request_path, correlation_id, refund_of_id, created_at)
-        VALUES
-            (p_ids[5], p_ids[4], w.tenant_id, parent.wallet_id, parent.wallet_id, w.wallet_id, 'refill',
-             -refilled, parent.balance - refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL,
-             p_now - interval '1 microsecond'),
-            (p_ids[6], p_ids[4], w.tenant_id, w.wallet_id, w.wallet_id, parent.wallet_id, 'refill',
-             refilled, w.balance + refilled, '', NULL, 'auto-refill', '', p_correlation_id, NULL,
-             p_now - interval '1 microsecond');  -- just before the charge it pays for, in every listing
-        w.balance := w.balance + refilled;
+        posted := billing_post(p_tenant_id, p_ids[4], 'refill', parent.wallet_id, w.wallet_id, refilled, p_ids[5],
+                               p_ids[6], 0, '', NULL, 'auto-refill', '', p_correlation_id, NULL,
+                               p_now - interval '1 microsecond');
     END IF;
 
-    new_balance := w.balance - p_amount;
-    UPDATE billing_wallet
-       SET balance = new_balance, total_spent = total_spent + p_amount, updated_at = p_now
-     WHERE wallet_id = w.wallet_id;
-    INSERT INTO billing_ledger_entry
-        (entry_id, transaction_id, tenant_id, wallet_id, account, counterparty, kind, amount, balance_after,
-         service_category, units, description, request_path, correlation_id, refund_of_id, created_at)
-    VALUES
-        (p_ids[2], p_ids[1], w.tenant_id, w.wallet_id, w.wallet_id, 'revenue', 'charge', -p_amount, new_balance,
-         p_category, p_units, p_description, p_request_path, p_correlation_id, NULL, p_now),
-        (p_ids[3], p_ids[1], w.tenant_id, NULL, 'revenue', w.wallet_id, 'charge', p_amount, NULL,
-         p_category, p_units, p_description, p_request_path, p_correlation_id, NULL, p_now);
+    posted := billing_post(p_tenant_id, p_ids[1], 'charge', w.wallet_id, 'revenue', p_amount, p_ids[2], p_ids[3],
+                           p_amount, p_category, p_units, p_description, p_request_path, p_correlation_id, NULL, p_now);
+    new_balance := posted.source_balance;
     IF array_length(owner_ids, 1) > 0 THEN
-        UPDATE billing_wallet SET total_spent = total_spent + p_amount WHERE wallet_id = ANY(owner_ids);
+        UPDATE billing_wallet SET total_spent = total_spent + p_amount
+         WHERE wallet_id = ANY(owner_ids) AND tenant_id = p_tenant_id;
     END IF;
     INSERT INTO billing_spend_bucket (wallet_id, tenant_id, hour, amount)
-    SELECT o, w.tenant_id, hour_start, p_amount FROM unnest(owner_ids || w.wallet_id) AS o
+    SELECT o, p_tenant_id, hour_start, p_amount FROM unnest(owner_ids || w.wallet_id) AS o
         ON CONFLICT (wallet_id, hour, tenant_id) DO UPDATE SET amount = billing_spend_bucket.amount + EXCLUDED.amount;
     code := 'ok';
+END;
+$$;
+
+-- billing_debit_in: billing_debit for a debit passed as one record, billing's debit_in shape.
+--
+-- p_debit is the JSON object billing.services.ledger.DebitCall.record builds (the one constructor of
+-- the shape): wallet_id, amount, now (ISO 8601 with its offset), category, units, description,
+-- request_path, correlation_id, ids (billing_debit's six, as a JSON array), hour_limit, day_limit;
+-- amounts as decimal strings. Other apps' database functions (gateway_claim) debit with this, never
+-- with billing_debit's positional arguments. Answers billing_debit's columns; without an
+-- idempotency key (the charge endpoint's own, billing_charge, passes it to billing_debit).
+CREATE OR REPLACE FUNCTION billing_debit_in(
+    p_tenant_id text,
+    p_debit jsonb,
+    OUT code text, OUT subject_id text, OUT wallet_tenant text, OUT new_balance numeric, OUT daily_spent numeric,
+    OUT refilled numeric, OUT refill_parent text, OUT figure numeric, OUT figure_limit numeric,
+    OUT spend_window text, OUT refusal_reason text
+)
+LANGUAGE plpgsql AS $$
+DECLARE
+    d record;  -- billing_debit's answer
+BEGIN
+    d := billing_debit(
+        p_tenant_id, p_debit->>'wallet_id', (p_debit->>'amount')::numeric, (p_debit->>'now')::timestamptz,
+        p_debit->>'category', (p_debit->>'units')::numeric, p_debit->>'description', p_debit->>'request_path',
+        p_debit->>'correlation_id', ARRAY(SELECT jsonb_array_elements_text(p_debit->'ids')),
+        (p_debit->>'hour_limit')::numeric, (p_debit->>'day_limit')::numeric, NULL
+    );
+    code := d.code; subject_id := d.subject_id; wallet_tenant := d.wallet_tenant; new_balance := d.new_balance;
+    daily_spent := d.daily_spent; refilled := d.refilled; refill_parent := d.refill_parent; figure := d.figure;
+    figure_limit := d.figure_limit; spend_window := d.spend_window; refusal_reason := d.refusal_reason;
 END;
 $$;

@@ -538,6 +538,17 @@ class Wallets(_Group):
     def get(self, wallet_id: str) -> Wallet:
         return Wallet.from_dict(self._c._get(f"/v1/billing/wallets/{wallet_id}"))
 
+    def update(self, wallet_id: str, **changes: Any) -> Wallet:
+        """Change some of a wallet's settings (``name``, ``budget``, ``daily_limit``, ``refill_threshold``,
+        ``refill_amount``; ``None`` removes a limit). An extension of the 1.3.0 API.
+
+        A key may lower its own wallet's limits but never raise them (``PermissionDenied``,
+        ``wallet_limit_raise_denied``). The answer's ``raw`` holds ``changes`` (before and after) and
+        ``notices`` (a limit set under what the wallet already spent in its window).
+        """
+        body = {name: _value(value) for name, value in changes.items()}
+        return Wallet.from_dict(self._c.request("PATCH", f"/v1/billing/wallets/{wallet_id}", json_body=body))
+
     def list(
         self, *, wallet_type: str | None = None, limit: int | None = None, offset: int | None = None
     ) -> Page[Wallet]:

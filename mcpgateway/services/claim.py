@@ -32,6 +32,7 @@ from common import fastsql
 from common.errors import ApplicationError
 from common.faults import fault_point
 from common.ids import new_id
+from common.records import record_json
 from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.services.call import CallRequest, _uncharged
 from mcpgateway.services.finish import _finish
@@ -42,32 +43,22 @@ from permits.models import Permit, Quote
 from permits.services import (
     DailyCap,
     authorize,
+    daily_caps_record,
+    permit_reservation_record,
     permit_reserve_refusal,
-    permit_verified_columns,
     policy_daily_cap_refusal,
     quote_check,
+    quote_consumption_record,
 )
 from receipts.models import Outcome
 
-# gateway_claim (mcpgateway/sql/gateway_claim.sql): the action row, the quote's 3, whether to debit and the
-# debit's 11, the reservation's 11, audit_append's 15, what a cached call compares 4, the deferred rate-limit
-# charge's 4, the policies' daily caps 3; it answers billing_debit's columns and the rate-limit window's count.
-# gateway_claim's 53 arguments; the permit's signature, tenant, wallet and subject key (the 20th to
-# the 23rd) travel as one text[] (x.r), so that the statement has 50 parameters: psycopg caches the
-# parsing of a statement of at most 50 (MAX_CACHED_STATEMENT_PARAMS) and parsed this one again on
-# every call (54 µs of CPU).
-_PACKED = slice(19, 23)
-_CLAIM_ARGS = ["%s"] * 53
-_CLAIM_ARGS[_PACKED] = ["x.r[1]", "x.r[2]", "x.r[3]", "x.r[4]"]
+# gateway_claim (mcpgateway/sql/gateway_claim.sql): the tenant, then one record per app, each built by the
+# constructor of the app that owns its shape (docs/decisions.md, "Records between apps"); it answers
+# billing_debit's columns and the rate-limit window's count.
 _CLAIM_SQL = (
     f"SELECT {', '.join(DEBIT_COLUMNS)}, rate_count "  # noqa: S608
-    f"FROM (SELECT %s::text[] AS r) x, gateway_claim({', '.join(_CLAIM_ARGS)})"
+    "FROM gateway_claim(%s, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb, %s::jsonb)"
 )
-
-
-def claim_sql_params(arguments: Sequence[Any]) -> list[Any]:
-    """``gateway_claim``'s 53 arguments as ``_CLAIM_SQL`` takes them (the packed ones first)."""
-    return [list(arguments[_PACKED]), *arguments[: _PACKED.start], *arguments[_PACKED.stop :]]
 
 
 CLAIM_REFUSED = "P0T01"  # the SQLSTATE gateway_claim raises a refusal with
@@ -97,27 +88,30 @@ def _claim(
     """
     price = action.price
     wallet = action.wallet
-    ancestry = "{" + ",".join(wallet.ancestry) + "}"  # wallet ids are [A-Za-z0-9_]: a literal needs no quoting
-    cached = [found.tool.version if found.tool else None, found.price, ancestry, found.policies_version]
+    cached = {  # what the call was decided on, compared with the rows before anything is written
+        "tool_version": found.tool.version if found.tool else None,
+        "price": found.price,
+        "ancestry": wallet.ancestry,
+        "policies_version": found.policies_version,
+    }
     params = [
+        wallet.tenant_id,
         json.dumps(fastsql.json_row(action)),
-        quote.quote_id if quote else "",
-        quote.quoted_credits if quote else None,
-        quote.signature if quote else None,
-        debit is not None,
-        *(_debit_params(debit) if debit else [None] * 11),
-        permit.permit_id,
-        price,
-        now,
-        *permit_verified_columns(permit),
-        *event.params(),
-        *cached,  # what the call was decided on, compared with the rows before anything is written
-        *(deferred.claim_params() if deferred is not None else [None] * 4),
-        *(_caps_params(daily_caps) if debit and daily_caps else [None] * 3),
+        quote_consumption_record(
+            quote=quote, wallet_id=wallet.wallet_id, tool=action.tool, action_id=action.action_id, now=now
+        )
+        if quote
+        else None,
+        debit.record() if debit else None,
+        permit_reservation_record(permit=permit, amount=price or Decimal(0), now=now),
+        event.record_in(),
+        record_json(cached),
+        deferred.claim_record() if deferred is not None else None,
+        daily_caps_record(list(daily_caps)) if debit else None,
     ]
     try:
         with fastsql.own_transaction():
-            row = fastsql.fetch_row(_CLAIM_SQL, claim_sql_params(params))
+            row = fastsql.fetch_row(_CLAIM_SQL, params)
         assert row is not None
         *debit_row, rate_count = row
         answer = dict(zip(DEBIT_COLUMNS, debit_row, strict=True))
@@ -150,19 +144,6 @@ def _claim(
     if deferred is not None:
         deferred.claimed(int(rate_count))
     return debit.result(answer) if debit else None
-
-
-def _debit_params(debit: DebitCall) -> list[Any]:
-    """``billing_debit``'s first 11 arguments; the ids as an array literal (ids are ``[A-Za-z0-9_]``, so the
-    literal needs no quoting), which PostgreSQL parses at once where psycopg adapts a list item by item."""
-    params = debit.params()[:11]
-    params[8] = "{" + ",".join(debit.ids) + "}"
-    return params
-
-
-def _caps_params(caps: Sequence[DailyCap]) -> list[Any]:
-    """``gateway_claim``'s y_ arguments: the policies, the wallets whose spend they cap, the caps."""
-    return [[cap.policy_id for cap in caps], [cap.wallet_id for cap in caps], [cap.limit for cap in caps]]
 
 
 def _claim_refusal(err: DatabaseError) -> dict[str, Any] | None:
@@ -255,6 +236,7 @@ def _phase1(
             wallet_check_may_spend(wallet=wallet, reach_wallet_id=key.wallet_id)
         else:
             debit = debit_call(
+                tenant_id=wallet.tenant_id,
                 wallet_id=wallet.wallet_id,
                 amount=price,
                 service_category=tool.category,

@@ -285,6 +285,7 @@ def _finish(
             row = fastsql.fetch_row(
                 _FINISH_SQL,
                 [
+                    action.tenant_id,
                     action.action_id,
                     json.dumps(fastsql.json_row(receipt)),
                     state,
@@ -293,7 +294,7 @@ def _finish(
                     receipt.receipt_id,
                     json.dumps(response),
                     action.completed_at,
-                    *event.params(),
+                    event.record_in(),
                 ],
             )
         if row is None or row[0] != "ok":
@@ -306,8 +307,8 @@ def _finish(
     return receipt
 
 
-# gateway_finish (mcpgateway/sql/gateway_finish.sql): 8 arguments of its own, then audit_append's 15.
-_FINISH_SQL = "SELECT gateway_finish(" + ", ".join(["%s"] * 23) + ")"
+# gateway_finish (mcpgateway/sql/gateway_finish.sql): the tenant, 8 arguments of its own, then audit's event record.
+_FINISH_SQL = "SELECT gateway_finish(%s, %s, %s::jsonb, %s, %s, %s, %s, %s::jsonb, %s, %s::jsonb)"
 
 
 # --- The local dogfood tool --------------------------------------------------------------

@@ -10,7 +10,11 @@
 --    settled it first (delivery_uncertain) nothing is written and the answer is
 --    'not_claimed';
 -- 2. inserts the receipt (p_receipt: the row as JSON, column by column);
--- 3. appends the audit event with audit_append, last (the tenant's chain head).
+-- 3. appends the audit event with audit_append_in, last (the tenant's chain head; p_event is audit's
+--    audit_event_in record, audit.services.PreparedEvent.record_in).
+--
+-- p_tenant_id is the action's tenant: an action of another tenant is not touched ('not_claimed'),
+-- and a receipt or an event of another tenant is refused (SQLSTATE TGTN1, nothing written).
 --
 -- Lock order (docs/decisions.md, "Lock order"): the action row, then the chain head.
 -- Refunds, reconciliation items and alerts (failed and uncertain calls) keep the path of
@@ -18,27 +22,27 @@
 -- Database functions are called as assignments (``x := f(...)``), not with PERFORM or SELECT INTO:
 -- see billing/sql/billing_charge.sql.
 CREATE OR REPLACE FUNCTION gateway_finish(
-    p_action_id text, p_receipt jsonb,
+    p_tenant_id text, p_action_id text, p_receipt jsonb,
     p_state text, p_outcome text, p_reason_code text, p_receipt_id text, p_response jsonb, p_completed_at timestamptz,
-    a_chain text, a_event_id text, a_event text, a_tenant_id text, a_wallet_id text, a_key_id text,
-    a_tool text, a_endpoint text, a_policy_decision_id text, a_request_id text, a_ok boolean,
-    a_detail jsonb, a_created_at timestamptz, a_prefix bytea, a_suffix bytea
+    p_event jsonb
 )
 RETURNS text
 LANGUAGE plpgsql AS $$
 DECLARE
-    appended record;  -- audit_append's answer, unused
+    appended record;  -- audit_append_in's answer, unused
 BEGIN
+    IF p_receipt->>'tenant_id' IS DISTINCT FROM p_tenant_id THEN
+        RAISE EXCEPTION 'gateway_finish: the receipt is not of tenant %', p_tenant_id USING ERRCODE = 'TGTN1';
+    END IF;
     UPDATE mcpgateway_action
        SET state = p_state, outcome = p_outcome, reason_code = p_reason_code, receipt_id = p_receipt_id,
            response = p_response, completed_at = p_completed_at
-     WHERE action_id = p_action_id AND state = 'dispatch_claimed';
+     WHERE action_id = p_action_id AND tenant_id = p_tenant_id AND state = 'dispatch_claimed';
     IF NOT FOUND THEN
         RETURN 'not_claimed';
     END IF;
     INSERT INTO receipts_receipt SELECT * FROM jsonb_populate_record(NULL::receipts_receipt, p_receipt);
-    appended := audit_append(a_chain, a_event_id, a_event, a_tenant_id, a_wallet_id, a_key_id, a_tool, a_endpoint,
-                             a_policy_decision_id, a_request_id, a_ok, a_detail, a_created_at, a_prefix, a_suffix);
+    appended := audit_append_in(p_tenant_id, p_event);
     RETURN 'ok';
 END;
 $$;

@@ -18,9 +18,16 @@ from permits.services.authorization import (
     DailyCap,
     Decision,
     authorize,
+    daily_caps_record,
     policies_from_json,
     policy_daily_cap_refusal,
     tool_allowed,
+)
+from permits.services.notifications import (
+    approver_reachability,
+    tenant_notification_set,
+    webhook_deliver_due,
+    webhook_signature,
 )
 from permits.services.permit_requests import (
     PERMIT_REQUEST_LIFETIME,
@@ -39,11 +46,11 @@ from permits.services.permits import (
     PermitIssue,
     permit_issue,
     permit_release,
+    permit_reservation_record,
     permit_reserve,
     permit_reserve_refusal,
     permit_revoke,
     permit_statement_problem,
-    permit_verified_columns,
 )
 from permits.services.policies import (
     POLICY_FIELDS,
@@ -55,7 +62,14 @@ from permits.services.policies import (
     policy_proposal_reject,
     policy_update,
 )
-from permits.services.quotes import QUOTE_LIFETIME, quote_check, quote_consume, quote_create, quote_statement_problem
+from permits.services.quotes import (
+    QUOTE_LIFETIME,
+    quote_check,
+    quote_consume,
+    quote_consumption_record,
+    quote_create,
+    quote_statement_problem,
+)
 
 __all__ = [
     "PERMIT_REQUEST_LIFETIME",
@@ -71,7 +85,9 @@ __all__ = [
     "RequestCreate",
     "approval_relaxation",
     "approval_url",
+    "approver_reachability",
     "authorize",
+    "daily_caps_record",
     "human_approval_required",
     "permit_issue",
     "permit_release",
@@ -79,11 +95,11 @@ __all__ = [
     "permit_request_decide",
     "permit_request_notify",
     "permit_request_terms",
+    "permit_reservation_record",
     "permit_reserve",
     "permit_reserve_refusal",
     "permit_revoke",
     "permit_statement_problem",
-    "permit_verified_columns",
     "policies_from_json",
     "policy_change",
     "policy_create",
@@ -93,10 +109,14 @@ __all__ = [
     "policy_update",
     "quote_check",
     "quote_consume",
+    "quote_consumption_record",
     "quote_create",
     "quote_statement_problem",
     "tenant_approver_add",
     "tenant_approver_remove",
+    "tenant_notification_set",
     "tool_allowed",
     "user_is_approver",
+    "webhook_deliver_due",
+    "webhook_signature",
 ]

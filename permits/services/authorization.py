@@ -18,6 +18,7 @@ from billing.models import Wallet
 from billing.selectors import spend_windows
 from common import fastsql
 from common.ids import new_id
+from common.records import record_json
 from permits import exceptions as exc
 from permits.models import Permit, PermitStatus, PolicyBundle
 from permits.services.permits import permit_statement_problem
@@ -63,6 +64,14 @@ class DailyCap:
     policy_id: str
     wallet_id: str
     limit: Decimal
+
+
+def daily_caps_record(caps: list[DailyCap]) -> str | None:
+    """The daily caps as the claim's record (JSON text: ``[{policy_id, wallet_id, limit}]``, what
+    ``gateway_claim`` hands to ``billing_daily_cap_over``), or None without caps. The one constructor."""
+    if not caps:
+        return None
+    return record_json([{"policy_id": c.policy_id, "wallet_id": c.wallet_id, "limit": c.limit} for c in caps])
 
 
 @dataclass

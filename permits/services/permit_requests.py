@@ -25,10 +25,12 @@ from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import Wallet, WalletType
 from common.canonical import canonical_bytes, sha256_hex
+from common.formatting import credits_phrase
 from common.ids import new_id
 from common.jsonbody import check_storable
 from permits import exceptions as exc
-from permits.models import PermitRequest, PermitRequestStatus, TenantApprover
+from permits.models import PermitRequest, PermitRequestStatus, TenantApprover, TenantNotification
+from permits.services.notifications import webhook_queue
 from permits.services.permits import _check_subject_key, _created_before, _mint_permit
 
 logger = logging.getLogger("tollgate.permits")
@@ -87,6 +89,8 @@ def permit_request_create(
                 request_hash=request_hash,
             )
             request_id = preq.request_id
+            # The webhook's delivery row commits with the request; deliver_webhooks sends it.
+            webhook_queue(preq=preq, approval_url=approval_url(request_id))
             transaction.on_commit(lambda: permit_request_notify(request_id=request_id))
             audit_record(
                 event="permit_request.created",
@@ -145,12 +149,16 @@ def approval_url(request_id: str) -> str:
 
 
 def permit_request_notify(*, request_id: str) -> int:
-    """Email the tenant's approvers the request card and a link to the approval page.
+    """Email the tenant's approvers the request card and a link to the approval page (unless the
+    tenant turned email off; its webhook, if any, is ``notifications.webhook_queue``'s).
 
     Runs after the creating transaction commits. A delivery failure is logged and
     does not affect the request (approvers also see the queue page).
     """
     preq = PermitRequest.objects.select_related("wallet").get(request_id=request_id)
+    notification = TenantNotification.objects.filter(tenant_id=preq.tenant_id).first()
+    if notification is not None and not notification.email_enabled:
+        return 0
     recipients = sorted(
         {
             email
@@ -169,7 +177,7 @@ def permit_request_notify(*, request_id: str) -> int:
     html = render_to_string("permits/card.html", context)
     text = (
         f"Permit request {preq.request_id} from wallet {preq.wallet_id}\n"
-        f"Tools: {', '.join(preq.allowed_tools)}\nUp to {money(preq.max_credits)} credits\n"
+        f"Tools: {', '.join(preq.allowed_tools)}\nUp to {credits_phrase(preq.max_credits)}\n"
         f"Reason: {preq.justification or '-'}\n\nReview it: {context['approval_url']}\n"
     )
     try:

@@ -8,7 +8,6 @@ runs in its own phase-1 transaction; they take no transaction of their own.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -25,6 +24,7 @@ from billing.models import APIKey, Wallet
 from common.canonical import iso_utc
 from common.errors import IdempotencyKeyReused, RequestValidationError
 from common.ids import new_id
+from common.records import record_json
 from permits import exceptions as exc
 from permits.models import Permit, PermitRequest, PermitStatus
 from permits.services.approval import approval_lock, human_approval_required, revoke_locked
@@ -61,19 +61,26 @@ PERMIT_SIGNED_FIELDS = (
 )
 
 
-def permit_verified_columns(permit: Permit) -> list[Any]:
-    """What ``permits_reserve`` requires the row to still carry, after its signed statement verified:
-    the signature, then the tenant, wallet, subject key, tools, allowance, call limit and expiry."""
-    return [
-        permit.signature,
-        permit.tenant_id,
-        permit.wallet_id,
-        permit.subject_key_id,
-        json.dumps(list(permit.allowed_tools)),
-        permit.max_credits,
-        permit.max_calls,
-        permit.expires_at,
-    ]
+def permit_reservation_record(*, permit: Permit, amount: Decimal, now: datetime) -> str:
+    """A reservation of ``amount`` on ``permit`` as permits' reservation record (JSON text), what
+    ``permits_reserve_in`` (permits/sql/permits_reserve.sql) takes from other apps' database functions:
+    the permit, the amount, the time, and what the row must still carry after its signed statement
+    verified (the signature, wallet, subject key, tools, allowance, call limit and expiry). The one
+    constructor of the shape."""
+    return record_json(
+        {
+            "permit_id": permit.permit_id,
+            "amount": amount,
+            "now": now,
+            "signature": permit.signature,
+            "wallet_id": permit.wallet_id,
+            "subject_key_id": permit.subject_key_id,
+            "allowed_tools": list(permit.allowed_tools),
+            "max_credits": permit.max_credits,
+            "max_calls": permit.max_calls,
+            "expires_at": permit.expires_at,
+        }
+    )
 
 
 def permit_statement_problem(permit: Permit) -> str | None:
@@ -243,7 +250,7 @@ def permit_revoke(*, permit_id: str, reason: str = "revoked", actor_key_id: str 
     return permit
 
 
-_RESERVE_SQL = "SELECT permits_reserve(%s, %s, %s)"  # permits/sql/permits_reserve.sql
+_RESERVE_SQL = "SELECT permits_reserve(%s, %s, %s, %s)"  # permits/sql/permits_reserve.sql
 
 
 def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = None) -> None:
@@ -256,7 +263,7 @@ def permit_reserve(*, permit: Permit, amount: Decimal, now: datetime | None = No
     """
     now = now or timezone.now()
     with connection.cursor() as cursor:
-        cursor.execute(_RESERVE_SQL, [permit.permit_id, amount, now])
+        cursor.execute(_RESERVE_SQL, [permit.tenant_id, permit.permit_id, amount, now])
         reserved = bool(cursor.fetchone()[0])
     if not reserved:
         raise permit_reserve_refusal(permit_id=permit.permit_id, amount=amount, now=now)

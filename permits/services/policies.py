@@ -166,9 +166,17 @@ def _policy_snapshot(policy: PolicyBundle) -> dict[str, Any]:
 
 @transaction.atomic(durable=True)
 def policy_create(
-    *, wallet: Wallet, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **rules: Any
+    *,
+    wallet: Wallet,
+    actor_key_id: str = "",
+    actor_wallet_id: str = "",
+    actor: str = "",
+    endpoint: str = "/v1/policies",
+    **rules: Any,
 ) -> PolicyBundle:
     """Attach a policy bundle to ``wallet``; it applies to the wallet and every wallet below it.
+
+    ``endpoint`` is where the change came from, as audited (the console passes its own page's path).
 
     ``actor_wallet_id`` is the wallet of the creating key (empty for the operator): it
     records the level the policy was set at, which decides who may change it later
@@ -197,7 +205,7 @@ def policy_create(
         tenant_id=wallet.tenant_id,
         wallet_id=wallet.wallet_id,
         key_id=actor_key_id or None,
-        endpoint="/v1/policies",
+        endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
             "rules": _policy_snapshot(policy),
@@ -295,6 +303,7 @@ def _apply_locked(
     actor_wallet_id: str,
     actor: str,
     proposal: PolicyChangeProposal | None = None,
+    endpoint: str = "/v1/policies/{policy_id}",
 ) -> PolicyBundle:
     """Write ``changes`` to ``policy`` (its row locked by the caller, its level checked) and audit it.
 
@@ -328,7 +337,7 @@ def _apply_locked(
         tenant_id=policy.tenant_id,
         wallet_id=policy.wallet_id,
         key_id=actor_key_id or None,
-        endpoint="/v1/policies/{policy_id}",
+        endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
             "before": before,
@@ -349,7 +358,13 @@ def _apply_locked(
 
 @transaction.atomic(durable=True)
 def policy_update(
-    *, policy_id: str, actor_key_id: str = "", actor_wallet_id: str = "", actor: str = "", **changes: Any
+    *,
+    policy_id: str,
+    actor_key_id: str = "",
+    actor_wallet_id: str = "",
+    actor: str = "",
+    endpoint: str = "/v1/policies/{policy_id}",
+    **changes: Any,
 ) -> PolicyBundle:
     """Change some rules of a policy bundle; bumps its version. Locks the row first.
 
@@ -373,7 +388,9 @@ def policy_update(
     relaxes = approval_relaxation(before, {**before, **{k: v for k, v in changes.items() if k in POLICY_FIELDS}})
     if relaxes:
         raise ApprovalRelaxationNeedsConfirmation(policy_id=policy.policy_id, relaxes=relaxes)
-    return _apply_locked(policy, changes, actor_key_id=actor_key_id, actor_wallet_id=actor_wallet_id, actor=actor)
+    return _apply_locked(
+        policy, changes, actor_key_id=actor_key_id, actor_wallet_id=actor_wallet_id, actor=actor, endpoint=endpoint
+    )
 
 
 def _console_users_behind_key(key_id: str) -> list[str]:
@@ -400,6 +417,7 @@ def policy_change(
     actor_wallet_id: str = "",
     actor: str = "",
     user: Any = None,
+    endpoint: str = "/v1/policies/{policy_id}",
     **changes: Any,
 ) -> PolicyChange:
     """Change some rules of a policy bundle, as ``policy_update`` does, unless the change relaxes
@@ -422,7 +440,7 @@ def policy_change(
     relaxes = approval_relaxation(before, {**before, **rules})
     if not relaxes:
         applied = _apply_locked(
-            policy, changes, actor_key_id=actor_key_id, actor_wallet_id=actor_wallet_id, actor=actor
+            policy, changes, actor_key_id=actor_key_id, actor_wallet_id=actor_wallet_id, actor=actor, endpoint=endpoint
         )
         return PolicyChange(policy=applied, proposal=None)
     altered = {k: v for k, v in rules.items() if v != before[k]}
@@ -467,7 +485,7 @@ def policy_change(
         tenant_id=policy.tenant_id,
         wallet_id=policy.wallet_id,
         key_id=actor_key_id or None,
-        endpoint="/v1/policies/{policy_id}",
+        endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
             "proposal_id": proposal.proposal_id,
@@ -547,6 +565,7 @@ def policy_proposal_confirm(*, proposal_id: str, user: Any, actor: str) -> Polic
         actor_wallet_id=proposal.proposer_wallet_id,
         actor=actor,
         proposal=proposal,
+        endpoint="/admin/permits/policychangeproposal/",
     )
     proposal.status = ProposalStatus.CONFIRMED
     proposal.decided_at = now

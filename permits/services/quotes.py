@@ -21,6 +21,7 @@ from billing.selectors import tool_price
 from common.canonical import iso_utc
 from common.errors import RequestValidationError
 from common.ids import new_id
+from common.records import record_json
 from permits import exceptions as exc
 from permits.models import Quote, QuoteStatus
 
@@ -108,7 +109,27 @@ def quote_check(*, quote: Quote | None, quote_id: str, wallet: Wallet, tool: str
     return quote
 
 
-_QUOTE_CONSUME_SQL = "SELECT permits_quote_consume(%s, %s, %s, %s, %s, %s, %s)"  # permits/sql/permits_quote_consume.sql
+_QUOTE_CONSUME_SQL = (
+    "SELECT permits_quote_consume(%s, %s, %s, %s, %s, %s, %s, %s)"  # permits/sql/permits_quote_consume.sql
+)
+
+
+def quote_consumption_record(*, quote: Quote, wallet_id: str, tool: str, action_id: str, now: datetime) -> str:
+    """Spending ``quote`` on ``action_id`` as permits' quote consumption record (JSON text), what
+    ``permits_quote_consume_in`` (permits/sql/permits_quote_consume.sql) takes from other apps' database
+    functions: the quote, the caller's wallet and tool, the verified price and signature, the action,
+    the time. The one constructor of the shape."""
+    return record_json(
+        {
+            "quote_id": quote.quote_id,
+            "wallet_id": wallet_id,
+            "tool": tool,
+            "credits": quote.quoted_credits,
+            "signature": quote.signature,
+            "action_id": action_id,
+            "now": now,
+        }
+    )
 
 
 def quote_consume(*, quote_id: str, wallet: Wallet, tool: str, action_id: str, now: datetime | None = None) -> Quote:
@@ -125,7 +146,7 @@ def quote_consume(*, quote_id: str, wallet: Wallet, tool: str, action_id: str, n
     with connection.cursor() as cursor:
         cursor.execute(
             _QUOTE_CONSUME_SQL,
-            [quote_id, wallet.wallet_id, tool, quote.quoted_credits, quote.signature, action_id, now],
+            [wallet.tenant_id, quote_id, wallet.wallet_id, tool, quote.quoted_credits, quote.signature, action_id, now],
         )
         consumed = bool(cursor.fetchone()[0])
     if not consumed:

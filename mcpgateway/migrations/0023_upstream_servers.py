@@ -11,7 +11,7 @@ from common.sqlfiles import run_sql_file
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0020_shard_keys"),
+        ("mcpgateway", "0022_claim_and_finish_take_records"),
     ]
 
     operations = [

@@ -1,0 +1,167 @@
+"""The refusal codes of billing's database functions and the exceptions they become: the one map.
+
+``billing_debit``, ``billing_charge``, ``billing_refund``, ``billing_post`` and
+``billing_wallet_may_spend`` (billing/sql/) answer a refusal as a code and the figures that go with it
+(their columns: ``subject_id`` the wallet that refuses, ``figure`` and ``figure_limit``,
+``spend_window``, ``refusal_reason``...). ``REFUSALS`` maps each code to the exception it raises, once,
+for every caller: the ledger's services, the charge endpoint and the governed call's claim
+(``mcpgateway.services.claim``, for the debit it carries). A code that is not in the map is a bug
+(``RuntimeError``), never an answer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from decimal import Decimal
+from typing import Any
+
+from billing.exceptions import (
+    BudgetExceeded,
+    ChargePolicyDenied,
+    DailyLimitExceeded,
+    InsufficientFunds,
+    RefundExceedsCharge,
+    VelocityLimitExceeded,
+    WalletClosed,
+    WalletExpired,
+    WalletFrozen,
+    money,
+)
+from common.errors import (
+    ApplicationError,
+    Conflict,
+    IdempotencyKeyInProgress,
+    IdempotencyKeyReused,
+    NotFound,
+    RequestValidationError,
+    WalletAccessDenied,
+)
+
+# What a refusal code becomes: a domain error, or the 422 shape (an idempotency conflict, an amount too small).
+Refusal = ApplicationError | RequestValidationError
+
+# The codes that are not refusals: the call went through (``ok``) or answers a stored response (``replay``).
+NOT_REFUSED = frozenset({"ok", "replay"})
+
+# billing_debit's refusals: each names the wallet that refuses, the charged wallet or an agent ancestor of it.
+DEBIT_REFUSALS = frozenset(
+    {
+        "not_found",
+        "wallet_closed",
+        "wallet_frozen",
+        "wallet_expired",
+        "insufficient_funds",
+        "budget_exceeded",
+        "daily_limit_exceeded",
+        "velocity",
+    }
+)
+
+# SQLSTATE billing_post raises when an amount would take a wallet's balance past numeric(20,8)'s largest.
+BALANCE_OVERFLOW = "TGBO1"
+LARGEST_BALANCE = Decimal("999999999999.99999999")
+
+
+def _velocity(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+    return VelocityLimitExceeded(
+        wallet_id=row["subject_id"],
+        window=row["spend_window"],
+        spent=row["figure"],
+        amount=amount,
+        limit=row["figure_limit"],
+    )
+
+
+def _budget(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+    return BudgetExceeded(
+        wallet_id=row["subject_id"],
+        budget=money(row["figure_limit"]),
+        total_spent=money(row["figure"]),
+        required=money(amount),
+    )
+
+
+def _daily_limit(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+    return DailyLimitExceeded(
+        wallet_id=row["subject_id"],
+        daily_limit=money(row["figure_limit"]),
+        daily_spent=money(row["figure"]),
+        required=money(amount),
+    )
+
+
+def _amount_too_small(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+    return RequestValidationError.single(
+        ["query", "units"],
+        f"The charge amount (price {money(row['unit_price'])} x units {money(row['units'])}) "
+        "is zero at 8 decimal places.",
+        "amount_too_small",
+    )
+
+
+def _charge_policy(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+    """A policy bundle's refusal of a charge, worded as the governed call words one (``permits.services.
+    authorization``): the policy and its rule, the limit, and for a daily cap the spend today when the
+    caller may read the wallet it counts (``figure_visible``: an ancestor's counts the caller's siblings)."""
+    rule = row["spend_window"]
+    refusal = ChargePolicyDenied(policy_id=row["subject_id"], rule=rule)
+    if rule == "allowed_categories":
+        refusal.extra["category"] = row["category"]
+        return refusal
+    refusal.extra["limit"] = money(row["figure_limit"])
+    if rule == "max_daily_credits" and row.get("figure_visible"):
+        refusal.extra["spent"] = money(row["figure"])
+    refusal.extra["required"] = money(amount)
+    return refusal
+
+
+# code -> the exception, from the function's answer (its columns by name) and the amount asked for.
+REFUSALS: dict[str, Callable[[Mapping[str, Any], Decimal], Refusal]] = {
+    "not_found": lambda row, amount: NotFound("No such wallet.", wallet_id=row["subject_id"]),
+    "wallet_closed": lambda row, amount: WalletClosed(wallet_id=row["subject_id"]),
+    "wallet_frozen": lambda row, amount: WalletFrozen(
+        wallet_id=row["subject_id"], frozen_reason=row.get("refusal_reason")
+    ),
+    "wallet_expired": lambda row, amount: WalletExpired(wallet_id=row["subject_id"]),
+    "insufficient_funds": lambda row, amount: InsufficientFunds(
+        wallet_id=row["subject_id"], balance=row["new_balance"], required=amount
+    ),
+    "budget_exceeded": _budget,
+    "daily_limit_exceeded": _daily_limit,
+    "velocity": _velocity,
+    # billing_charge's (its answer with the call's ``category`` and ``units``, and ``figure_visible``)
+    "idempotency_key_reused": lambda row, amount: IdempotencyKeyReused(),
+    "idempotency_key_in_progress": lambda row, amount: IdempotencyKeyInProgress(headers={"Retry-After": "1"}),
+    "access_denied": lambda row, amount: WalletAccessDenied(wallet_id=row["subject_id"]),
+    "unknown_category": lambda row, amount: NotFound("No such service category.", service_category=row["category"]),
+    "amount_too_small": _amount_too_small,
+    "policy_denied": _charge_policy,
+    # billing_refund's
+    "not_refundable": lambda row, amount: Conflict(
+        "Only a charge entry of a wallet can be refunded.", entry_id=row["subject_id"]
+    ),
+    "refund_exceeds_charge": lambda row, amount: RefundExceedsCharge(
+        entry_id=row["charge_entry_id"], remaining=money(row["figure"]), requested=money(amount)
+    ),
+}
+
+
+def refusal_exception(row: Mapping[str, Any], amount: Decimal) -> Refusal | None:
+    """The exception for the refusal ``row`` answers (a billing function's columns by name), or None for
+    ``ok`` and ``replay``. ``amount``: what the call asked for (the refusal's ``required``)."""
+    code = row["code"]
+    if code is None or code in NOT_REFUSED:
+        return None
+    make = REFUSALS.get(code)
+    if make is None:
+        raise RuntimeError(f"a billing function answered an unknown refusal code {code!r}")
+    return make(row, amount)
+
+
+def balance_overflow(wallet_id: str) -> RequestValidationError:
+    """422 ``balance_overflow``: what ``billing_post``'s SQLSTATE ``TGBO1`` becomes."""
+    return RequestValidationError.single(
+        ["body", "amount"],
+        f"The amount would take the balance of {wallet_id} past {LARGEST_BALANCE}, the largest balance a wallet holds.",
+        "balance_overflow",
+    )
