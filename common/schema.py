@@ -59,6 +59,7 @@ _DESCRIPTIONS = {
     409: "Conflict with the current state (for example an idempotency key still in progress).",
     422: "Request validation error.",
     429: "Rate limit exceeded.",
+    502: "An upstream server's answer could not be used (nothing was changed).",
 }
 
 

@@ -49,6 +49,8 @@ TENANT_TABLES: dict[str, str] = {
 REFERENCE_TABLES: frozenset[str] = frozenset(
     {
         "mcpgateway_tool",
+        "mcpgateway_upstream_server",
+        "mcpgateway_upstream_credential",
         "billing_tool_price",
         "billing_service_price",
         "audit_signing_key",

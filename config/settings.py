@@ -103,6 +103,12 @@ if not LOGIN_COOLOFF_MINUTES or min(LOGIN_COOLOFF_MINUTES) < 1 or LOGIN_LOCKOUT_
 # environment, or a file outside the repository. `make run` generates the file.
 SIGNING_KEY_PRIVATE = env.str("SIGNING_KEY_PRIVATE", default="")
 SIGNING_KEY_FILE = env.str("SIGNING_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "signing-keys.json"))
+# Upstream servers' credentials are stored encrypted (mcpgateway.upstream.secrets): a Fernet key in the
+# environment, or a file created mode 0600 on first use.
+UPSTREAM_SECRETS_KEY = env.str("UPSTREAM_SECRETS_KEY", default="")
+UPSTREAM_SECRETS_KEY_FILE = env.str(
+    "UPSTREAM_SECRETS_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "upstream-secrets.key")
+)
 
 if PRODUCTION:
     problems = []
@@ -324,6 +330,7 @@ SPECTACULAR_SETTINGS = {
         "PermitStatusEnum": [(v, v) for v in ("active", "revoked", "expired", "exhausted")],
         "PermitRequestStatusEnum": [(v, v) for v in ("pending", "approved", "rejected", "expired")],
         "QuoteStatusEnum": [(v, v) for v in ("active", "consumed", "expired")],
+        "ServiceCategoryEnum": "billing.models.ServiceCategory",
     },
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",

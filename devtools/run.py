@@ -136,7 +136,7 @@ def main() -> int:
             )
             _wait_for_port(int(demo_port), children[-1])
         print(f"Syncing tools from {env['UPSTREAM_MCP_URL']} ...", flush=True)
-        _manage("sync_tools", env=env)
+        _manage("sync_tools", "--server", "default", env=env)  # the others sync from the console
         if demo:
             _manage("demo_bootstrap", env=env)
         children.append(subprocess.Popen([PY, "manage.py", "sweep_dispatches", "--loop"], cwd=ROOT, env=env))

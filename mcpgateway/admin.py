@@ -21,7 +21,19 @@ from common.console import ServiceSavedAdmin, confirmation_page, console_actor, 
 from common.errors import ApplicationError
 from common.listing import short_id_column
 from mcpgateway import services
-from mcpgateway.models import Action, ActionState, Tool
+from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
+from mcpgateway.services.upstreams import (
+    UpstreamServerInvalid,
+    upstream_credential_set,
+    upstream_credential_validate,
+    upstream_error_class,
+    upstream_probe,
+    upstream_server_create,
+    upstream_server_sync,
+    upstream_server_update,
+    upstream_server_validate,
+)
+from mcpgateway.upstream.client import UpstreamError
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed
 
 
@@ -142,11 +154,13 @@ class ToolPriceChangeAdmin(admin.ModelAdmin):
 
 @admin.register(Tool)
 class ToolAdmin(ServiceSavedAdmin):
-    list_display = ["service_id", "category", "source", "enabled", "price", "schema_usable", "synced_at"]
-    list_filter = ["source", "enabled", "category"]
+    list_display = ["service_id", "server", "category", "source", "enabled", "price", "schema_usable", "synced_at"]
+    list_filter = ["server", "source", "enabled", "category"]
     search_fields = ["service_id", "description"]
     fields = [
         "service_id",
+        "server",
+        "remote_name",
         "title",
         "description",
         "category",
@@ -162,6 +176,8 @@ class ToolAdmin(ServiceSavedAdmin):
     readonly_fields = [
         "price_controls",
         "service_id",
+        "server",
+        "remote_name",
         "title",
         "description",
         "source",
@@ -320,3 +336,190 @@ class ActionAdmin(admin.ModelAdmin):
             messages.SUCCESS,
         )
         return None
+
+
+class UpstreamServerForm(forms.ModelForm):
+    """A server's settings, and credentials to set (write-only: nothing stored is ever shown back)."""
+
+    tenant_ids_text = forms.CharField(
+        label="Tenants",
+        required=False,
+        help_text="Tenant ids that may use this server, one per line; empty: every tenant.",
+        widget=forms.Textarea(attrs={"rows": 3}),
+    )
+    credential_kind = forms.ChoiceField(
+        label="Set credentials",
+        required=False,
+        choices=[("", "(leave unchanged)"), ("bearer", "Bearer token"), ("headers", "Custom headers")],
+    )
+    credential_tenant = forms.CharField(
+        label="For tenant", required=False, help_text="Empty: the server's own; a tenant id: that tenant's own."
+    )
+    credential_token = forms.CharField(label="Bearer token", required=False, widget=forms.PasswordInput)
+    credential_headers = forms.CharField(
+        label="Headers",
+        required=False,
+        help_text="One 'Name: value' per line.",
+        widget=forms.Textarea(attrs={"rows": 3, "autocomplete": "off"}),
+    )
+
+    class Meta:
+        model = UpstreamServer
+        fields = [
+            "slug",
+            "name",
+            "url",
+            "connect_timeout",
+            "read_timeout",
+            "enabled",
+            "required",
+            "default_category",
+            "tool_prefix",
+            "credentials_required",
+        ]
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance and self.instance.pk and self.instance.tenant_ids is not None:
+            self.initial["tenant_ids_text"] = "\n".join(self.instance.tenant_ids)
+
+    def clean_tenant_ids_text(self) -> list[str] | None:
+        lines = [line.strip() for line in self.cleaned_data["tenant_ids_text"].splitlines() if line.strip()]
+        return lines or None
+
+    def clean(self) -> dict[str, Any]:
+        """The services' own checks, as form errors (nothing is saved with a problem)."""
+        cleaned = super().clean() or {}
+        try:
+            upstream_server_validate({name: cleaned.get(name) for name in ("url", "connect_timeout", "read_timeout")})
+            credential = self.credential()
+            if credential is not None:
+                upstream_credential_validate(kind=credential[0], secret=credential[1])
+        except UpstreamServerInvalid as err:
+            for field, msg in err.problems:
+                self.add_error(None, f"{field}: {msg}")
+        return cleaned
+
+    def credential(self) -> tuple[str, dict[str, Any]] | None:
+        kind = self.cleaned_data.get("credential_kind")
+        if not kind:
+            return None
+        if kind == "bearer":
+            return kind, {"token": self.cleaned_data.get("credential_token", "")}
+        headers: dict[str, str] = {}
+        for line in self.cleaned_data.get("credential_headers", "").splitlines():
+            name, _, value = line.partition(":")
+            if name.strip():
+                headers[name.strip()] = value.strip()
+        return kind, {"headers": headers}
+
+
+@admin.register(UpstreamServer)
+class UpstreamServerAdmin(ServiceSavedAdmin):
+    """Upstream MCP servers: settings, write-only credentials, "Sync tools" and "Test connection" (audited)."""
+
+    form = UpstreamServerForm
+    list_display = [
+        "slug",
+        "name",
+        "url",
+        "enabled",
+        "required",
+        "tool_prefix",
+        "tenants",
+        "credentials",
+        "tools",
+        "last_synced_at",
+    ]
+    list_filter = ["enabled", "required"]
+    search_fields = ["slug", "name", "url"]
+    readonly_fields = ["server_id", "credentials", "last_synced_at"]
+    actions = ["sync_tools", "test_connection"]
+
+    def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
+        return [
+            *UpstreamServerForm.Meta.fields,
+            "tenant_ids_text",
+            "last_synced_at",
+            "credentials",
+            "credential_kind",
+            "credential_tenant",
+            "credential_token",
+            "credential_headers",
+        ]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*self.readonly_fields, *(["slug"] if obj is not None else [])]
+
+    @admin.display(description="tenants")
+    def tenants(self, obj: UpstreamServer) -> str:
+        return "all" if obj.tenant_ids is None else ", ".join(obj.tenant_ids)
+
+    @admin.display(description="credentials set")
+    def credentials(self, obj: UpstreamServer) -> str:
+        owners = sorted((t or "(server)") for t in obj.credentials.values_list("tenant_id", flat=True))
+        return ", ".join(owners) or "none"
+
+    @admin.display(description="tools")
+    def tools(self, obj: UpstreamServer) -> int:
+        return obj.tools.filter(enabled=True).count()
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # disable a server instead: its tools, actions and receipts name it
+
+    def save_model(self, request: HttpRequest, obj: UpstreamServer, form: Any, change: bool) -> None:
+        actor = console_actor(request)
+        values = {name: form.cleaned_data[name] for name in UpstreamServerForm.Meta.fields if name != "slug"}
+        values["tenant_ids"] = form.cleaned_data["tenant_ids_text"]
+        try:
+            if change:
+                server = upstream_server_update(server_id=obj.server_id, actor=actor, **values)
+            else:
+                url, name = values.pop("url"), values.pop("name")
+                server = upstream_server_create(
+                    slug=form.cleaned_data["slug"], name=name, url=url, actor=actor, **values
+                )
+            obj.pk = server.pk
+            credential = form.credential()
+            if credential is not None:
+                upstream_credential_set(
+                    server_id=server.server_id,
+                    tenant_id=form.cleaned_data.get("credential_tenant") or None,
+                    kind=credential[0],
+                    secret=credential[1],
+                    actor=actor,
+                )
+        except ApplicationError as err:
+            self.message_user(request, err.detail_message, messages.ERROR)
+        except UpstreamServerInvalid as err:
+            self.message_user(request, f"Not saved: {err}", messages.ERROR)
+
+    @admin.action(description="Sync tools (added, changed, disabled, refused)", permissions=["change"])
+    def sync_tools(self, request: HttpRequest, queryset: QuerySet[UpstreamServer]) -> None:
+        for server in queryset.order_by("slug"):
+            try:
+                report = upstream_server_sync(server=server, actor=console_actor(request))
+            except UpstreamError as exc:
+                self.message_user(
+                    request, f"{server.slug}: tools/list failed ({upstream_error_class(exc)})", messages.ERROR
+                )
+                continue
+            self.message_user(
+                request,
+                f"{server.slug}: added {', '.join(report.created) or 'none'}; "
+                f"changed {', '.join(report.changed) or 'none'}; disabled {', '.join(report.disabled) or 'none'}",
+                messages.SUCCESS,
+            )
+            for reason in report.refused.values():
+                self.message_user(request, f"{server.slug}: refused: {reason}", messages.WARNING)
+
+    @admin.action(description="Test connection", permissions=["view"])
+    def test_connection(self, request: HttpRequest, queryset: QuerySet[UpstreamServer]) -> None:
+        for server in queryset.order_by("slug"):
+            probe = upstream_probe(server)
+            if probe["reachable"]:
+                self.message_user(
+                    request, f"{server.slug}: reachable, protocol {probe['protocol_version']}", messages.SUCCESS
+                )
+            else:
+                self.message_user(request, f"{server.slug}: not reachable ({probe['error']})", messages.ERROR)

@@ -15,15 +15,112 @@ class ToolSource(models.TextChoices):
     LOCAL = "local"
 
 
-class Tool(models.Model):
-    """A callable tool: synced from the configured upstream, or the local dogfood tool.
+class UpstreamTransport(models.TextChoices):
+    STREAMABLE_HTTP = "streamable_http"
+    # The legacy HTTP+SSE transport is not spoken yet (docs/decisions.md, "Upstream servers").
 
-    ``service_id`` is the tool's name (MCP tool names are unique per server and
-    URL-safe). Prices live in billing (``billing.ToolPrice``); a tool without a
-    price cannot be called or quoted.
+
+class CredentialKind(models.TextChoices):
+    BEARER = "bearer"
+    HEADERS = "headers"
+
+
+class UpstreamServer(models.Model):
+    """An upstream MCP server the operator manages: where its tools are called, with which limits.
+
+    Reference data shared by every tenant, written off the hot path (console, operator API,
+    ``UPSTREAM_MCP_URL`` at start for the server ``default``). ``tenant_ids``: null, every tenant;
+    a list, only those tenants (ids, not foreign keys: tenants may live on other shards).
+    ``tool_prefix`` names its tools (``<prefix>.<name>``; one server may have none).
+    ``credentials_required``: a call is refused before its debit unless the server, or the
+    calling tenant, holds credentials for it (``UpstreamCredential``).
+    ``credentials_version`` moves on every change of its credentials, so that per-process
+    clients and credential caches built on older ones are replaced.
+    """
+
+    server_id = models.CharField(max_length=40, primary_key=True)
+    slug = models.SlugField(max_length=64, unique=True)
+    name = models.CharField(max_length=200)
+    url = models.URLField(max_length=2000)
+    transport = models.CharField(
+        max_length=16, choices=UpstreamTransport.choices, default=UpstreamTransport.STREAMABLE_HTTP
+    )
+    connect_timeout = models.FloatField(default=2.0)
+    read_timeout = models.FloatField(default=15.0)
+    enabled = models.BooleanField(default=True)
+    required = models.BooleanField(default=False, help_text="readiness waits for this server")
+    default_category = models.CharField(max_length=32, choices=ServiceCategory.choices, default=ServiceCategory.TOOLING)
+    tool_prefix = models.CharField(max_length=64, blank=True, default="")
+    tenant_ids = models.JSONField(null=True, blank=True)
+    credentials_required = models.BooleanField(default=False)
+    credentials_version = models.PositiveIntegerField(default=0)
+    last_synced_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        db_table = "mcpgateway_upstream_server"
+        ordering = ["slug"]
+        constraints = [
+            models.UniqueConstraint(fields=["tool_prefix"], name="upstream_server_tool_prefix_unique"),
+            models.CheckConstraint(
+                condition=Q(connect_timeout__gt=0) & Q(read_timeout__gt=0), name="upstream_server_timeouts_positive"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.slug
+
+    def open_to(self, tenant_id: str) -> bool:
+        """Whether ``tenant_id`` may call this server's tools (null ``tenant_ids``: every tenant)."""
+        return self.tenant_ids is None or tenant_id in self.tenant_ids
+
+    def exposed_name(self, remote_name: str) -> str:
+        """The name the gateway exposes for the upstream's tool ``remote_name``."""
+        return f"{self.tool_prefix}.{remote_name}" if self.tool_prefix else remote_name
+
+
+class UpstreamCredential(models.Model):
+    """What the gateway sends to one upstream server: server-wide (``tenant_id`` null) or one tenant's own.
+
+    ``secret`` is the encrypted blob (``mcpgateway.upstream.secrets``); nothing reads it back out
+    of the console or the API (write-only). A tenant's credential replaces the server's for that
+    tenant's calls.
+    """
+
+    credential_id = models.CharField(max_length=40, primary_key=True)
+    server = models.ForeignKey(UpstreamServer, on_delete=models.CASCADE, related_name="credentials")
+    tenant_id = models.CharField(max_length=40, null=True, blank=True)
+    kind = models.CharField(max_length=16, choices=CredentialKind.choices)
+    secret = models.BinaryField()
+    set_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "mcpgateway_upstream_credential"
+        constraints = [
+            models.UniqueConstraint(fields=["server", "tenant_id"], name="upstream_credential_tenant_unique"),
+            models.UniqueConstraint(
+                fields=["server"], condition=Q(tenant_id__isnull=True), name="upstream_credential_server_unique"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {self.tenant_id or '*'} {self.kind}"
+
+
+class Tool(models.Model):
+    """A callable tool: synced from an upstream server, or the local dogfood tool.
+
+    ``service_id`` is the name the gateway exposes: the server's ``tool_prefix``, a dot and
+    ``remote_name`` (the name at the upstream), or ``remote_name`` alone when the server has no
+    prefix. A tool without a server is the local tool, or an upstream tool registered before
+    servers were records (it is the ``UPSTREAM_MCP_URL`` server's). Prices live in billing
+    (``billing.ToolPrice``); a tool without a price cannot be called or quoted.
     """
 
     service_id = models.CharField(max_length=200, primary_key=True)
+    server = models.ForeignKey(UpstreamServer, null=True, blank=True, on_delete=models.PROTECT, related_name="tools")
+    remote_name = models.CharField(max_length=200, blank=True, default="")
     title = models.CharField(max_length=200, blank=True, default="")
     description = models.TextField(blank=True, default="")
     input_schema = models.JSONField(default=dict)
@@ -49,6 +146,11 @@ class Tool(models.Model):
     @property
     def name(self) -> str:
         return self.service_id
+
+    @property
+    def upstream_name(self) -> str:
+        """The name the upstream knows the tool by (``tools/call``'s ``name``)."""
+        return self.remote_name or self.service_id
 
 
 class ActionState(models.TextChoices):
@@ -98,6 +200,12 @@ class Action(models.Model):
         Receipt, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="action"
     )
     policy_decision_id = models.CharField(max_length=40, blank=True, default="")
+    # Where the call was sent, as claimed (the server's id, its URL and timeouts then): the evidence
+    # names it after the server's URL changes, and the sweeper waits this server's timeouts.
+    upstream_server_id = models.CharField(max_length=40, null=True, blank=True)
+    upstream_url = models.CharField(max_length=2000, null=True, blank=True)
+    upstream_connect_timeout = models.FloatField(null=True, blank=True)
+    upstream_read_timeout = models.FloatField(null=True, blank=True)
     response = models.JSONField(null=True, blank=True)
     created_at = models.DateTimeField()
     claimed_at = models.DateTimeField(null=True, blank=True)

@@ -75,3 +75,88 @@ class ToolCallResponse(serializers.Serializer):
     replayed = serializers.BooleanField()
     result = serializers.DictField(allow_null=True)
     error = ToolCallError(allow_null=True)
+
+
+# --- Upstream servers (operator API, an extension: /v1/upstreams) ------------------------------------
+
+
+class UpstreamServerResponse(serializers.Serializer):
+    """An upstream MCP server as the operator manages it (its credentials are never shown)."""
+
+    server_id = serializers.CharField()
+    slug = serializers.CharField()
+    name = serializers.CharField()
+    url = serializers.CharField()
+    transport = serializers.CharField()
+    connect_timeout = serializers.FloatField()
+    read_timeout = serializers.FloatField()
+    enabled = serializers.BooleanField()
+    required = serializers.BooleanField()  # type: ignore[assignment]  # a field, popped by the metaclass
+    default_category = serializers.ChoiceField(choices=ServiceCategory.choices)
+    tool_prefix = serializers.CharField(allow_blank=True)
+    tenant_ids = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    credentials_required = serializers.BooleanField()
+    credentials = serializers.ListField(
+        child=serializers.CharField(allow_null=True),
+        help_text="Whose credentials are set: null for the server's own, else tenant ids (never the secrets).",
+    )
+    last_synced_at = serializers.DateTimeField(allow_null=True)
+
+
+class UpstreamServerListResponse(serializers.Serializer):
+    items = UpstreamServerResponse(many=True)
+
+
+class UpstreamServerUpdateRequest(serializers.Serializer):
+    """The settings of a server that may change (all optional)."""
+
+    name = serializers.CharField(max_length=200, required=False)
+    url = serializers.URLField(max_length=2000, required=False)
+    connect_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
+    read_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
+    enabled = serializers.BooleanField(required=False)
+    required = serializers.BooleanField(required=False)  # type: ignore[assignment]  # a field, popped by the metaclass
+    default_category = serializers.ChoiceField(choices=ServiceCategory.choices, required=False)
+    tool_prefix = serializers.RegexField(r"^[A-Za-z0-9_-]*$", max_length=64, allow_blank=True, required=False)
+    tenant_ids = serializers.ListField(
+        child=serializers.CharField(max_length=40), allow_null=True, required=False, max_length=10_000
+    )
+    credentials_required = serializers.BooleanField(required=False)
+
+
+class UpstreamServerCreateRequest(UpstreamServerUpdateRequest):
+    """A new upstream server: its slug and URL, and any of the settings."""
+
+    slug = serializers.SlugField(max_length=64)
+    url = serializers.URLField(max_length=2000)
+
+
+class UpstreamCredentialRequest(serializers.Serializer):
+    """Credentials sent to one server: a bearer ``token`` or custom ``headers``; a tenant's own with ``tenant_id``."""
+
+    tenant_id = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    kind = serializers.ChoiceField(choices=["bearer", "headers"])
+    token = serializers.CharField(max_length=8192, required=False)
+    headers = serializers.DictField(child=serializers.CharField(max_length=8192), required=False)
+
+
+class UpstreamCredentialClearQuery(serializers.Serializer):
+    tenant_id = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+
+
+class UpstreamSyncResponse(serializers.Serializer):
+    """What a sync did, by exposed tool name."""
+
+    created = serializers.ListField(child=serializers.CharField())
+    changed = serializers.ListField(child=serializers.CharField())
+    disabled = serializers.ListField(child=serializers.CharField())
+    refused = serializers.DictField(child=serializers.CharField())
+    invalid = serializers.DictField(child=serializers.CharField())
+
+
+class UpstreamProbeResponse(serializers.Serializer):
+    """A connection test: reachable, the protocol version negotiated, an error class (never the upstream's text)."""
+
+    reachable = serializers.BooleanField()
+    protocol_version = serializers.CharField(allow_null=True)
+    error = serializers.CharField(allow_null=True)

@@ -11,10 +11,11 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from access.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
-from common.errors import NotFound, RequestValidationError, flatten_drf_errors
-from common.pagination import parse_query
+from common.errors import NotFound, OperatorKeyRequired, RequestValidationError, flatten_drf_errors
+from common.pagination import parse_body, parse_query
 from common.schema import error_responses
 from mcpgateway import services
+from mcpgateway.models import UpstreamServer
 from mcpgateway.serializers import (
     ToolCallRequest,
     ToolCallResponse,
@@ -23,8 +24,18 @@ from mcpgateway.serializers import (
     ToolManifestResponse,
     ToolPageQuery,
     ToolPageResponse,
+    UpstreamCredentialClearQuery,
+    UpstreamCredentialRequest,
+    UpstreamProbeResponse,
+    UpstreamServerCreateRequest,
+    UpstreamServerListResponse,
+    UpstreamServerResponse,
+    UpstreamServerUpdateRequest,
+    UpstreamSyncResponse,
 )
+from mcpgateway.services import upstreams
 from mcpgateway.transports import DEPRECATION, OriginNotAllowed, origin_allowed, tool_definitions
+from mcpgateway.upstream.client import UpstreamError
 
 # Security requirement objects: either key header, or none ({}: anonymous allowed).
 OPTIONAL_KEY: list[dict[str, list[str]]] = [{"APIKeyHeader": []}, {"BearerAuth": []}, {}]
@@ -187,3 +198,175 @@ class ToolInvokeView(APIView):
         response["Deprecation"] = DEPRECATION
         response["Link"] = '</mcp>; rel="successor-version"'
         return response
+
+
+# --- Upstream servers: the operator API (an extension of the spec) ---------------------------------
+
+UPSTREAMS = ["upstreams"]
+EXTENSION = {"x-tollgate-extension": True}
+
+
+def _operator(request: Request) -> str:
+    """The operator key's id, or ``OperatorKeyRequired``: servers and their credentials are the operator's."""
+    caller = principal(request)
+    if not caller.is_operator:
+        raise OperatorKeyRequired()
+    return f"key:{caller.key_id}"
+
+
+_SERVER_FIELDS = [name for name in UpstreamServerResponse._declared_fields if name != "credentials"]
+
+
+def _server_data(server: UpstreamServer) -> dict[str, Any]:
+    return {
+        **{name: getattr(server, name) for name in _SERVER_FIELDS},
+        "credentials": sorted(
+            server.credentials.values_list("tenant_id", flat=True), key=lambda tenant: (tenant is not None, tenant)
+        ),
+    }
+
+
+def _server(slug: str) -> UpstreamServer:
+    server = UpstreamServer.objects.filter(slug=slug).first()
+    if server is None:
+        raise upstreams.UpstreamServerNotFound(slug=slug)
+    return server
+
+
+class UpstreamServerListView(APIView):
+    @extend_schema(
+        operation_id="upstreams_list",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        responses={200: UpstreamServerListResponse, **error_responses(401, 403)},
+        summary="Upstream MCP servers (operator key only)",
+    )
+    def get(self, request: Request) -> Response:
+        _operator(request)
+        servers = UpstreamServer.objects.order_by("slug")
+        return Response(UpstreamServerListResponse({"items": [_server_data(s) for s in servers]}).data)
+
+    @extend_schema(
+        operation_id="upstreams_create",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        request=UpstreamServerCreateRequest,
+        responses={201: UpstreamServerResponse, **error_responses(401, 403, 409, 422)},
+        summary="Register an upstream MCP server (operator key only); its tools come with its first sync",
+    )
+    def post(self, request: Request) -> Response:
+        actor = _operator(request)
+        data = parse_body(request, UpstreamServerCreateRequest)
+        server = upstreams.upstream_server_create(
+            slug=data.pop("slug"), name=data.pop("name", ""), url=data.pop("url"), actor=actor, **data
+        )
+        return Response(UpstreamServerResponse(_server_data(server)).data, status=201)
+
+
+class UpstreamServerDetailView(APIView):
+    @extend_schema(
+        operation_id="upstreams_get",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        responses={200: UpstreamServerResponse, **error_responses(401, 403, 404)},
+        summary="One upstream MCP server (operator key only)",
+    )
+    def get(self, request: Request, slug: str) -> Response:
+        _operator(request)
+        return Response(UpstreamServerResponse(_server_data(_server(slug))).data)
+
+    @extend_schema(
+        operation_id="upstreams_update",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        request=UpstreamServerUpdateRequest,
+        responses={200: UpstreamServerResponse, **error_responses(401, 403, 404, 409, 422)},
+        summary="Change an upstream server's settings (operator key only); its stored tools keep their names",
+    )
+    def patch(self, request: Request, slug: str) -> Response:
+        actor = _operator(request)
+        data = parse_body(request, UpstreamServerUpdateRequest)
+        server = upstreams.upstream_server_update(server_id=_server(slug).server_id, actor=actor, **data)
+        return Response(UpstreamServerResponse(_server_data(server)).data)
+
+
+class UpstreamCredentialView(APIView):
+    @extend_schema(
+        operation_id="upstreams_credentials_set",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        request=UpstreamCredentialRequest,
+        responses={204: None, **error_responses(401, 403, 404, 422)},
+        summary="Set the credentials sent to a server, its own or one tenant's (write-only; operator key only)",
+    )
+    def put(self, request: Request, slug: str) -> Response:
+        actor = _operator(request)
+        data = parse_body(request, UpstreamCredentialRequest)
+        secret = {"token": data.get("token")} if data["kind"] == "bearer" else {"headers": data.get("headers")}
+        upstreams.upstream_credential_set(
+            server_id=_server(slug).server_id,
+            tenant_id=data["tenant_id"],
+            kind=data["kind"],
+            secret=secret,
+            actor=actor,
+        )
+        return Response(status=204)
+
+    @extend_schema(
+        operation_id="upstreams_credentials_clear",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        parameters=[UpstreamCredentialClearQuery],
+        responses={204: None, **error_responses(401, 403, 404, 422)},
+        summary="Remove a server's own credentials, or one tenant's (operator key only)",
+    )
+    def delete(self, request: Request, slug: str) -> Response:
+        actor = _operator(request)
+        params = parse_query(request, UpstreamCredentialClearQuery)
+        upstreams.upstream_credential_clear(
+            server_id=_server(slug).server_id, tenant_id=params["tenant_id"], actor=actor
+        )
+        return Response(status=204)
+
+
+class UpstreamSyncView(APIView):
+    @extend_schema(
+        operation_id="upstreams_sync",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        request=None,
+        responses={200: UpstreamSyncResponse, **error_responses(401, 403, 404, 502)},
+        summary="Sync a server's tools: added, changed, disabled (no longer listed) and refused (name taken)",
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        actor = _operator(request)
+        server = _server(slug)
+        try:
+            report = upstreams.upstream_server_sync(server=server, actor=actor)
+        except UpstreamError as exc:
+            raise upstreams.UpstreamSyncFailed(error_class=upstreams.upstream_error_class(exc)) from None
+        return Response(
+            UpstreamSyncResponse(
+                {
+                    "created": report.created,
+                    "changed": report.changed,
+                    "disabled": report.disabled,
+                    "refused": report.refused,
+                    "invalid": report.invalid,
+                }
+            ).data
+        )
+
+
+class UpstreamTestView(APIView):
+    @extend_schema(
+        operation_id="upstreams_test",
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        request=None,
+        responses={200: UpstreamProbeResponse, **error_responses(401, 403, 404)},
+        summary="Test the connection to a server with its own credentials (operator key only)",
+    )
+    def post(self, request: Request, slug: str) -> Response:
+        _operator(request)
+        return Response(UpstreamProbeResponse(upstreams.upstream_probe(_server(slug))).data)

@@ -203,3 +203,52 @@ def dependency_report(*, tool: str | None = None) -> dict[str, Any]:
         "dependencies": checks,
         "notice": NOTICE,
     }
+
+
+# --- Readiness: the database, the signing key and each enabled upstream server ----------------------
+
+
+def upstream_server_states() -> list[dict[str, Any]]:
+    """Each enabled upstream server: reachable, the protocol version negotiated, the last successful sync and an
+    error class (a fixed word, never the upstream's text or its URL). Probed in parallel, with short timeouts."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mcpgateway.models import UpstreamServer
+    from mcpgateway.services.upstreams import upstream_headers, upstream_probe
+
+    servers = list(UpstreamServer.objects.filter(enabled=True).order_by("slug"))
+    if not servers:
+        return []
+    for server in servers:  # credentials are read (and cached) here, not in the probes' threads
+        upstream_headers(server=server, tenant_id="")
+    with ThreadPoolExecutor(max_workers=min(8, len(servers))) as pool:
+        probes = list(pool.map(lambda s: upstream_probe(s, timeout=settings.HEALTH_UPSTREAM_TIMEOUT), servers))
+    return [
+        {
+            "slug": server.slug,
+            "required": server.required,
+            "last_synced_at": server.last_synced_at,
+            **probe,
+        }
+        for server, probe in zip(servers, probes, strict=True)
+    ]
+
+
+def readiness_report() -> dict[str, Any]:
+    """Ready when the database and the signing key are, and every enabled server marked required is reachable.
+
+    Servers not marked required are reported and do not hold readiness back: their tools fail on
+    their own (docs/decisions.md, "Upstream servers").
+    """
+    checks = {"database": check_database(), "signing_key": check_signing_key()}
+    servers = upstream_server_states()
+    ready = all(check["status"] == OK for check in checks.values()) and all(
+        s["reachable"] for s in servers if s["required"]
+    )
+    return {
+        "status": "ready" if ready else "not_ready",
+        "version": settings.SERVICE_VERSION,
+        "checked_at": timezone.now(),
+        "dependencies": checks,
+        "upstream_servers": servers,
+    }

@@ -274,6 +274,35 @@ class HealthDependenciesResponse(serializers.Serializer):
     notice = serializers.CharField()
 
 
+class UpstreamServerState(serializers.Serializer):
+    """One enabled upstream server as readiness sees it (never its URL nor the upstream's words)."""
+
+    slug = serializers.CharField()
+    required = serializers.BooleanField()  # type: ignore[assignment]  # a field, popped by the metaclass
+    reachable = serializers.BooleanField()
+    protocol_version = serializers.CharField(allow_null=True)
+    last_synced_at = serializers.DateTimeField(allow_null=True)
+    error = serializers.ChoiceField(
+        choices=["auth_refused", "server_error", "http_error", "timeout", "unreachable", "protocol_error"],
+        allow_null=True,
+    )
+
+
+class ReadinessChecks(serializers.Serializer):
+    database = DependencyCheck()
+    signing_key = DependencyCheck()
+
+
+class HealthReadyResponse(serializers.Serializer):
+    """Ready (200) when the database, the signing key and every required upstream server are; else 503."""
+
+    status = serializers.ChoiceField(choices=["ready", "not_ready"])
+    version = serializers.CharField()
+    checked_at = serializers.DateTimeField()
+    dependencies = ReadinessChecks()
+    upstream_servers = UpstreamServerState(many=True)
+
+
 class HealthDependenciesQuery(serializers.Serializer):
     tool = serializers.CharField(
         required=False,
@@ -380,6 +409,27 @@ class HealthDependenciesView(APIView):
         report = health.dependency_report(tool=params.get("tool") or None)
         status = 200 if report["status"] == health.HEALTHY else 503
         response = Response(HealthDependenciesResponse(report).data, status=status)
+        response["Cache-Control"] = "no-store"
+        return response
+
+
+class HealthReadyView(APIView):
+    permission_classes = [AllowAnyone]
+
+    @extend_schema(
+        operation_id="health_ready",
+        tags=HEALTH,
+        auth=[],
+        responses={
+            200: OpenApiResponse(HealthReadyResponse, description="Ready: every required upstream server too."),
+            503: OpenApiResponse(HealthReadyResponse, description="Not ready."),
+            **error_responses(),
+        },
+        summary="Readiness: database, signing key and each enabled upstream server (reachable, protocol, last sync)",
+    )
+    def get(self, request: Request) -> Response:
+        report = health.readiness_report()
+        response = Response(HealthReadyResponse(report).data, status=200 if report["status"] == "ready" else 503)
         response["Cache-Control"] = "no-store"
         return response
 

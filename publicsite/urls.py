@@ -23,6 +23,7 @@ def site_urlpatterns(*, proof_surfaces: bool) -> list[URLPattern]:
         path("v1/discover", site.DiscoverView.as_view(), name="discover"),
         path("v1/launch/preflight", site.LaunchPreflightView.as_view(), name="launch-preflight"),
         path("health/dependencies", site.HealthDependenciesView.as_view(), name="health-dependencies"),
+        path("health/ready", site.HealthReadyView.as_view(), name="health-ready"),
         path("", site.landing, name="landing"),
         path("favicon.ico", site.favicon, name="favicon"),
         path("dashboard", site.dashboard, name="dashboard"),

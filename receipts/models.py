@@ -71,6 +71,10 @@ class Receipt(models.Model):
     quote_id = models.CharField(max_length=40, blank=True, default="")
     audit_event_id = models.CharField(max_length=40)
     policy_decision_id = models.CharField(max_length=40, blank=True, default="")
+    # The upstream server the call went to and the URL it was sent to (null: a local tool, or a
+    # receipt signed before these were part of the statement).
+    upstream_server_id = models.CharField(max_length=40, null=True, blank=True)
+    upstream_url = models.CharField(max_length=2000, null=True, blank=True)
     created_at = models.DateTimeField()
     signed_statement = models.JSONField()
     signature = models.CharField(max_length=200)

@@ -43,6 +43,8 @@ class ReceiptResponse(serializers.ModelSerializer):
             "audit_event_id",
             "policy_decision_id",
             "quote_id",
+            "upstream_server_id",
+            "upstream_url",
             "created_at",
             "key_id",
             "signature",

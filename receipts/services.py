@@ -63,6 +63,11 @@ def receipt_statement(receipt: Receipt) -> dict[str, Any]:
         "quote_id": receipt.quote_id or None,
         "audit_event_id": receipt.audit_event_id,
         "policy_decision_id": receipt.policy_decision_id or None,
+        # Where the call went (docs/audit-chain.md): the server's id and the URL it was sent to, null
+        # for a local tool or a refused call. Receipts signed before these were signed lack them;
+        # their columns are null, which is what ``.get`` reads from their statements.
+        "upstream_server_id": receipt.upstream_server_id,
+        "upstream_url": receipt.upstream_url,
         "created_at": iso_utc(receipt.created_at),
     }
 
@@ -97,6 +102,8 @@ def receipt_prepare(
     refund_entry: LedgerEntry | None = None,
     quote_id: str = "",
     policy_decision_id: str = "",
+    upstream_server_id: str | None = None,
+    upstream_url: str | None = None,
     endpoint: str = "",
     audit_detail: dict[str, Any] | None = None,
 ) -> tuple[Receipt, PreparedEvent]:
@@ -129,6 +136,8 @@ def receipt_prepare(
         quote_id=quote_id,
         audit_event_id=new_id("evt"),
         policy_decision_id=policy_decision_id,
+        upstream_server_id=upstream_server_id,
+        upstream_url=upstream_url,
         created_at=timezone.now(),
     )
     signed = sign_statement(receipt_statement(receipt))
@@ -152,6 +161,7 @@ def receipt_prepare(
             "reason_code": reason_code,
             "ledger_entry_id": receipt.ledger_entry_id,
             "credits_charged": money(credits_charged),
+            **({"upstream_server_id": upstream_server_id, "upstream_url": upstream_url} if upstream_url else {}),
             **(audit_detail or {}),
         },
     )

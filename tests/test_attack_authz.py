@@ -673,6 +673,16 @@ CASES: dict[tuple[str, str], Builder] = {
         r="target.receipt_id",
     ),
     ("post", "/v1/receipts/verify"): _receipt_verify,
+    # Upstream servers' credentials are the operator's, whichever tenant they name.
+    ("put", "/v1/upstreams/{slug}/credentials"): _simple(
+        "put",
+        "/v1/upstreams/default/credentials",
+        OPERATOR_ONLY,
+        lambda a, t: {"tenant_id": t.tenant_id, "kind": "bearer", "token": "stolen"},
+    ),
+    ("delete", "/v1/upstreams/{slug}/credentials"): _simple(
+        "delete", "/v1/upstreams/default/credentials?tenant_id={tenant}", OPERATOR_ONLY, tenant="target.tenant_id"
+    ),
 }
 
 # Id-bearing operations deliberately without a cross-tenant case.
@@ -689,6 +699,9 @@ OPERATOR_ONLY_CASES: dict[tuple[str, str], Callable[[Attacker], Probe]] = {
         "/v1/billing/wallets/sponsor",
         OPERATOR_ONLY,
         {"name": "rogue", "initial_credits": "1000"},
+    ),
+    ("post", "/v1/upstreams"): lambda a: Probe(
+        "register an upstream server", "post", "/v1/upstreams", OPERATOR_ONLY, {"slug": "rogue", "url": "http://x/mcp"}
     ),
 }
 

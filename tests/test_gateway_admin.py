@@ -122,3 +122,66 @@ def test_a_reconciliation_result_is_recorded_once_and_never_contradicted(staff, 
         ran.receipt_id: "executed",
         did_not.receipt_id: "not_executed",
     }
+
+
+def _staff_with(*codenames: str) -> Client:
+    from django.contrib.auth.models import Permission
+
+    user = get_user_model().objects.create_user(username="limited", password="pw-limited-123456", is_staff=True)
+    user.user_permissions.set(Permission.objects.filter(content_type__app_label="mcpgateway", codename__in=codenames))
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def test_upstream_server_console_creates_sets_write_only_credentials_syncs_and_tests(staff):
+    from mcpgateway.models import UpstreamCredential, UpstreamServer
+    from tests.upstream_server import running_sdk_upstream
+
+    with running_sdk_upstream("pay", tokens={"console-token"}) as pay:
+        form = {
+            "slug": "pay",
+            "name": "Payments",
+            "url": pay.url,
+            "connect_timeout": "2",
+            "read_timeout": "15",
+            "enabled": "on",
+            "default_category": "payments",
+            "tool_prefix": "pay",
+            "credentials_required": "on",
+            "tenant_ids_text": "t1\nt2",
+            "credential_kind": "bearer",
+            "credential_token": "console-token",
+        }
+        # A credential header the gateway sets itself is refused on the form: nothing is saved.
+        bad = {**form, "credential_kind": "headers", "credential_headers": "Host: evil"}
+        r = staff.post("/admin/mcpgateway/upstreamserver/add/", bad)
+        assert r.status_code == 200
+        assert "header name &#x27;Host&#x27; is not allowed" in r.content.decode()
+        assert not UpstreamServer.objects.exists()
+        r = staff.post("/admin/mcpgateway/upstreamserver/add/", form)
+        assert r.status_code == 302, r.content.decode()[:3000]
+        server = UpstreamServer.objects.get(slug="pay")
+        assert server.tenant_ids == ["t1", "t2"]
+        assert UpstreamCredential.objects.filter(server=server, tenant_id=None, kind="bearer").exists()
+        created = AuditEvent.objects.get(event="upstream_server.created")
+        assert created.detail["actor"] == "admin:ops"
+        page = staff.get(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/").content.decode()
+        assert "console-token" not in page  # write-only
+
+        action = {"_selected_action": [server.pk]}
+        r = staff.post("/admin/mcpgateway/upstreamserver/", {**action, "action": "test_connection"}, follow=True)
+        assert "pay: reachable, protocol 2026-07-28" in r.content.decode().lower()  # the console capitalizes
+        r = staff.post("/admin/mcpgateway/upstreamserver/", {**action, "action": "sync_tools"}, follow=True)
+        assert "pay: added pay.charge, pay.append, pay.quick; changed none; disabled none" in r.content.decode().lower()
+        assert Tool.objects.get(service_id="pay.charge").category == "payments"
+        page = staff.get("/admin/mcpgateway/tool/", {"server__server_id__exact": server.pk}).content.decode()
+        assert "pay.charge" in page
+
+        # A staff user who may only view servers can test a connection but not sync or change one.
+        viewer = _staff_with("view_upstreamserver")
+        r = viewer.post("/admin/mcpgateway/upstreamserver/", {**action, "action": "sync_tools"})
+        assert AuditEvent.objects.filter(event="tools.synced").count() == 1
+        r = viewer.post(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/", {**form, "enabled": ""})
+        assert r.status_code == 403
+        assert UpstreamServer.objects.get(pk=server.pk).enabled is True

@@ -114,9 +114,11 @@ def test_tenant_tables_follow_the_rules() -> None:
 
 
 def test_reference_tables_are_the_small_named_set() -> None:
-    """Tools, prices, signing keys and API keys; no reference table points at a local table."""
+    """Tools, upstream servers, prices, signing keys and API keys; no reference table points at a local table."""
     assert {
         "mcpgateway_tool",
+        "mcpgateway_upstream_server",
+        "mcpgateway_upstream_credential",
         "billing_tool_price",
         "billing_service_price",
         "audit_signing_key",

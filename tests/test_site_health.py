@@ -227,3 +227,49 @@ def test_a_transport_failure_is_reported_by_its_class(anon_client, signing_key, 
     with override_settings(UPSTREAM_MCP_URL=closed_port_url()):
         r = anon_client.get(URL, {"tool": "notes.append"})
     assert r.json()["dependencies"]["upstream"]["error"] == "ping: ConnectionError"
+
+
+# --- /health/ready: each enabled upstream server --------------------------------------------------------
+
+
+def test_ready_reports_each_enabled_server_and_waits_only_for_the_required_ones(anon_client, signing_key):
+    from mcpgateway.services.upstreams import (
+        upstream_credential_set,
+        upstream_server_create,
+        upstream_server_sync,
+        upstream_server_update,
+    )
+    from tests.upstream_server import running_sdk_upstream
+
+    with running_demo_upstream() as demo, running_sdk_upstream("pay", tokens={"ready-token"}) as pay:
+        open_server = upstream_server_create(slug="demo", name="Demo", url=demo.url, required=True, actor="test")
+        upstream_server_sync(server=open_server, actor="test")
+        paid = upstream_server_create(slug="pay", name="Pay", url=pay.url, tool_prefix="pay", actor="test")
+        down = upstream_server_create(slug="down", name="Down", url=closed_port_url(), tool_prefix="d", actor="test")
+        upstream_server_create(slug="off", name="Off", url=closed_port_url(), tool_prefix="o", enabled=False, actor="t")
+
+        r = anon_client.get("/health/ready")
+        assert r.status_code == 200, r.content  # pay and down are not required
+        servers = {s["slug"]: s for s in r.json()["upstream_servers"]}
+        assert set(servers) == {"demo", "pay", "down"}  # only the enabled ones
+        assert servers["demo"]["reachable"] is True
+        assert servers["demo"]["protocol_version"]
+        assert servers["demo"]["last_synced_at"] is not None
+        assert (servers["pay"]["reachable"], servers["pay"]["error"]) == (False, "auth_refused")
+        assert (servers["down"]["reachable"], servers["down"]["error"]) == (False, "unreachable")
+        assert demo.url not in r.content.decode()
+        assert pay.url not in r.content.decode()
+
+        upstream_credential_set(
+            server_id=paid.server_id, tenant_id=None, kind="bearer", secret={"token": "ready-token"}, actor="test"
+        )
+        upstream_server_update(server_id=down.server_id, required=True, actor="test")
+        r = anon_client.get("/health/ready")
+        assert r.status_code == 503
+        body = r.json()
+        assert body["status"] == "not_ready"
+        assert {s["slug"]: s["reachable"] for s in body["upstream_servers"]} == {
+            "demo": True,
+            "pay": True,
+            "down": False,
+        }

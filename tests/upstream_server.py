@@ -41,7 +41,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, TypedDict
 
 import uvicorn
 
@@ -52,6 +52,14 @@ ECHO_OUTPUT_SCHEMA: dict[str, Any] = {
     "properties": {"echo": {"type": "object"}},
     "required": ["echo"],
 }
+
+
+class ChargeResult(TypedDict):
+    """Structured output of the SDK servers' tools (``running_sdk_upstream``)."""
+
+    charged: int
+    server: str
+
 
 FAULT_TOOLS = [
     "echo",  # 200 JSON success with structuredContent
@@ -865,3 +873,103 @@ class RawUpstream:
             )
         )
         return True
+
+
+# -- SDK servers for several upstreams -------------------------------------------------------------
+
+
+class StaticTokenVerifier:
+    """The SDK's ``TokenVerifier`` for a set of bearer tokens: the server answers 401 to any other."""
+
+    def __init__(self, tokens: set[str]) -> None:
+        self.tokens = tokens
+
+    async def verify_token(self, token: str) -> Any:
+        from mcp.server.auth.provider import AccessToken
+
+        if token not in self.tokens:
+            return None
+        return AccessToken(token=token, client_id="tollgate", scopes=[], expires_at=None)
+
+
+@dataclass
+class SdkUpstream:
+    """A running SDK server: its URL, the calls each tool ran (by tool name), the headers each request carried."""
+
+    url: str
+    calls: Counter[str]
+    requests: list[SeenRequest]
+    release: threading.Event
+
+
+@contextlib.contextmanager
+def running_sdk_upstream(
+    name: str, *, tokens: set[str] | None = None, hang: str | None = None
+) -> Iterator[SdkUpstream]:
+    """An MCP SDK server with tools ``charge``, ``append`` and ``quick`` (and ``hang`` when named: it waits
+    until ``release`` is set); with ``tokens``, the SDK's bearer-token check (401 without one of them)."""
+    import anyio
+    from mcp.server.auth.settings import AuthSettings
+    from mcp.server.mcpserver import MCPServer
+    from pydantic import AnyHttpUrl
+
+    calls: Counter[str] = Counter()
+    release = threading.Event()
+    seen: list[SeenRequest] = []
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    auth: dict[str, Any] = {}
+    if tokens is not None:
+        auth = {
+            "token_verifier": StaticTokenVerifier(tokens),
+            "auth": AuthSettings(
+                issuer_url=AnyHttpUrl(base),
+                resource_server_url=AnyHttpUrl(f"{base}/mcp"),
+                required_scopes=[],
+                validate_token_resource=False,
+            ),
+        }
+    server: MCPServer = MCPServer(name, version="1.0.0", **auth)
+
+    @server.tool(name="charge", description="Charge an amount.")
+    def charge(amount: int) -> ChargeResult:
+        calls["charge"] += 1
+        return ChargeResult(charged=amount, server=name)
+
+    @server.tool(name="append", description="Append (a name another server may expose too).")
+    def append(text: str) -> ChargeResult:
+        calls["append"] += 1
+        return ChargeResult(charged=len(text), server=name)
+
+    @server.tool(name="quick", description="Answer at once.")
+    def quick() -> ChargeResult:
+        calls["quick"] += 1
+        return ChargeResult(charged=0, server=name)
+
+    if hang is not None:
+
+        @server.tool(name=hang, description="Wait until the test releases it.")
+        async def waiting() -> ChargeResult:
+            calls[hang] += 1
+            await anyio.to_thread.run_sync(release.wait)
+            return ChargeResult(charged=0, server=name)
+
+    app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True, host="127.0.0.1")
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    uv = uvicorn.Server(uvicorn.Config(_recording(app, seen), log_level="warning", lifespan="on"))
+    thread = threading.Thread(target=uv.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not uv.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            raise RuntimeError("the SDK server did not start")
+        time.sleep(0.02)
+    try:
+        yield SdkUpstream(url=f"{base}/mcp", calls=calls, requests=seen, release=release)
+    finally:
+        release.set()
+        uv.should_exit = True
+        thread.join(10)
+        sock.close()

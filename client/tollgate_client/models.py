@@ -472,6 +472,10 @@ class Receipt:
     signature: str
     signed_statement: JSONObject
     raw: JSONObject = field(default_factory=dict, repr=False, compare=False)
+    # The upstream server the call was sent to and its URL (None: a local tool, a refused call, or a
+    # receipt issued before the gateway recorded them).
+    upstream_server_id: str | None = None
+    upstream_url: str | None = None
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Receipt:
@@ -498,6 +502,8 @@ class Receipt:
             signature=_str(d.get("signature")),
             signed_statement=_obj(d.get("signed_statement")),
             raw=dict(d),
+            upstream_server_id=_opt_str(d.get("upstream_server_id")),
+            upstream_url=_opt_str(d.get("upstream_url")),
         )
 
 

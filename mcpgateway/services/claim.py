@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from decimal import Decimal
 from typing import Any
 
+from django.conf import settings
 from django.db import DatabaseError, transaction
 from django.utils import timezone
 
@@ -33,10 +34,11 @@ from common.errors import ApplicationError
 from common.faults import fault_point
 from common.ids import new_id
 from common.records import record_json
-from mcpgateway.models import Action, ActionState, Tool
+from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.services.call import CallRequest, _uncharged
 from mcpgateway.services.finish import _finish
 from mcpgateway.services.lookup import _Found, _Stale
+from mcpgateway.services.upstreams import upstream_check_open
 from permits import exceptions as permit_exc
 from permits.models import Permit, Quote
 from permits.services import (
@@ -188,9 +190,24 @@ def _phase1(
         created_at=now,
     )
     permit = found.permit
+    server = found.tool.server if found.tool is not None else None
     try:
         if permit is None:
             raise permit_exc.PermitNotFound(permit_id=req.permit_id)
+        if server is not None:
+            # Disabled, not open to the tenant, or no credentials for it: refused before any debit.
+            try:
+                upstream_check_open(server=server, tenant_id=wallet.tenant_id)
+            except permit_exc.PermitDenied:
+                if found.cached:  # decided on a cached server row: decide again on a fresh one
+                    raise _Stale() from None
+                raise
+            action.upstream_server_id = server.server_id
+            action.upstream_url = server.url
+            action.upstream_connect_timeout = server.connect_timeout
+            action.upstream_read_timeout = server.read_timeout
+        elif tool.source == ToolSource.UPSTREAM:
+            action.upstream_url = settings.UPSTREAM_MCP_URL or None
         price, quote = list_price, None
         if req.quote_id:
             quote = quote_check(quote=found.quote, quote_id=req.quote_id, wallet=wallet, tool=tool.service_id, now=now)
@@ -247,6 +264,11 @@ def _phase1(
                 "ledger_entry_id": debit.entry_id if debit else None,
                 "amount": _money(price),
                 "quote_id": req.quote_id or None,
+                **(
+                    {"upstream_server_id": action.upstream_server_id, "upstream_url": action.upstream_url}
+                    if action.upstream_url
+                    else {}
+                ),
             },
         )
         fault_point("before_claim")
@@ -270,6 +292,8 @@ def _phase1(
         outcome = Outcome.INSUFFICIENT_FUNDS if isinstance(refusal, InsufficientFunds) else Outcome.DENIED
         with transaction.atomic(durable=True):
             action.state = ActionState.ACCEPTED
+            action.upstream_server_id = action.upstream_url = None  # nothing was sent anywhere
+            action.upstream_connect_timeout = action.upstream_read_timeout = None
             action.permit = None
             action.price = None
             action.ledger_entry = None

@@ -1,6 +1,7 @@
 """Phase 2 of the governed call: one upstream ``tools/call`` outside any transaction, never resent.
 
-The upstream client is one per process, shared by its threads.
+Each upstream server has its own client per process (``upstreams.upstream_client_for``), shared by
+its threads; a tool registered without a server goes through the ``UPSTREAM_MCP_URL`` client.
 """
 
 from __future__ import annotations
@@ -12,8 +13,9 @@ from django.conf import settings
 from django.utils import timezone
 
 from common import metrics
-from mcpgateway.models import Action, Tool
+from mcpgateway.models import Action, Tool, UpstreamServer
 from mcpgateway.services.call import CallRequest
+from mcpgateway.services.upstreams import upstream_client_for, upstream_headers
 from mcpgateway.upstream.client import CallResult, UpstreamClient
 
 # --- Upstream client (one per process) -------------------------------------------------
@@ -55,24 +57,45 @@ def send_deadline(action: Action) -> float | None:
     """
     if action.claimed_at is None:
         return None
-    budget = settings.UPSTREAM_CONNECT_TIMEOUT + settings.SWEEP_MARGIN_SECONDS / 2
+    connect = action.upstream_connect_timeout or settings.UPSTREAM_CONNECT_TIMEOUT  # the server's, as claimed
+    budget = connect + settings.SWEEP_MARGIN_SECONDS / 2
     elapsed = (timezone.now() - action.claimed_at).total_seconds()
     return time.monotonic() + budget - elapsed
 
 
-def _dispatch(action: Action, tool: Tool, req: CallRequest) -> CallResult:
+def _server_client(action: Action, server: UpstreamServer | None) -> UpstreamClient:
+    """The client of the server the call was claimed on, to the URL and with the timeouts claimed.
+
+    The credentials are the tenant's own for that server, else the server's (``upstream_headers``);
+    they go to that server only, and the agent's API key never leaves the gateway.
+    """
+    if action.upstream_server_id is None or server is None:
+        return upstream_client()
+    assert action.upstream_url is not None
+    return upstream_client_for(
+        server_id=action.upstream_server_id,
+        url=action.upstream_url,
+        connect_timeout=action.upstream_connect_timeout or settings.UPSTREAM_CONNECT_TIMEOUT,
+        read_timeout=action.upstream_read_timeout or settings.UPSTREAM_READ_TIMEOUT,
+        credentials=upstream_headers(server=server, tenant_id=action.tenant_id),
+        credentials_version=server.credentials_version,
+    )
+
+
+def _dispatch(action: Action, tool: Tool, req: CallRequest, server: UpstreamServer | None = None) -> CallResult:
     """Phase 2: one upstream tools/call outside any transaction. Never raises, never resends.
 
-    What keeps the call from being sent (no upstream configured, an outputSchema the client cannot
-    compile) is ``not_sent``: the tool did not run, phase 3 refunds.
+    Sent to the server the call was claimed on (``server``, the tool's), under the tool's name
+    there. What keeps the call from being sent (no upstream configured, an outputSchema the client
+    cannot compile) is ``not_sent``: the tool did not run, phase 3 refunds.
     """
     try:
-        client = upstream_client()
+        client = _server_client(action, server)
     except RuntimeError as exc:
         return CallResult(kind="not_sent", reason=str(exc), request_id=action.action_id)
     try:
         result = client.call_tool(
-            tool.service_id,
+            tool.upstream_name,
             req.arguments,
             idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
             request_id=action.action_id,

@@ -122,13 +122,24 @@ def _phase3(action: Action, result: CallResult) -> Action:
             _refund_and_finish(
                 locked,
                 price=price,
-                reason_code="upstream_error" if kind == "jsonrpc_error" else f"upstream_{kind}",
+                reason_code=_refusal_code(result),
                 message=str(upstream_error.get("message") or result.reason)[:300],
                 extra={"upstream_error": upstream_error} if upstream_error else {},
                 response_hash=_response_hash(result),
                 audit_detail=detail,
             )
     return locked
+
+
+def _refusal_code(result: CallResult) -> str:
+    """The reason code of a call the upstream certainly did not run (``not_sent``, an HTTP or JSON-RPC error).
+
+    A 401 or 403 is the upstream refusing the gateway's credentials for it: a definite refusal
+    (``upstream_auth_refused``), refunded like every other, and never re-sent.
+    """
+    if result.status_code in (401, 403):
+        return "upstream_auth_refused"
+    return "upstream_error" if result.kind == "jsonrpc_error" else f"upstream_{result.kind}"
 
 
 def _refund_and_finish(
@@ -235,6 +246,8 @@ def _finish(
         refund_entry=refund_entry,
         quote_id=action.quote_id,
         policy_decision_id=action.policy_decision_id,
+        upstream_server_id=action.upstream_server_id,
+        upstream_url=action.upstream_url,
         endpoint=endpoint or f"transport:{action.transport}",
         audit_detail=audit_detail,
     )

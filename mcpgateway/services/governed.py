@@ -180,7 +180,7 @@ def _governed(
     if tool.source == ToolSource.LOCAL:
         action = run_retrying(lambda: _phase3_local(claimed, req))
     else:
-        result = _dispatch(action, tool, req)
+        result = _dispatch(action, tool, req, found.tool.server)
         fault_point("after_upstream")
         # Still unrecorded after the retries: the action stays claimed (409, retry later); the
         # sweeper settles it if this worker never does.

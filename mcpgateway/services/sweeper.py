@@ -10,7 +10,8 @@ from decimal import Decimal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import DurationField, ExpressionWrapper, F, Q, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from mcpgateway.models import Action, ActionState, McpSession, Tool, ToolSource
@@ -20,6 +21,9 @@ from receipts.models import Outcome
 
 def sweep_threshold() -> timedelta:
     """Claims older than this are lost: the dispatch timeout (connect + twice the read timeout) plus a margin.
+
+    The settings' timeouts: a call claimed on an upstream server waits that server's instead
+    (``action_sweep``).
 
     Phase 2 sends no call later than connect + half the margin after its claim
     (``dispatch.send_deadline``), so a call sent is answered, or timed out, before the sweep.
@@ -31,16 +35,33 @@ def sweep_threshold() -> timedelta:
 def action_sweep(*, older_than: timedelta | None = None, limit: int = 500) -> list[str]:
     """Turn stale ``dispatch_claimed`` actions into ``delivery_uncertain`` with receipt, audit and alert.
 
+    Stale: claimed longer ago than ``older_than``, or by default than the timeouts of the server
+    the action was claimed on (connect + 2 x read) plus ``SWEEP_MARGIN_SECONDS``.
+
     Nothing is re-sent. Each action is settled in its own transaction under its
     row lock (``SKIP LOCKED``: a worker finishing it right now wins).
     """
-    cutoff = timezone.now() - (older_than if older_than is not None else sweep_threshold())
+    now = timezone.now()
+    claimed = Action.objects.filter(state=ActionState.DISPATCH_CLAIMED)
+    if older_than is not None:
+        claimed = claimed.filter(claimed_at__lt=now - older_than)
+    else:
+        # Each claim waits its own server's timeouts as claimed (connect + 2 x read, the settings' for a
+        # tool without a server) plus the margin; every threshold is above the margin alone.
+        claimed = claimed.filter(claimed_at__lt=now - timedelta(seconds=settings.SWEEP_MARGIN_SECONDS)).filter(
+            claimed_at__lt=now
+            - ExpressionWrapper(
+                Coalesce(F("upstream_connect_timeout"), Value(float(settings.UPSTREAM_CONNECT_TIMEOUT)))
+                * Value(timedelta(seconds=1))
+                + 2
+                * Coalesce(F("upstream_read_timeout"), Value(float(settings.UPSTREAM_READ_TIMEOUT)))
+                * Value(timedelta(seconds=1))
+                + Value(timedelta(seconds=settings.SWEEP_MARGIN_SECONDS)),
+                output_field=DurationField(),
+            )
+        )
     swept: list[str] = []
-    candidates = list(
-        Action.objects.filter(state=ActionState.DISPATCH_CLAIMED, claimed_at__lt=cutoff)
-        .order_by("claimed_at")
-        .values_list("action_id", flat=True)[:limit]
-    )
+    candidates = list(claimed.order_by("claimed_at").values_list("action_id", flat=True)[:limit])
     for action_id in candidates:
         with transaction.atomic(durable=True):
             locked = (

@@ -12,13 +12,14 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from audit.services import audit_record
 from billing.models import ServiceCategory
 from common import fastsql
 from mcpgateway.argschema import ArgumentsSchema, SchemaUnusable, input_schema_problem, schema_compile
-from mcpgateway.models import Tool, ToolSource
+from mcpgateway.models import Tool, ToolSource, UpstreamServer
 from mcpgateway.upstream.validators import output_schema_problem
 
 logger = logging.getLogger("tollgate.gateway")
@@ -59,8 +60,16 @@ def tool_is_listed(tool: Tool) -> bool:
 
 
 def tools_catalog(*, category: str | None = None) -> list[Tool]:
-    """Listed tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on."""
-    qs = Tool.objects.filter(enabled=True).order_by("service_id")
+    """Listed tools, by name; the local dogfood tool only while ``ENABLE_DOGFOOD_TOOL`` is on.
+
+    The tools of a disabled upstream server are not listed (their calls are refused before any
+    debit, ``upstreams.upstream_check_open``).
+    """
+    qs = (
+        Tool.objects.filter(enabled=True)
+        .filter(Q(server__isnull=True) | Q(server__enabled=True))
+        .order_by("service_id")
+    )
     if category:
         qs = qs.filter(category=category)
     return [t for t in qs if tool_is_listed(t)]
@@ -80,6 +89,7 @@ class _RegisteredTool:
     tool: Tool
     arguments: ArgumentsSchema | None
     schema_problem: str | None
+    server: UpstreamServer | None = None  # the tool's server as of that version (its row moves the version)
 
 
 # Tools change rarely (a sync, a console edit) and are read on every call: each process keeps the rows
@@ -89,8 +99,10 @@ class _RegisteredTool:
 _registered: dict[str, _RegisteredTool] = {}
 
 _TOOL_AT_VERSION_SQL = (
-    f"SELECT {fastsql.columns(Tool, 't')}, gateway_tool_version(t.service_id) "  # noqa: S608
-    "FROM mcpgateway_tool t WHERE t.service_id = %s"
+    f"SELECT {fastsql.columns(Tool, 't')}, {fastsql.columns(UpstreamServer, 's')}, "  # noqa: S608
+    "gateway_tool_version(t.service_id) "
+    "FROM mcpgateway_tool t LEFT JOIN mcpgateway_upstream_server s ON s.server_id = t.server_id "
+    "WHERE t.service_id = %s"
 )
 
 
@@ -103,7 +115,10 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
     if row is None:  # removed since the lookup
         _registered.pop(name, None)
         return None
-    tool = fastsql.instance(Tool, row[:-1])
+    width = fastsql.width(Tool)
+    tool = fastsql.instance(Tool, row[:width])
+    server_row = row[width:-1]
+    server = fastsql.instance(UpstreamServer, server_row) if server_row[0] is not None else None
     arguments: ArgumentsSchema | None = None
     problem: str | None = tool.input_schema_problem or None
     if problem is None:  # a row stored before tools_sync checked the schema is checked here
@@ -111,18 +126,21 @@ def _registered_tool(name: str, version: str) -> _RegisteredTool | None:
             arguments = schema_compile(tool.input_schema or {"type": "object"})
         except SchemaUnusable as exc:
             problem = str(exc)
-    registered = _RegisteredTool(version=row[-1], tool=tool, arguments=arguments, schema_problem=problem)
+    registered = _RegisteredTool(version=row[-1], tool=tool, arguments=arguments, schema_problem=problem, server=server)
     _registered[name] = registered
     return registered
 
 
 @dataclass(frozen=True)
 class SyncReport:
-    """What ``tools_sync`` did: tool names created, updated, disabled (vanished upstream).
+    """What ``tools_sync`` did: exposed tool names created, updated, disabled (vanished upstream), refused.
 
-    ``invalid``: tools registered (among created or updated) but disabled because their outputSchema
-    is not a valid JSON Schema, with the reason. ``unusable``: tools registered whose inputSchema the
-    gateway cannot validate arguments against, with the reason; their calls are refused.
+    ``changed``: the updated tools whose listing changed (description, schemas, annotations, or
+    enabled again). ``invalid``: tools registered (among created or updated) but disabled because
+    their outputSchema is not a valid JSON Schema, with the reason. ``unusable``: tools registered
+    whose inputSchema the gateway cannot validate arguments against, with the reason; their calls
+    are refused. ``refused``: names another server's tool (or the local tool) already has, with
+    the reason; nothing was stored for them.
     """
 
     created: list[str]
@@ -130,11 +148,26 @@ class SyncReport:
     disabled: list[str]
     invalid: dict[str, str] = field(default_factory=dict)
     unusable: dict[str, str] = field(default_factory=dict)
+    refused: dict[str, str] = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+
+
+_LISTED = ("title", "description", "input_schema", "output_schema", "annotations", "enabled")
 
 
 @transaction.atomic(durable=True)
-def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools") -> SyncReport:
-    """Register the upstream's tools (name, description, schemas, annotations); disable vanished ones.
+def tools_sync(
+    *, remote_tools: list[dict[str, Any]], server: UpstreamServer | None = None, actor: str = "sync_tools"
+) -> SyncReport:
+    """Register an upstream's tools (name, description, schemas, annotations); disable its vanished ones.
+
+    ``server``: the tools are that server's, exposed as ``<tool_prefix>.<name>`` (the name alone
+    without a prefix) and called by their upstream name; None registers them without a server
+    (the ``UPSTREAM_MCP_URL`` upstream's, called there), as before servers were records. A name
+    that another server's tool, or the local tool, already has is refused (``refused``) and
+    nothing of it is stored: a tool is never renamed or moved between servers by a sync. The
+    server ``default`` takes over the tools registered without a server (they were its own).
+    A tool of this server that the upstream no longer lists is disabled, never deleted.
 
     Prices are untouched: a new tool has no price until an operator sets one. Schemas are stored as
     the upstream lists them. A tool whose outputSchema is not a valid JSON Schema is stored
@@ -149,14 +182,30 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
     seen: set[str] = set()
     created: list[str] = []
     updated: list[str] = []
+    changed: list[str] = []
     invalid: dict[str, str] = {}
     unusable: dict[str, str] = {}
+    refused: dict[str, str] = {}
+    adopts_legacy = server is not None and server.slug == "default"
     for spec in remote_tools:
-        name = spec.get("name")
-        if not isinstance(name, str) or not name or name == DOGFOOD_TOOL:
+        remote = spec.get("name")
+        if not isinstance(remote, str) or not remote:
+            continue
+        name = server.exposed_name(remote) if server is not None else remote
+        if name == DOGFOOD_TOOL:
+            if server is not None:
+                refused[name] = f"{name} is the gateway's local tool"
             continue
         if len(name) > SERVICE_ID_MAX_LENGTH:
             logger.warning("tool %.80s...: not registered, its name is longer than %d", name, SERVICE_ID_MAX_LENGTH)
+            continue
+        existing = Tool.objects.select_for_update(no_key=True).filter(service_id=name).first()
+        owner = existing.server_id if existing is not None else None
+        ours = server.server_id if server is not None else None
+        if existing is not None and owner != ours and not (adopts_legacy and owner is None):
+            other = UpstreamServer.objects.filter(server_id=owner).values_list("slug", flat=True).first()
+            refused[name] = f"{name} is already a tool of server {other or '(none)'}; not registered"
+            logger.warning("tool %s from %s refused: %s", remote, server.slug if server else "-", refused[name])
             continue
         seen.add(name)
         annotations = spec.get("annotations") or {}
@@ -181,38 +230,48 @@ def tools_sync(*, remote_tools: list[dict[str, Any]], actor: str = "sync_tools")
             "source": ToolSource.UPSTREAM,
             "enabled": problem is None,
             "synced_at": now,
+            "server": server,
+            "remote_name": remote if server is not None else "",
         }
+        if existing is not None and any(getattr(existing, key) != values[key] for key in _LISTED):
+            changed.append(name)
         # The upstream may suggest a category for a new tool; after that the category is the operator's
         # (tool_update): policies allow and deny by category, so an upstream must not move its tools
-        # between them. A suggestion outside ServiceCategory is ignored.
+        # between them. A suggestion outside ServiceCategory is ignored; without one a new tool takes
+        # its server's default category.
         meta = spec.get("_meta")
         hint = meta.get("io.tollgate/category") if isinstance(meta, dict) else None
         create_values = dict(values)
         if hint in ServiceCategory.values:
             create_values["category"] = hint
-        elif hint is not None:
-            logger.warning("tool %s: ignoring io.tollgate/category %.40r (not a service category)", name, hint)
+        else:
+            if hint is not None:
+                logger.warning("tool %s: ignoring io.tollgate/category %.40r (not a service category)", name, hint)
+            if server is not None:
+                create_values["category"] = server.default_category
         _, was_created = Tool.objects.update_or_create(service_id=name, defaults=values, create_defaults=create_values)
         (created if was_created else updated).append(name)
-    disabled = list(
-        Tool.objects.filter(source=ToolSource.UPSTREAM, enabled=True)
-        .exclude(service_id__in=seen)
-        .values_list("service_id", flat=True)
-    )
+    mine = Tool.objects.filter(source=ToolSource.UPSTREAM, enabled=True, server=server)
+    disabled = list(mine.exclude(service_id__in=seen).values_list("service_id", flat=True))
     Tool.objects.filter(service_id__in=disabled).update(enabled=False)
+    if server is not None:
+        UpstreamServer.objects.filter(server_id=server.server_id).update(last_synced_at=now)
     audit_record(
         event="tools.synced",
         ok=True,
         detail={
+            "server_id": server.server_id if server is not None else None,
             "created": created,
             "updated": updated,
+            "changed": changed,
             "disabled": disabled,
             "invalid": invalid,
             "unusable": unusable,
+            "refused": refused,
             "actor": actor,
         },
     )
-    return SyncReport(created, updated, disabled, invalid, unusable)
+    return SyncReport(created, updated, disabled, invalid, unusable, refused, changed)
 
 
 def dogfood_tool_register() -> Tool:

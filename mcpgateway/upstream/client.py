@@ -519,7 +519,9 @@ class UpstreamClient:
         try:
             state = self._negotiated()
         except UpstreamError as exc:
-            return CallResult(kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid)
+            return CallResult(
+                kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid, status_code=exc.status_code
+            )
 
         meta = dict(extra_meta or {})
         meta[IDEMPOTENCY_META_KEY] = idempotency_key

@@ -1,0 +1,510 @@
+"""Upstream MCP servers as records (docs/decisions.md, "Upstream servers"): their writes, credentials and clients.
+
+Servers are reference data shared by every tenant and written off the hot path (the console, the
+operator API, ``UPSTREAM_MCP_URL`` at start). The governed call reads a tool's server with the tool
+(``tools._registered_tool``, by ``gateway_tool_version``, which moves with the server's row) and
+sends each call through that server's own client (``upstream_client_for``): one connection pool
+and one set of limits per server, so a server that hangs holds only its own connections.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import Q
+from django.utils import timezone
+
+from audit.services import audit_record
+from billing.models import ServiceCategory
+from common.cache import BoundedCache
+from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
+from common.ids import new_id
+from mcpgateway.models import CredentialKind, UpstreamCredential, UpstreamServer
+from mcpgateway.services.tools import SyncReport, tools_sync
+from mcpgateway.upstream.client import UpstreamClient, UpstreamError
+from mcpgateway.upstream.secrets import SecretUnreadable, secret_decrypt, secret_encrypt
+from permits.exceptions import PermitDenied
+
+DEFAULT_SLUG = "default"
+# Header names a credential may not set: the transport's own, and what the gateway sends itself.
+RESERVED_HEADERS = frozenset(
+    {
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+        "accept",
+        "mcp-session-id",
+        "mcp-protocol-version",
+        "idempotency-key",
+        "x-api-key",
+    }
+)
+
+
+# --- Refusals of a call to a server (before anything is debited) --------------------------
+
+
+class UpstreamServerDisabled(PermitDenied):
+    code = "upstream_server_disabled"
+    message = "The upstream server of this tool is disabled; nothing was charged."
+
+
+class UpstreamServerNotAllowed(PermitDenied):
+    code = "upstream_server_not_allowed"
+    message = "The upstream server of this tool is not open to this tenant; nothing was charged."
+
+
+class UpstreamCredentialsMissing(PermitDenied):
+    code = "upstream_credentials_missing"
+    message = (
+        "The upstream server of this tool requires credentials and none are set for this tenant or the "
+        "server; nothing was charged."
+    )
+
+
+class UpstreamServerInvalid(RequestValidationError):
+    """Settings or credentials that cannot be stored: 422 in the validation shape, one entry per field."""
+
+    def __init__(self, *problems: tuple[str, str]) -> None:
+        super().__init__(
+            [{"loc": ["body", field], "msg": msg, "type": "upstream_server_invalid"} for field, msg in problems]
+        )
+        self.problems = problems
+
+    def __str__(self) -> str:
+        return "; ".join(f"{field}: {msg}" for field, msg in self.problems)
+
+
+class UpstreamServerConflict(Conflict):
+    code = "upstream_server_conflict"
+    message = "Another upstream server has this slug or tool prefix."
+
+
+class UpstreamSyncFailed(ApplicationError):
+    code = "upstream_sync_failed"
+    http_status = 502
+    message = "The upstream server's tools/list failed; nothing was changed."
+
+
+class UpstreamServerNotFound(NotFound):
+    code = "upstream_server_not_found"
+    message = "No such upstream server."
+
+
+def upstream_check_open(*, server: UpstreamServer, tenant_id: str) -> None:
+    """Raise the refusal when ``tenant_id`` may not call ``server``'s tools now (disabled, closed, no credentials)."""
+    if not server.enabled:
+        raise UpstreamServerDisabled(server=server.slug)
+    if not server.open_to(tenant_id):
+        raise UpstreamServerNotAllowed(server=server.slug)
+    if server.credentials_required and upstream_headers(server=server, tenant_id=tenant_id) is None:
+        raise UpstreamCredentialsMissing(server=server.slug)
+
+
+# --- Writes ---------------------------------------------------------------------------------
+
+_EDITABLE = (
+    "name",
+    "url",
+    "connect_timeout",
+    "read_timeout",
+    "enabled",
+    "required",
+    "default_category",
+    "tool_prefix",
+    "tenant_ids",
+    "credentials_required",
+)
+
+
+def upstream_server_validate(values: dict[str, Any]) -> None:
+    """Raise ``UpstreamServerInvalid`` naming each setting in ``values`` that cannot be stored."""
+    problems: list[tuple[str, str]] = []
+    url = values.get("url")
+    if url is not None and not (isinstance(url, str) and url.startswith(("http://", "https://"))):
+        problems.append(("url", "must be an http(s) URL"))
+    for name in ("connect_timeout", "read_timeout"):
+        value = values.get(name)
+        if value is not None and not (isinstance(value, int | float) and 0 < value <= 600):
+            problems.append((name, "must be a number of seconds in (0, 600]"))
+    prefix = values.get("tool_prefix")
+    if prefix is not None and (not isinstance(prefix, str) or "." in prefix or len(prefix) > 64):
+        problems.append(("tool_prefix", "must be at most 64 characters without a dot"))
+    category = values.get("default_category")
+    if category is not None and category not in ServiceCategory.values:
+        problems.append(("default_category", "must be a service category"))
+    tenants = values.get("tenant_ids")
+    if tenants is not None and not (isinstance(tenants, list) and all(isinstance(t, str) and t for t in tenants)):
+        problems.append(("tenant_ids", "must be null (every tenant) or a list of tenant ids"))
+    if problems:
+        raise UpstreamServerInvalid(*problems)
+
+
+@transaction.atomic(durable=True)
+def upstream_server_create(*, slug: str, name: str, url: str, actor: str, **values: Any) -> UpstreamServer:
+    """Register an upstream server (its tools come with its first sync); audited.
+
+    Refuses a slug or a tool prefix another server has (``UpstreamServerConflict``): the unique
+    constraints decide, so two concurrent creations cannot both take one.
+    """
+    unknown = set(values) - set(_EDITABLE)
+    if unknown:
+        raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
+    upstream_server_validate({"url": url, **values})
+    server = UpstreamServer(server_id=new_id("ups"), slug=slug, name=name or slug, url=url, **values)
+    try:
+        with transaction.atomic():
+            server.save(force_insert=True)
+    except IntegrityError:
+        raise UpstreamServerConflict() from None
+    audit_record(
+        event="upstream_server.created",
+        ok=True,
+        detail={"server_id": server.server_id, "slug": slug, "actor": actor, **_public(server)},
+    )
+    return server
+
+
+@transaction.atomic(durable=True)
+def upstream_server_update(*, server_id: str, actor: str, **changes: Any) -> UpstreamServer:
+    """Change a server's settings under its row lock; audited with before and after.
+
+    Its tools keep their names (a changed prefix names the tools of the next sync only: nothing
+    stored is renamed). Any change moves the version of its tools (``gateway_tool_version``), so
+    calls decided on the old row are decided again, and its client is replaced on the next call.
+    """
+    unknown = set(changes) - set(_EDITABLE)
+    if unknown:
+        raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
+    upstream_server_validate(changes)
+    server = UpstreamServer.objects.select_for_update(no_key=True).filter(server_id=server_id).first()
+    if server is None:
+        raise UpstreamServerNotFound()
+    before = _public(server)
+    for name, value in changes.items():
+        setattr(server, name, value)
+    try:
+        with transaction.atomic():
+            server.save(update_fields=[*changes, "updated_at"])
+    except IntegrityError:
+        raise UpstreamServerConflict() from None
+    audit_record(
+        event="upstream_server.updated",
+        ok=True,
+        detail={"server_id": server_id, "before": before, "after": _public(server), "actor": actor},
+    )
+    return server
+
+
+def _public(server: UpstreamServer) -> dict[str, Any]:
+    """A server's settings as audit events and the API show them (never its credentials)."""
+    return {
+        "name": server.name,
+        "url": server.url,
+        "connect_timeout": server.connect_timeout,
+        "read_timeout": server.read_timeout,
+        "enabled": server.enabled,
+        "required": server.required,
+        "default_category": server.default_category,
+        "tool_prefix": server.tool_prefix,
+        "tenant_ids": server.tenant_ids,
+        "credentials_required": server.credentials_required,
+    }
+
+
+def upstream_default_ensure() -> UpstreamServer | None:
+    """Create or update the server ``default`` from ``UPSTREAM_MCP_URL`` and its timeouts (none without it).
+
+    Today's deployments name their one upstream in the environment; at start (``sync_tools``,
+    ``devtools/run.py``, the WSGI application) that server becomes the record ``default`` with an
+    empty tool prefix, so its tools keep their names. Only the URL and timeouts follow the
+    environment; what the operator set in the console (tenants, category, credentials) stays.
+    """
+    url = settings.UPSTREAM_MCP_URL
+    if not url:
+        return None
+    wanted = {
+        "url": url,
+        "connect_timeout": float(settings.UPSTREAM_CONNECT_TIMEOUT),
+        "read_timeout": float(settings.UPSTREAM_READ_TIMEOUT),
+    }
+    server = UpstreamServer.objects.filter(slug=DEFAULT_SLUG).first()
+    if server is None:
+        try:
+            return upstream_server_create(
+                slug=DEFAULT_SLUG, name="Default upstream (UPSTREAM_MCP_URL)", actor="UPSTREAM_MCP_URL", **wanted
+            )
+        except UpstreamServerConflict:
+            server = UpstreamServer.objects.filter(slug=DEFAULT_SLUG).first()  # another process created it first
+            if server is None:  # another server has the empty prefix: the operator decides
+                raise UpstreamServerConflict(
+                    "UPSTREAM_MCP_URL cannot become the server default: another server has the empty tool prefix."
+                ) from None
+    changed = {name: value for name, value in wanted.items() if getattr(server, name) != value}
+    if changed:
+        server = upstream_server_update(server_id=server.server_id, actor="UPSTREAM_MCP_URL", **changed)
+    return server
+
+
+# --- Credentials ----------------------------------------------------------------------------
+
+
+def upstream_credential_validate(*, kind: str, secret: dict[str, Any]) -> None:
+    """Raise ``UpstreamServerInvalid`` when ``secret`` is not a credential of ``kind`` that can be sent."""
+    _credential_headers(kind, secret)
+
+
+def _credential_headers(kind: str, secret: dict[str, Any]) -> dict[str, str]:
+    """The headers a credential sends; raises ``UpstreamServerInvalid`` for a malformed secret."""
+    if kind == CredentialKind.BEARER:
+        token = secret.get("token")
+        if not isinstance(token, str) or not token or not token.isascii() or not token.isprintable():
+            raise UpstreamServerInvalid(("token", "a bearer credential needs a non-empty token of printable ASCII"))
+        return {"authorization": f"Bearer {token}"}
+    if kind == CredentialKind.HEADERS:
+        headers = secret.get("headers")
+        if not isinstance(headers, dict) or not headers:
+            raise UpstreamServerInvalid(
+                ("headers", "a headers credential needs a non-empty map of header names to values")
+            )
+        out: dict[str, str] = {}
+        for name, value in headers.items():
+            if (
+                not isinstance(name, str)
+                or not name.isascii()
+                or not name.replace("-", "").isalnum()
+                or name.lower() in RESERVED_HEADERS
+            ):
+                raise UpstreamServerInvalid(("headers", f"header name {str(name)[:40]!r} is not allowed"))
+            if not isinstance(value, str) or not value.isascii() or not value.isprintable():
+                raise UpstreamServerInvalid(("headers", f"header {name} must be printable ASCII on one line"))
+            out[name.lower()] = value
+        return out
+    raise UpstreamServerInvalid(("kind", f"unknown credential kind {str(kind)[:20]!r}"))
+
+
+@transaction.atomic(durable=True)
+def upstream_credential_set(
+    *, server_id: str, tenant_id: str | None, kind: str, secret: dict[str, Any], actor: str
+) -> UpstreamCredential:
+    """Store (encrypted) the credentials sent to ``server_id`` for ``tenant_id`` (None: the server's own).
+
+    Write-only: nothing returns the secret. The server's ``credentials_version`` moves under its
+    row lock, so every process replaces its client and cached headers at its next call.
+    Audited without the secret.
+    """
+    _credential_headers(kind, secret)  # refuse a malformed secret before anything is stored
+    server = UpstreamServer.objects.select_for_update(no_key=True).filter(server_id=server_id).first()
+    if server is None:
+        raise UpstreamServerNotFound()
+    blob = secret_encrypt({"kind": kind, **secret})
+    credential = UpstreamCredential.objects.filter(server=server, tenant_id=tenant_id).first()
+    if credential is None:
+        credential = UpstreamCredential(credential_id=new_id("ucr"), server=server, tenant_id=tenant_id)
+    credential.kind = kind
+    credential.secret = blob
+    credential.set_at = timezone.now()
+    credential.save()
+    server.credentials_version += 1
+    server.save(update_fields=["credentials_version", "updated_at"])
+    audit_record(
+        event="upstream_credential.set",
+        ok=True,
+        tenant_id=tenant_id,
+        detail={"server_id": server_id, "tenant_id": tenant_id, "kind": kind, "actor": actor},
+    )
+    return credential
+
+
+@transaction.atomic(durable=True)
+def upstream_credential_clear(*, server_id: str, tenant_id: str | None, actor: str) -> bool:
+    """Remove the credentials of ``server_id`` for ``tenant_id`` (None: the server's own); audited."""
+    server = UpstreamServer.objects.select_for_update(no_key=True).filter(server_id=server_id).first()
+    if server is None:
+        raise UpstreamServerNotFound()
+    deleted, _ = UpstreamCredential.objects.filter(server=server, tenant_id=tenant_id).delete()
+    if deleted:
+        server.credentials_version += 1
+        server.save(update_fields=["credentials_version", "updated_at"])
+        audit_record(
+            event="upstream_credential.cleared",
+            ok=True,
+            tenant_id=tenant_id,
+            detail={"server_id": server_id, "tenant_id": tenant_id, "actor": actor},
+        )
+    return bool(deleted)
+
+
+@dataclass(frozen=True)
+class _Headers:
+    """The headers a tenant's calls to a server carry, and whose they are (``scope``: the tenant or ``*``)."""
+
+    scope: str
+    headers: dict[str, str]
+
+
+# (server id, credentials version, tenant id) -> the headers, or None when neither has credentials.
+# A credential change moves the version, so an entry is never used for other credentials.
+_headers: BoundedCache[tuple[str, int, str], _Headers | None] = BoundedCache("upstream.headers", max_entries=10_000)
+
+
+def upstream_headers(*, server: UpstreamServer, tenant_id: str) -> _Headers | None:
+    """The credential headers for ``tenant_id``'s calls to ``server``: the tenant's own, else the server's.
+
+    None when neither holds credentials, or they do not decrypt under the current key (logged by
+    the caller's refusal: the call is refused before its debit when the server requires them).
+    """
+    key = (server.server_id, server.credentials_version, tenant_id)
+    if key in _headers:
+        return _headers.get(key)
+    rows = {
+        row.tenant_id: row
+        for row in UpstreamCredential.objects.filter(
+            Q(tenant_id=tenant_id) | Q(tenant_id__isnull=True), server_id=server.server_id
+        )
+    }
+    row = rows.get(tenant_id) or rows.get(None)
+    found: _Headers | None = None
+    if row is not None:
+        try:
+            secret = secret_decrypt(bytes(row.secret))
+            found = _Headers(scope=row.tenant_id or "*", headers=_credential_headers(row.kind, secret))
+        except (SecretUnreadable, UpstreamServerInvalid):
+            found = None
+    _headers.set(key, found)
+    return found
+
+
+# --- One client per server ------------------------------------------------------------------
+
+_clients_lock = threading.Lock()
+# (server id, credential scope) -> (what the client was built for, the client). Bounded by the rows:
+# servers times the tenants holding credentials of their own. A client built for another URL,
+# other timeouts or other credentials is replaced and closed.
+_clients: dict[tuple[str, str], tuple[tuple[Any, ...], UpstreamClient]] = {}
+
+
+def upstream_client_for(
+    *,
+    server_id: str,
+    url: str,
+    connect_timeout: float,
+    read_timeout: float,
+    credentials: _Headers | None,
+    credentials_version: int = 0,
+) -> UpstreamClient:
+    """The process's client for one server as a call was claimed on it (thread-safe).
+
+    Each server (and each tenant holding credentials of its own for it) has its own client, hence
+    its own connection pool and limits: a server that hangs ties up only its own connections.
+    """
+    scope = credentials.scope if credentials is not None else "*"
+    built_for = (
+        url,
+        connect_timeout,
+        read_timeout,
+        credentials_version,
+        tuple(sorted((credentials or _NONE).headers.items())),
+    )
+    with _clients_lock:
+        entry = _clients.get((server_id, scope))
+        if entry is not None and entry[0] == built_for:
+            return entry[1]
+        client = UpstreamClient(
+            url,
+            connect_timeout=connect_timeout,
+            read_timeout=read_timeout,
+            total_timeout=read_timeout * 2,
+            headers=credentials.headers if credentials is not None else None,
+        )
+        _clients[(server_id, scope)] = (built_for, client)
+    if entry is not None:
+        entry[1].close()
+    return client
+
+
+_NONE = _Headers(scope="*", headers={})
+
+
+def upstream_clients_close() -> None:
+    """Close and forget every server's client (tests; a worker's shutdown)."""
+    with _clients_lock:
+        entries = list(_clients.values())
+        _clients.clear()
+    for _, client in entries:
+        client.close()
+
+
+def server_client(server: UpstreamServer, *, tenant_id: str | None = None) -> UpstreamClient:
+    """A new client for ``server`` with its server-wide credentials (or ``tenant_id``'s); the caller closes it."""
+    creds = upstream_headers(server=server, tenant_id=tenant_id or "")
+    return UpstreamClient(
+        server.url,
+        connect_timeout=server.connect_timeout,
+        read_timeout=server.read_timeout,
+        headers=creds.headers if creds is not None else None,
+    )
+
+
+# --- Health and connection tests --------------------------------------------------------------
+
+
+def upstream_error_class(exc: UpstreamError) -> str:
+    """A fixed word for why a server could not be used, without the upstream's free text."""
+    status = exc.status_code
+    if status in (401, 403):
+        return "auth_refused"
+    if status is not None and status >= 500:
+        return "server_error"
+    if status is not None:
+        return "http_error"
+    reason = exc.reason.lower()
+    if "timed out" in reason or "timeout" in reason:
+        return "timeout"
+    if "refused" in reason or "connect" in reason or "resolve" in reason or "unreachable" in reason:
+        return "unreachable"
+    return "protocol_error"
+
+
+def upstream_probe(server: UpstreamServer, *, timeout: float | None = None) -> dict[str, Any]:
+    """Negotiate with ``server`` and ping it with its server-wide credentials: reachable, protocol version, error class.
+
+    Nothing the upstream wrote is returned (its URL and messages can name internal hosts).
+    """
+    wait = timeout if timeout is not None else min(server.read_timeout, float(settings.HEALTH_UPSTREAM_TIMEOUT))
+    creds = upstream_headers(server=server, tenant_id="")
+    client = UpstreamClient(
+        server.url,
+        connect_timeout=min(server.connect_timeout, wait),
+        read_timeout=wait,
+        total_timeout=wait * 2,
+        headers=creds.headers if creds is not None else None,
+    )
+    try:
+        session = client.initialize()
+        client.ping()
+        return {"reachable": True, "protocol_version": session.protocol_version, "error": None}
+    except UpstreamError as exc:
+        return {"reachable": False, "protocol_version": None, "error": upstream_error_class(exc)}
+    finally:
+        client.close()
+
+
+# --- Sync -------------------------------------------------------------------------------------
+
+
+def upstream_server_sync(*, server: UpstreamServer, actor: str) -> SyncReport:
+    """Fetch ``server``'s tools/list with its server-wide credentials, then register them (``tools_sync``).
+
+    The fetch happens outside any transaction; raises ``UpstreamError`` when it fails (nothing
+    is changed then). Returns the ``SyncReport``.
+    """
+    with server_client(server) as client:
+        remote = client.list_tools()
+    return tools_sync(remote_tools=remote, server=server, actor=actor)

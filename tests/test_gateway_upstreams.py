@@ -1,0 +1,457 @@
+"""Several upstream servers: real MCP SDK servers on their own ports (one open, one requiring a bearer token,
+one that hangs on demand), their credentials, the evidence naming each server, and their isolation."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from decimal import Decimal
+from io import StringIO
+from typing import Any, TypeVar
+
+import pytest
+from django.core.management import CommandError, call_command
+from django.db import connection
+from django.utils import timezone
+
+from audit.models import AuditEvent
+from billing.models import Wallet
+from billing.services import tool_price_set
+from mcpgateway.models import Action, Tool, UpstreamCredential, UpstreamServer
+from mcpgateway.services import action_sweep
+from mcpgateway.services.upstreams import (
+    upstream_credential_clear,
+    upstream_credential_set,
+    upstream_server_create,
+    upstream_server_sync,
+    upstream_server_update,
+)
+from mcpgateway.upstream.client import UpstreamError
+from receipts.models import Receipt
+from receipts.services import receipt_statement_problem
+from tests.conftest import Tenant, make_tenant
+from tests.gateway_helpers import setup_caller, tools_call_body
+from tests.upstream_server import SdkUpstream, running_demo_upstream, running_sdk_upstream
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.timeout(120)]
+
+T = TypeVar("T")
+PAY_TOKEN = "pay-server-token-1"
+TENANT_TOKEN = "acme-own-token-2"
+
+
+def wait_for(probe: Callable[[], T]) -> T:
+    """Poll until ``probe`` answers something truthy (the test's own timeout bounds the wait)."""
+    event = threading.Event()
+    while True:
+        value = probe()
+        if value:
+            return value
+        event.wait(0.02)
+
+
+def _sync_and_price(server: UpstreamServer, price: str = "2") -> Any:
+    report = upstream_server_sync(server=server, actor="test")
+    for name in report.created:
+        tool_price_set(tool=name, credits=Decimal(price))
+    return report
+
+
+def _balance(tenant: Tenant) -> Decimal:
+    return Wallet.objects.get(pk=tenant.agent.pk).balance
+
+
+class Fleet:
+    def __init__(self, demo: Any, pay: SdkUpstream, slow: SdkUpstream, acme: Tenant, globex: Tenant) -> None:
+        self.demo, self.pay, self.slow, self.acme, self.globex = demo, pay, slow, acme, globex
+        self.default = UpstreamServer.objects.get(slug="default")
+        self.pay_server = UpstreamServer.objects.get(slug="pay")
+        self.slow_server = UpstreamServer.objects.get(slug="slow")
+
+
+@pytest.fixture
+def fleet(settings: Any) -> Iterator[Fleet]:
+    """Three SDK servers as records: ``default`` (the demo, open, no prefix), ``pay`` (bearer token, open to
+    acme only), ``slow`` (open, its ``slow.wait`` hangs until released); their tools synced and priced at 2."""
+    settings.ENABLE_DOGFOOD_TOOL = False
+    with (
+        running_demo_upstream() as demo,
+        running_sdk_upstream("pay", tokens={PAY_TOKEN, TENANT_TOKEN}) as pay,
+        running_sdk_upstream("slow", hang="wait") as slow,
+    ):
+        acme, globex = make_tenant("acme"), make_tenant("globex")
+        default = upstream_server_create(slug="default", name="Demo", url=demo.url, actor="test")
+        pay_server = upstream_server_create(
+            slug="pay",
+            name="Payments",
+            url=pay.url,
+            tool_prefix="pay",
+            default_category="payments",
+            credentials_required=True,
+            tenant_ids=[acme.agent.tenant_id],
+            actor="test",
+        )
+        slow_server = upstream_server_create(
+            slug="slow", name="Slow", url=slow.url, tool_prefix="slow", read_timeout=60.0, actor="test"
+        )
+        upstream_credential_set(
+            server_id=pay_server.server_id, tenant_id=None, kind="bearer", secret={"token": PAY_TOKEN}, actor="test"
+        )
+        for server in (default, pay_server, slow_server):
+            _sync_and_price(UpstreamServer.objects.get(pk=server.pk))
+        yield Fleet(demo, pay, slow, acme, globex)
+
+
+def _mcp(tenant: Tenant, body: dict[str, Any]) -> Any:
+    """POST one JSON-RPC message to ``/mcp`` (Streamable HTTP, served without a session)."""
+    return tenant.agent_client.post(
+        "/mcp",
+        data=json.dumps(body),
+        content_type="application/json",
+        HTTP_ACCEPT="application/json, text/event-stream",
+    )
+
+
+def _receipt(answer: Any) -> Receipt:
+    body = answer.json()
+    receipt_id = body.get("receipt_id") or body.get("result", {}).get("_meta", {}).get("io.tollgate/receipt-id")
+    if receipt_id is None:
+        receipt_id = body["error"]["data"]["receipt_id"]
+    return Receipt.objects.get(receipt_id=receipt_id)
+
+
+def test_tools_of_three_servers_are_called_through_mcp_and_rest_and_receipts_name_each(fleet: Fleet) -> None:
+    names = set(Tool.objects.filter(enabled=True).values_list("service_id", flat=True))
+    assert {"notes.append", "pay.charge", "pay.append", "slow.quick", "slow.wait"} <= names
+    charge = Tool.objects.get(service_id="pay.charge")
+    assert (charge.server_id, charge.remote_name, charge.category) == (fleet.pay_server.server_id, "charge", "payments")
+
+    caller = setup_caller(fleet.acme, balance=100)
+    start = _balance(fleet.acme)
+    listed = _mcp(fleet.acme, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}})
+    assert {"notes.append", "pay.charge", "slow.quick"} <= {t["name"] for t in listed.json()["result"]["tools"]}
+    answers = {
+        "pay": _mcp(fleet.acme, tools_call_body("pay.charge", {"amount": 7}, permit_id=caller.permit_id)),
+        "default": caller.invoke("notes.append", {"text": "hi"}),
+        "slow": caller.invoke("slow.quick", {}),
+    }
+    for slug, answer in answers.items():
+        assert answer.status_code == 200, answer.content
+        server = UpstreamServer.objects.get(slug=slug)
+        receipt = _receipt(answer)
+        assert receipt.outcome == "success"
+        assert (receipt.upstream_server_id, receipt.upstream_url) == (server.server_id, server.url)
+        statement = receipt.signed_statement
+        assert (statement["upstream_server_id"], statement["upstream_url"]) == (server.server_id, server.url)
+        assert receipt_statement_problem(receipt) is None
+        action = Action.objects.get(receipt=receipt)
+        assert (action.upstream_server_id, action.upstream_url) == (server.server_id, server.url)
+        claimed = AuditEvent.objects.get(event="tool_call.dispatch_claimed", detail__action_id=action.action_id)
+        assert claimed.detail["upstream_server_id"] == server.server_id
+        shown = fleet.acme.agent_client.get(f"/v1/receipts/{receipt.receipt_id}").json()
+        assert (shown["upstream_server_id"], shown["upstream_url"]) == (server.server_id, server.url)
+    assert fleet.pay.calls["charge"] == 1
+    assert fleet.slow.calls["quick"] == 1
+    assert _balance(fleet.acme) == start - 6
+
+    # The pay server's token went to the pay server only; the agent's key went to none of them.
+    pay_auth = {r.headers.get("authorization") for r in fleet.pay.requests}
+    assert pay_auth == {f"Bearer {PAY_TOKEN}"}
+    for request in [*fleet.demo.requests, *fleet.slow.requests]:
+        assert "authorization" not in request.headers
+    for request in [*fleet.demo.requests, *fleet.slow.requests, *fleet.pay.requests]:
+        assert fleet.acme.agent_secret not in str(request.headers)
+        assert "x-api-key" not in request.headers
+
+    # The evidence keeps naming where the call went after the server's URL changes.
+    receipt = _receipt(answers["pay"])
+    upstream_server_update(server_id=fleet.pay_server.server_id, url="http://127.0.0.1:9/mcp", actor="test")
+    receipt.refresh_from_db()
+    assert receipt.upstream_url == fleet.pay.url
+    assert receipt_statement_problem(receipt) is None
+
+
+def test_a_tenant_not_allowed_on_a_server_is_refused_before_the_debit(fleet: Fleet) -> None:
+    caller = setup_caller(fleet.globex, balance=100)
+    start = _balance(fleet.globex)
+    answer = caller.invoke("pay.charge", {"amount": 1})
+    assert answer.status_code == 403, answer.content
+    assert answer.json()["error"]["data"]["error"] == "upstream_server_not_allowed"
+    assert _balance(fleet.globex) == start
+    assert fleet.pay.calls["charge"] == 0
+    assert _receipt(answer).outcome == "denied"
+    # Its other servers' tools still work for it.
+    assert caller.invoke("notes.append", {"text": "x"}).status_code == 200
+
+
+def test_a_disabled_server_stops_its_permits_before_the_debit(fleet: Fleet) -> None:
+    caller = setup_caller(fleet.acme, balance=100)
+    assert caller.invoke("slow.quick", {}).status_code == 200  # cached on this server row now
+    upstream_server_update(server_id=fleet.slow_server.server_id, enabled=False, actor="admin:ops")
+    start = _balance(fleet.acme)
+    answer = caller.invoke("slow.quick", {})
+    assert answer.status_code == 403, answer.content
+    assert answer.json()["error"]["data"]["error"] == "upstream_server_disabled"
+    assert _balance(fleet.acme) == start
+    assert fleet.slow.calls["quick"] == 1
+    listed = _mcp(fleet.acme, {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}).json()
+    names = {t["name"] for t in listed["result"]["tools"]}
+    assert "slow.quick" not in names
+    assert "notes.append" in names
+    # Closed to the tenant instead of disabled: the same, from the cache as from fresh rows.
+    upstream_server_update(
+        server_id=fleet.slow_server.server_id, enabled=True, tenant_ids=["someone-else"], actor="admin:ops"
+    )
+    answer = caller.invoke("slow.quick", {})
+    assert answer.json()["error"]["data"]["error"] == "upstream_server_not_allowed"
+    assert _balance(fleet.acme) == start
+
+
+def test_a_wrong_credential_is_a_definite_refusal_refunded_and_a_tenants_own_replaces_the_servers(
+    fleet: Fleet,
+) -> None:
+    caller = setup_caller(fleet.acme, balance=100)
+    upstream_credential_set(
+        server_id=fleet.pay_server.server_id, tenant_id=None, kind="bearer", secret={"token": "wrong"}, actor="test"
+    )
+    start = _balance(fleet.acme)
+    answer = caller.invoke("pay.charge", {"amount": 1})
+    receipt = _receipt(answer)
+    assert (receipt.outcome, receipt.reason_code) == ("failed_refunded", "upstream_auth_refused")
+    assert receipt.credits_charged == 0
+    assert _balance(fleet.acme) == start
+    assert fleet.pay.calls["charge"] == 0
+    # Never re-sent on its own: the same key answers the stored refusal.
+    key = Action.objects.get(receipt=receipt).idempotency_key
+    again = caller.invoke("pay.charge", {"amount": 1}, key=key)
+    assert _receipt(again).receipt_id == receipt.receipt_id
+    assert fleet.pay.calls["charge"] == 0
+
+    # The tenant's own credential replaces the server's for its calls.
+    upstream_credential_set(
+        server_id=fleet.pay_server.server_id,
+        tenant_id=fleet.acme.agent.tenant_id,
+        kind="headers",
+        secret={"headers": {"Authorization": f"Bearer {TENANT_TOKEN}"}},
+        actor="test",
+    )
+    answer = caller.invoke("pay.charge", {"amount": 1})
+    assert _receipt(answer).outcome == "success", answer.content
+    assert fleet.pay.requests[-1].headers["authorization"] == f"Bearer {TENANT_TOKEN}"
+    # Stored encrypted: the token is not in the row.
+    for row in UpstreamCredential.objects.all():
+        assert TENANT_TOKEN.encode() not in bytes(row.secret)
+        assert PAY_TOKEN.encode() not in bytes(row.secret)
+
+
+def test_a_server_requiring_credentials_refuses_a_tenant_without_any_before_the_debit(fleet: Fleet) -> None:
+    assert upstream_credential_clear(server_id=fleet.pay_server.server_id, tenant_id=None, actor="test")
+    caller = setup_caller(fleet.acme, balance=100)
+    start = _balance(fleet.acme)
+    answer = caller.invoke("pay.charge", {"amount": 1})
+    assert answer.status_code == 403, answer.content
+    assert answer.json()["error"]["data"]["error"] == "upstream_credentials_missing"
+    assert _balance(fleet.acme) == start
+
+
+def test_sync_refuses_a_colliding_name_and_disables_what_vanished(fleet: Fleet) -> None:
+    # A server exposing "notes.*" collides with the default server's notes.append.
+    notes = upstream_server_create(slug="notes", name="Notes", url=fleet.pay.url, tool_prefix="notes", actor="test")
+    upstream_credential_set(
+        server_id=notes.server_id, tenant_id=None, kind="bearer", secret={"token": PAY_TOKEN}, actor="test"
+    )
+    out, err = StringIO(), StringIO()
+    call_command("sync_tools", "--server", "notes", stdout=out, stderr=err)
+    assert "refused: notes.append is already a tool of server default" in err.getvalue()
+    assert "new: notes.charge" in out.getvalue()
+    assert Tool.objects.get(service_id="notes.append").server_id == fleet.default.server_id  # nothing renamed
+    event = AuditEvent.objects.filter(event="tools.synced").order_by("-seq").first()
+    assert event is not None
+    assert "notes.append" in event.detail["refused"]
+
+    # Without credentials the sync fails with the server's refusal and changes nothing.
+    assert upstream_credential_clear(server_id=notes.server_id, tenant_id=None, actor="test")
+    with pytest.raises(UpstreamError):
+        upstream_server_sync(server=UpstreamServer.objects.get(pk=notes.pk), actor="test")
+
+
+def test_one_hanging_server_does_not_hold_the_others(fleet: Fleet) -> None:
+    caller = setup_caller(fleet.acme, balance=100)
+    hung: dict[str, Any] = {}
+
+    def in_flight() -> None:
+        try:
+            hung["answer"] = caller.invoke("slow.wait", {})
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    try:
+        wait_for(lambda: fleet.slow.calls["wait"] == 1)
+        # While slow.wait hangs, the other servers answer (their own clients and connection pools).
+        for i in range(5):
+            assert caller.invoke("notes.append", {"text": f"n{i}"}).status_code == 200
+            assert caller.rpc("pay.charge", {"amount": i}).status_code == 200
+        assert thread.is_alive()
+        assert "answer" not in hung
+    finally:
+        fleet.slow.release.set()
+        thread.join(30)
+    assert hung["answer"].status_code == 200
+    assert _receipt(hung["answer"]).upstream_server_id == fleet.slow_server.server_id
+
+
+def test_the_sweep_waits_the_timeouts_of_the_server_the_call_was_claimed_on(fleet: Fleet, settings: Any) -> None:
+    settings.SWEEP_MARGIN_SECONDS = 30
+    caller = setup_caller(fleet.acme, balance=100)
+
+    def in_flight() -> None:
+        try:
+            caller.invoke("slow.wait", {}, key="sweep-me")
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=in_flight)
+    thread.start()
+    try:
+        action = wait_for(lambda: Action.objects.filter(idempotency_key="sweep-me", state="dispatch_claimed").first())
+        assert action is not None
+        assert action.upstream_read_timeout == 60.0
+        forty_ago = timezone.now() - timedelta(seconds=40)
+        # Claimed 40 s ago on a server with a 60 s read timeout: 2 + 120 + 30 s not yet passed.
+        Action.objects.filter(pk=action.pk).update(claimed_at=forty_ago)
+        assert action_sweep() == []
+        # The same claim on a server with 1 s timeouts (1 + 2 + 30 s): lost.
+        Action.objects.filter(pk=action.pk).update(upstream_connect_timeout=1, upstream_read_timeout=1)
+        assert action_sweep() == [action.action_id]
+    finally:
+        fleet.slow.release.set()
+        thread.join(30)
+    assert Action.objects.get(pk=action.pk).state == "delivery_uncertain"
+
+
+# --- The operator API (/v1/upstreams) -------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_operator_api_manages_servers_and_write_only_credentials(operator_client: Any, tenant: Tenant) -> None:
+    with running_sdk_upstream("pay", tokens={PAY_TOKEN}) as pay:
+        body = {"slug": "pay", "url": pay.url, "tool_prefix": "pay", "credentials_required": True}
+        r = operator_client.post("/v1/upstreams", body, format="json")
+        assert r.status_code == 201, r.content
+        assert r.json()["credentials"] == []
+        assert operator_client.post("/v1/upstreams", {**body, "slug": "pay2"}, format="json").status_code == 409
+
+        # A failed sync (no credentials yet: the server answers 401) changes nothing and says why, in a word.
+        r = operator_client.post("/v1/upstreams/pay/sync")
+        assert r.status_code == 502, r.content
+        assert r.json()["detail"]["error_class"] == "auth_refused"
+        assert operator_client.post("/v1/upstreams/pay/test").json() == {
+            "reachable": False,
+            "protocol_version": None,
+            "error": "auth_refused",
+        }
+
+        r = operator_client.put("/v1/upstreams/pay/credentials", {"kind": "bearer", "token": PAY_TOKEN}, format="json")
+        assert r.status_code == 204, r.content
+        detail = operator_client.get("/v1/upstreams/pay")
+        assert detail.json()["credentials"] == [None]
+        assert PAY_TOKEN not in detail.content.decode()
+        assert PAY_TOKEN not in str(AuditEvent.objects.filter(event="upstream_credential.set").values("detail"))
+        probe = operator_client.post("/v1/upstreams/pay/test").json()
+        assert probe["reachable"] is True
+        assert probe["protocol_version"]
+
+        r = operator_client.post("/v1/upstreams/pay/sync")
+        assert r.status_code == 200, r.content
+        assert sorted(r.json()["created"]) == ["pay.append", "pay.charge", "pay.quick"]
+
+        r = operator_client.patch("/v1/upstreams/pay", {"enabled": False, "tenant_ids": ["t1"]}, format="json")
+        assert (r.json()["enabled"], r.json()["tenant_ids"]) == (False, ["t1"])
+        event = AuditEvent.objects.filter(event="upstream_server.updated").order_by("-seq").first()
+        assert event is not None
+        assert event.detail["before"]["enabled"] is True
+        assert event.detail["actor"].startswith("key:")
+        assert operator_client.delete("/v1/upstreams/pay/credentials").status_code == 204
+        assert operator_client.get("/v1/upstreams/pay").json()["credentials"] == []
+
+    for secret in ({"kind": "bearer", "token": "two\nlines"}, {"kind": "headers", "headers": {"Host": "evil"}}):
+        r = operator_client.put("/v1/upstreams/pay/credentials", secret, format="json")
+        assert r.status_code == 422, r.content
+        assert r.json()["detail"][0]["type"] == "upstream_server_invalid"
+    bad = operator_client.patch("/v1/upstreams/pay", {"read_timeout": 0, "tool_prefix": "a.b"}, format="json")
+    assert bad.status_code == 422
+    assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("body", "read_timeout"), ("body", "tool_prefix")}
+    assert operator_client.get("/v1/upstreams/nope").status_code == 404
+    # An agent's or a sponsor's key may not read or change servers.
+    for client in (tenant.agent_client, tenant.sponsor_client):
+        assert client.get("/v1/upstreams").status_code == 403
+        assert (
+            client.put("/v1/upstreams/pay/credentials", {"kind": "bearer", "token": "x"}, format="json").status_code
+            == 403
+        )
+
+
+# --- UPSTREAM_MCP_URL as the server "default"; the secrets' key -------------------------------------------
+
+
+@pytest.mark.django_db
+def test_upstream_mcp_url_becomes_the_server_default_and_its_tools_keep_their_names(settings: Any) -> None:
+    from mcpgateway import services
+    from mcpgateway.services.upstreams import upstream_default_ensure
+
+    settings.ENABLE_DOGFOOD_TOOL = False
+    with running_demo_upstream() as demo:
+        # Tools registered before servers were records (no server) ...
+        settings.UPSTREAM_MCP_URL = demo.url
+        call_command("sync_tools", "--url", demo.url, stdout=StringIO())
+        assert Tool.objects.get(service_id="notes.append").server_id is None
+        # ... are the server default's after the next sync, under the same names.
+        out = StringIO()
+        call_command("sync_tools", stdout=out)
+        default = UpstreamServer.objects.get(slug="default")
+        assert (default.url, default.tool_prefix, default.tenant_ids) == (demo.url, "", None)
+        assert Tool.objects.get(service_id="notes.append").server_id == default.server_id
+        assert Tool.objects.get(service_id="notes.append").remote_name == "notes.append"
+        assert f"from server default ({demo.url})" in out.getvalue()
+        assert services.tool_get("notes.append") is not None
+    # A restart with another URL or timeouts updates it; what the operator set stays.
+    upstream_server_update(server_id=default.server_id, tenant_ids=["t1"], actor="admin:ops")
+    settings.UPSTREAM_MCP_URL = "http://127.0.0.1:9/mcp"
+    settings.UPSTREAM_READ_TIMEOUT = 7
+    upstream_default_ensure()
+    default.refresh_from_db()
+    assert (default.url, default.read_timeout, default.tenant_ids) == ("http://127.0.0.1:9/mcp", 7.0, ["t1"])
+    assert upstream_default_ensure() is not None
+    assert AuditEvent.objects.filter(event="upstream_server.updated", detail__actor="UPSTREAM_MCP_URL").count() == 1
+
+
+@pytest.mark.django_db
+def test_upstream_mcp_url_cannot_take_the_empty_prefix_another_server_has(settings: Any) -> None:
+    settings.ENABLE_DOGFOOD_TOOL = False
+    upstream_server_create(slug="main", name="Main", url="http://127.0.0.1:9/mcp", actor="admin:ops")
+    settings.UPSTREAM_MCP_URL = "http://127.0.0.1:10/mcp"
+    with pytest.raises(CommandError, match="another server has the empty tool prefix"):
+        call_command("sync_tools", stdout=StringIO())
+    assert not UpstreamServer.objects.filter(slug="default").exists()
+
+
+def test_secrets_are_encrypted_under_a_key_file_created_0600(settings: Any, tmp_path: Any) -> None:
+    from cryptography.fernet import Fernet
+
+    from mcpgateway.upstream import secrets
+
+    settings.UPSTREAM_SECRETS_KEY = ""
+    settings.UPSTREAM_SECRETS_KEY_FILE = str(tmp_path / "keys" / "upstream.key")
+    blob = secrets.secret_encrypt({"token": "s3cret"})
+    assert b"s3cret" not in blob
+    key_file = tmp_path / "keys" / "upstream.key"
+    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert secrets.secret_decrypt(blob) == {"token": "s3cret"}
+    # Another key (from the environment) cannot read it.
+    settings.UPSTREAM_SECRETS_KEY = Fernet.generate_key().decode()
+    with pytest.raises(secrets.SecretUnreadable):
+        secrets.secret_decrypt(blob)
