@@ -41,7 +41,7 @@ class PermitCreateRequest(serializers.Serializer):
     max_credits = serializers.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal("0.00000001"))
     max_calls = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     expires_in_seconds = serializers.IntegerField(min_value=60, max_value=MAX_PERMIT_TTL, default=3600)
-    subject_key_id = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
 
 
 class SignedDocumentField(serializers.JSONField):
@@ -156,7 +156,7 @@ class PermitRequestCreate(serializers.Serializer):
     expires_in_seconds = serializers.IntegerField(
         min_value=60, max_value=MAX_PERMIT_TTL, default=3600, help_text="Lifetime of the permit once approved."
     )
-    subject_key_id = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
+    subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
     justification = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
 
 

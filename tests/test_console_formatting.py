@@ -127,9 +127,13 @@ def test_favicon_dashboard_link_and_console_login():
     assert 'href="/admin/"' in Client().get("/dashboard").content.decode()
 
 
-def test_static_files_stay_out_of_the_access_log_and_the_control_socket_under_data(tmp_path):
+def test_static_files_stay_out_of_the_access_log_and_the_control_socket_under_data(tmp_path, monkeypatch):
     from gunicorn.config import Config
 
+    # Importing the gunicorn config sets PROMETHEUS_MULTIPROC_DIR for the workers it would start; in the
+    # test process it must not outlive this test (later tests would read metrics in multiprocess mode).
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(tmp_path / "metrics"))
+    (tmp_path / "metrics").mkdir()
     from config import gunicorn as conf
 
     assert conf.control_socket.startswith(str(conf._data))
