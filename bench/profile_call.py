@@ -180,7 +180,7 @@ _CALLS = [0]
 SECTIONS = [
     ("config.wsgi", None),  # placeholder: the whole request is timed around the client call
     ("access.ratelimit", "charge_request"),
-    ("billing.selectors", "api_key_authenticate_charging"),
+    ("access.selectors", "api_key_authenticate_charging"),
     ("mcpgateway.services.governed", "governed_call"),
     ("mcpgateway.services.lookup", "_cached"),
     ("mcpgateway.services.lookup", "_lookup"),  # ~0 once the process's cache holds the call's rows
