@@ -312,3 +312,17 @@ def test_gunicorn_exports_over_otlp_http_to_a_real_receiver(tmp_path, settings):
     dispatch = by_name["tools/call charge"]
     call = [r for r in alpha.requests if r.method == "tools/call"][-1]
     assert call.headers["traceparent"].split("-")[1:3] == [AGENT_TRACE_ID, dispatch.span_id.hex()]
+
+
+def test_a_malformed_trace_context_from_the_agent_starts_a_new_trace(upstreams, spans, tenant):
+    alpha, _ = upstreams
+    caller = setup_caller(tenant)
+    hostile = {"traceparent": "00-" + "0" * 32 + "-" + "0" * 16 + "-01", "tracestate": "x=" + "y" * 5000}
+    answer = _call(tenant, caller.permit_id, "alpha.quick", {}, **hostile)
+    assert answer["result"]["_meta"]["io.tollgate/outcome"] == "success"
+    root, _ = _tree(spans.get_finished_spans())
+    assert root.parent is None  # an all-zero trace id is invalid: not continued
+    assert root.context.trace_id != 0
+    call = [r for r in alpha.requests if r.method == "tools/call"][-1]
+    assert call.headers["traceparent"].split("-")[1] == f"{root.context.trace_id:032x}"
+    assert "tracestate" not in call.headers  # the agent's oversized tracestate went nowhere
