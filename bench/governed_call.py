@@ -431,30 +431,33 @@ def main() -> int:
             results[f"direct_c{c}"] = run_load(upstream_port, direct, c, args.seconds, parties)
             results[f"governed_c{c}"] = run_load(gateway_port, governed, c, args.seconds, parties)
         results["governed_spread_c8"] = run_load(gateway_port, governed_spread, 8, args.seconds, parties)
-        # Three upstream servers against one, in alternating windows; the upstream party is all three.
-        results.update(
-            loadgen.run_alternating(
-                "127.0.0.1",
-                gateway_port,
-                {"governed_one_server_c8": governed, "governed_three_servers_c8": governed_three},
-                has_result,
-                concurrency=8,
-                seconds=args.seconds,
-                parties=three_parties,
+
+        def alternating(
+            cases: dict[str, Callable[[int], loadgen.Request]],
+            meters: dict[str, loadgen.CpuMeter | None],
+            ports: dict[str, int] | None = None,
+        ) -> None:
+            """``cases`` at concurrency 8 in alternating windows (the gateway's port unless ``ports`` says)."""
+            results.update(
+                loadgen.run_alternating(
+                    "127.0.0.1",
+                    gateway_port,
+                    cases,
+                    has_result,
+                    concurrency=8,
+                    seconds=args.seconds,
+                    parties=meters,
+                    ports=ports,
+                )
             )
-        )
-        # Tracing on (the second instance, exporting to the sink) against off, in alternating windows.
-        results.update(
-            loadgen.run_alternating(
-                "127.0.0.1",
-                gateway_port,
-                {"governed_untraced_c8": governed, "governed_traced_c8": governed},
-                has_result,
-                concurrency=8,
-                seconds=args.seconds,
-                parties=both_parties,
-                ports={"governed_traced_c8": traced_port},
-            )
+
+        # Three upstream servers against one; the upstream party is all three.
+        alternating({"governed_one_server_c8": governed, "governed_three_servers_c8": governed_three}, three_parties)
+        # Tracing on (the second instance, exporting to the sink) against off.
+        alternating(
+            {"governed_untraced_c8": governed, "governed_traced_c8": governed},
+            both_parties,
+            {"governed_traced_c8": traced_port},
         )
         history: dict[str, Any] = {}
         if args.history:
@@ -466,17 +469,7 @@ def main() -> int:
             # Against a wallet of a tenant without history, in alternating windows (history, fresh,
             # fresh, history): the host's speed drifts within a run, and the fresh figure measured a
             # minute earlier is no reference then.
-            results.update(
-                loadgen.run_alternating(
-                    "127.0.0.1",
-                    gateway_port,
-                    {"governed_history_c8": governed, "governed_fresh_c8": governed_fresh},
-                    has_result,
-                    concurrency=8,
-                    seconds=args.seconds,
-                    parties=parties,
-                )
-            )
+            alternating({"governed_history_c8": governed, "governed_fresh_c8": governed_fresh}, parties)
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d"),

@@ -238,6 +238,22 @@ def cpu_table(cases: list[tuple[str, dict[str, Any] | None]], unit: str) -> list
     return lines
 
 
+def _ratio_row(
+    figure: str, cases: tuple[dict[str, Any], dict[str, Any]], reference: str, target: tuple[float, str]
+) -> Row:
+    """A throughput row whose target is a minimum ratio of ``cases`` (case, reference)."""
+    case, base = cases
+    minimum, of = target
+    ratio = case["calls_per_s"] / base["calls_per_s"] if base["calls_per_s"] else 0.0
+    return Row(
+        figure,
+        f"{_n(case['calls_per_s'], 1)} calls/s",
+        f"{reference}: {_n(base['calls_per_s'], 1)} calls/s",
+        f"{ratio:.2f}",
+        f">= {minimum:g} of {of}: {_met(ratio >= minimum, case, base)}",
+    )
+
+
 def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     r = f["results"]
     d1, g1, d8, g8 = r["direct_c1"], r["governed_c1"], r["direct_c8"], r["governed_c8"]
@@ -292,7 +308,6 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     history = r.get("governed_history_c8")
     fresh = r.get("governed_fresh_c8") or g8  # runs before the alternating reference: the wallet fresh
     if history is not None:
-        ratio = history["calls_per_s"] / fresh["calls_per_s"] if fresh["calls_per_s"] else 0.0
         earlier = f.get("history", {}).get("earlier_calls")
         reference = (
             "a wallet of a tenant without history, in alternating windows"
@@ -300,38 +315,34 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
             else "the same wallet fresh"
         )
         rows.append(
-            Row(
+            _ratio_row(
                 f"governed `tools/call` throughput, concurrency 8, after {_n(earlier)} earlier calls on the wallet",
-                f"{_n(history['calls_per_s'], 1)} calls/s",
-                f"{reference}: {_n(fresh['calls_per_s'], 1)} calls/s",
-                f"{ratio:.2f}",
-                f">= {HISTORY_RATIO_MIN:g} of fresh: {_met(ratio >= HISTORY_RATIO_MIN, history, fresh)}",
+                (history, fresh),
+                reference,
+                (HISTORY_RATIO_MIN, "fresh"),
             )
         )
     one, three = r.get("governed_one_server_c8"), r.get("governed_three_servers_c8")
-    if one is not None and three is not None:
-        ratio = three["calls_per_s"] / one["calls_per_s"] if one["calls_per_s"] else 0.0
-        rows.append(
-            Row(
-                "governed `tools/call` throughput, concurrency 8, cycling the tools of three upstream servers",
-                f"{_n(three['calls_per_s'], 1)} calls/s",
-                f"one server, in alternating windows: {_n(one['calls_per_s'], 1)} calls/s",
-                f"{ratio:.2f}",
-                f">= {THREE_SERVERS_RATIO_MIN:g} of one server: {_met(ratio >= THREE_SERVERS_RATIO_MIN, three, one)}",
-            )
-        )
     untraced, traced = r.get("governed_untraced_c8"), r.get("governed_traced_c8")
+    for case, base, figure, reference, target in (
+        (
+            three,
+            one,
+            "governed `tools/call` throughput, concurrency 8, cycling the tools of three upstream servers",
+            "one server, in alternating windows",
+            (THREE_SERVERS_RATIO_MIN, "one server"),
+        ),
+        (
+            traced,
+            untraced,
+            "governed `tools/call` throughput, concurrency 8, tracing on (OTLP/HTTP to a local sink)",
+            "tracing off, in alternating windows",
+            (TRACED_RATIO_MIN, "off"),
+        ),
+    ):
+        if case is not None and base is not None:
+            rows.append(_ratio_row(figure, (case, base), reference, target))
     if untraced is not None and traced is not None:
-        ratio = traced["calls_per_s"] / untraced["calls_per_s"] if untraced["calls_per_s"] else 0.0
-        rows.append(
-            Row(
-                "governed `tools/call` throughput, concurrency 8, tracing on (OTLP/HTTP to a local sink)",
-                f"{_n(traced['calls_per_s'], 1)} calls/s",
-                f"tracing off, in alternating windows: {_n(untraced['calls_per_s'], 1)} calls/s",
-                f"{ratio:.2f}",
-                f">= {TRACED_RATIO_MIN:g} of off: {_met(ratio >= TRACED_RATIO_MIN, traced, untraced)}",
-            )
-        )
         on_cpu, off_cpu = traced.get("gateway_cpu_ms_per_call"), untraced.get("gateway_cpu_ms_per_call")
         if on_cpu is not None and off_cpu is not None:
             rows.append(
