@@ -86,8 +86,8 @@ def tracing_setup() -> bool:
 
 
 def tracing_use(exporter: SpanExporter | None) -> TracerProvider | None:
-    """Tests and benchmarks: export every span to ``exporter`` at once (``SimpleSpanProcessor``), or,
-    with None, switch tracing off. Replaces whatever ``tracing_setup`` installed (shut down first)."""
+    """Tests: export every span to ``exporter`` at once (``SimpleSpanProcessor``), or, with None, switch
+    tracing off. Replaces whatever ``tracing_setup`` installed (shut down first)."""
     if exporter is None:
         _install(None)
         return None

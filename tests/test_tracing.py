@@ -4,10 +4,15 @@ instance, and nothing at all while tracing is off."""
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from decimal import Decimal
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -326,3 +331,40 @@ def test_a_malformed_trace_context_from_the_agent_starts_a_new_trace(upstreams, 
     call = [r for r in alpha.requests if r.method == "tools/call"][-1]
     assert call.headers["traceparent"].split("-")[1] == f"{root.context.trace_id:032x}"
     assert "tracestate" not in call.headers  # the agent's oversized tracestate went nowhere
+
+
+SETUP_PROBE = """
+import json, os, sys
+from common import tracing
+first = tracing.tracing_setup()
+again = tracing.tracing_setup()  # once per process
+processors = []
+if tracing._provider is not None:
+    processors = [type(p).__name__ for p in tracing._provider._active_span_processor._span_processors]
+print(json.dumps({"enabled": first, "again": again, "flag": tracing.ENABLED, "processors": processors,
+                  "sdk_loaded": any(name.startswith("opentelemetry.sdk") for name in sys.modules)}))
+"""
+
+
+@pytest.mark.parametrize("endpoint", ["", "http://127.0.0.1:9"])
+def test_setup_builds_one_batch_exporter_only_with_an_endpoint(endpoint):
+    """Off: no SDK module is even imported. On: one BatchSpanProcessor, however often setup is called."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+    env["DJANGO_SETTINGS_MODULE"] = "config.settings"
+    if endpoint:
+        env["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    out = subprocess.run(
+        [sys.executable, "-c", SETUP_PROBE],
+        cwd=Path(__file__).resolve().parent.parent,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    probe = json.loads(out.strip().splitlines()[-1])
+    if endpoint:
+        assert probe == {
+            "enabled": True, "again": True, "flag": True, "processors": ["BatchSpanProcessor"], "sdk_loaded": True
+        }  # fmt: skip
+    else:
+        assert probe == {"enabled": False, "again": False, "flag": False, "processors": [], "sdk_loaded": False}
