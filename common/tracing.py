@@ -132,22 +132,20 @@ def incoming_context(headers: Mapping[str, str]) -> dict[str, str] | None:
 
 
 @contextlib.contextmanager
-def call_span(tool: str, carrier: Mapping[str, str] | None) -> Iterator[Span]:
-    """The SERVER span of the agent's ``tools/call <tool>``, child of the agent's trace context if any.
+def call_span(carrier: Mapping[str, str] | None) -> Iterator[Span]:
+    """The SERVER span of the agent's ``tools/call``, child of the agent's trace context if any.
 
-    Exceptions leave through it unrecorded: the caller says what the outcome was (``call_outcome``),
-    and an error the gateway answers with (4xx) is not a failure of the gateway.
+    Named ``tools/call`` until the call is answered (``call_outcome`` names the tool): a tool name
+    the agent makes up (refused ``unknown_tool``) never becomes a span name or an attribute. Exceptions
+    leave through it unrecorded but for their code: an error the gateway answers with (4xx) is not a
+    failure of the gateway.
     """
     parent = _PROPAGATOR.extract(dict(carrier)) if carrier else None
     with _tracer.start_as_current_span(
-        f"tools/call {tool}",
+        "tools/call",
         context=parent,
         kind=SpanKind.SERVER,
-        attributes={
-            "mcp.method.name": "tools/call",
-            "gen_ai.operation.name": "execute_tool",
-            "gen_ai.tool.name": tool,
-        },
+        attributes={"mcp.method.name": "tools/call", "gen_ai.operation.name": "execute_tool"},
         record_exception=False,
         set_status_on_exception=False,
     ) as span:
@@ -167,9 +165,12 @@ def call_span(tool: str, carrier: Mapping[str, str] | None) -> Iterator[Span]:
 
 
 def call_outcome(
-    span: Span, *, action_id: str, outcome: str, credits_charged: str, replayed: bool, failed: bool
+    span: Span, *, tool: str, action_id: str, outcome: str, credits_charged: str, replayed: bool, failed: bool
 ) -> None:
-    """Record a call's answer on its span: ``failed`` (an upstream failure, 5xx) sets the ERROR status."""
+    """Record a call's answer on its span, named after ``tool`` (a registered tool: the call was accepted,
+    or is a replay of one that was); ``failed`` (an upstream failure, 5xx) sets the ERROR status."""
+    span.update_name(f"tools/call {tool}")
+    span.set_attribute("gen_ai.tool.name", tool)
     span.set_attribute("tollgate.action.id", action_id)
     span.set_attribute("tollgate.outcome", outcome)
     span.set_attribute("tollgate.credits.charged", credits_charged)

@@ -208,6 +208,9 @@ def test_a_call_refused_before_acceptance_records_the_error_code(upstreams, span
     )
     assert answer.json()["error"]["data"]["error"] == "unknown_tool"
     (root,) = spans.get_finished_spans()
+    # A name the agent made up becomes neither the span's name nor an attribute (bounded names).
+    assert root.name == "tools/call"
+    assert "alpha.nope" not in str(dict(root.attributes or {}))
     assert dict(root.attributes or {})["error.type"] == "unknown_tool"
     assert "tollgate.action.id" not in dict(root.attributes or {})  # nothing was accepted
     assert root.status.status_code == StatusCode.UNSET

@@ -85,11 +85,12 @@ def governed_call(req: CallRequest) -> CallAnswer:
     """``_governed_call``, in the span ``tools/call <tool>`` when tracing is on (``common.tracing``)."""
     if not tracing.ENABLED:
         return _governed_call(req)
-    with tracing.call_span(req.tool, req.trace_context) as span:
+    with tracing.call_span(req.trace_context) as span:
         answer = _governed_call(req)
         response = answer.response
         tracing.call_outcome(
             span,
+            tool=req.tool,
             action_id=answer.action_id,
             outcome=str(response["outcome"]),
             credits_charged=str(response["credits_charged"]),
