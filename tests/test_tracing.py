@@ -371,3 +371,17 @@ def test_setup_builds_one_batch_exporter_only_with_an_endpoint(endpoint):
         }  # fmt: skip
     else:
         assert probe == {"enabled": False, "again": False, "flag": False, "processors": [], "sdk_loaded": False}
+
+
+def test_the_rest_invoke_continues_the_agents_traceparent_too(upstreams, spans, tenant):
+    caller = setup_caller(tenant)
+    body = {"arguments": {}, "permit_id": caller.permit_id, "idempotency_key": "rest-traced-1"}
+    answer = tenant.agent_client.post(
+        "/mcp/tools/alpha.quick/invoke", body, format="json", headers={"traceparent": AGENT_TRACEPARENT}
+    )
+    assert answer.status_code == 200, answer.content
+    root, children = _tree(spans.get_finished_spans())
+    assert root.name == "tools/call alpha.quick"
+    assert f"{root.context.trace_id:032x}" == AGENT_TRACE_ID
+    assert dict(root.attributes or {})["tollgate.action.id"] == answer.json()["action_id"]
+    assert "tools/call quick" in children
