@@ -19,6 +19,7 @@ from access import login_throttle, services
 from access.models import APIKey, APIKeyStatus, KeyRotationLog, LoginThrottle
 from access.wallets import wallet_directory
 from common.console import (
+    ReadOnlyAdmin,
     ServiceSavedAdmin,
     confirmation_page,
     console_actor,
@@ -35,7 +36,7 @@ SECRET_SESSION_PREFIX = "tollgate:new-key-secret:"
 
 
 @admin.register(LoginThrottle)
-class LoginThrottleAdmin(admin.ModelAdmin):
+class LoginThrottleAdmin(ReadOnlyAdmin):
     """The sign-ins locked now (access.login_throttle): an account from one client, an account from
     every client, or a client for every account, with the lockout level and its end. Read-only; the
     "Unlock" action (``access.unlock_login``) lifts a lock through ``login_throttle_unlock``, audited."""
@@ -48,15 +49,6 @@ class LoginThrottleAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[LoginThrottle]:
         return super().get_queryset(request).filter(locked_until__gt=login_throttle.clock())
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_unlock_login_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "access.unlock_login")
@@ -335,15 +327,6 @@ class APIKeyAdmin(ServiceSavedAdmin):
 
 
 @admin.register(KeyRotationLog)
-class KeyRotationLogAdmin(admin.ModelAdmin):
+class KeyRotationLogAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "wallet_id", "action", "key_id", "new_key_id", "reason"]
     list_filter = ["action"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -17,7 +17,7 @@ from billing import services as billing_services
 from billing.admin import credits_cell, money_display
 from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
-from common.console import ServiceSavedAdmin, confirmation_page, console_actor, console_log, has_perm
+from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, console_log
 from common.errors import ApplicationError
 from common.listing import short_id_column
 from mcpgateway import services
@@ -34,6 +34,7 @@ from mcpgateway.services.upstreams import (
     upstream_server_validate,
 )
 from mcpgateway.upstream.client import UpstreamError
+from receipts.admin import ReconciliationAdmin
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed
 
 
@@ -133,7 +134,7 @@ class ToolPriceAdmin(ServiceSavedAdmin):
 
 
 @admin.register(ToolPriceChange)
-class ToolPriceChangeAdmin(admin.ModelAdmin):
+class ToolPriceChangeAdmin(ReadOnlyAdmin):
     """Every price change of every tool (``tool_price_set`` / ``tool_price_remove``), read-only."""
 
     list_display = ["changed_at", "tool", "old_credits", "new_credits", "removed", "actor"]
@@ -141,15 +142,6 @@ class ToolPriceChangeAdmin(admin.ModelAdmin):
     search_fields = ["tool", "actor", "actor_key_id"]
     ordering = ["-changed_at", "-id"]
     date_hierarchy = "changed_at"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
 
 @admin.register(Tool)
@@ -230,7 +222,7 @@ class ToolAdmin(ServiceSavedAdmin):
 
 
 @admin.register(Action)
-class ActionAdmin(admin.ModelAdmin):
+class ActionAdmin(ReconciliationAdmin):
     list_display = [
         "action_short",
         "created_at",
@@ -258,20 +250,8 @@ class ActionAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in Action._meta.fields]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
     def _uncertain(self, queryset: QuerySet[Action]) -> QuerySet[Action]:
         return queryset.filter(state=ActionState.DELIVERY_UNCERTAIN, receipt__isnull=False)
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # actions are the gateway's record; reconciliation results have their own permission
-
-    def has_reconcile_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "receipts.reconcile")
 
     def _confirm(
         self, request: HttpRequest, queryset: QuerySet[Action], action: str, executed: bool
