@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -253,69 +254,58 @@ class ActionAdmin(ReconciliationAdmin):
     def _uncertain(self, queryset: QuerySet[Action]) -> QuerySet[Action]:
         return queryset.filter(state=ActionState.DELIVERY_UNCERTAIN, receipt__isnull=False)
 
-    def _confirm(
-        self, request: HttpRequest, queryset: QuerySet[Action], action: str, executed: bool
-    ) -> HttpResponse | None:
-        effect = (
-            "The charge stands: the receipts are reconciled as executed."
-            if executed
-            else "Each charge becomes owed back to its wallet (post the refunds under Refund reconciliations)."
-        )
-        return confirmation_page(
+    def _reconcile(self, request: HttpRequest, queryset: QuerySet[Action], *, executed: bool) -> HttpResponse | None:
+        """Record the external reconciliation result of the selected delivery_uncertain actions: a
+        confirmation page first, then the receipts service per action (the charge stands, or a refund
+        is owed)."""
+        record: Callable[..., object]
+        if executed:
+            record = reconciliation_record_executed
+            effect = "The charge stands: the receipts are reconciled as executed."
+            logged = "Recorded as executed (external reconciliation): the charge stands"
+            summary = "{} delivery_uncertain action(s) recorded as executed."
+        else:
+            record = refund_reconciliation_mark_not_executed
+            effect = "Each charge becomes owed back to its wallet (post the refunds under Refund reconciliations)."
+            logged = "Marked not executed (external reconciliation): a refund is owed"
+            summary = "{} action(s) marked not executed: retry their refunds under Refund reconciliations."
+        page = confirmation_page(
             self,
             request,
             self._uncertain(queryset).order_by("action_id"),
-            action=action,
+            action="reconciled_executed" if executed else "reconciled_not_executed",
             title=f"Record that these calls WERE {'' if executed else 'NOT '}executed?",
             warning=f"{effect} Record this only after confirming with the upstream.",
             headings=["Action", "Wallet", "Tool", "Charged", "Receipt"],
             row=lambda a: [a.action_id, a.wallet_id, a.tool, money_display(a.price), a.receipt_id],
             confirm_label="Yes, record it",
         )
+        if page is not None:
+            return page
+        done = 0
+        for action in self._uncertain(queryset):
+            assert action.receipt_id is not None
+            try:
+                record(receipt_id=action.receipt_id, actor=console_actor(request))
+            except ApplicationError as err:
+                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
+                continue
+            done += 1
+            console_log(request, action, logged)
+        self.message_user(request, summary.format(done), messages.SUCCESS)
+        return None
 
     @admin.action(
         description="External reconciliation: the call WAS executed (keep the charge)…", permissions=["reconcile"]
     )
     def reconciled_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
-        page = self._confirm(request, queryset, "reconciled_executed", executed=True)
-        if page is not None:
-            return page
-        done = 0
-        for action in self._uncertain(queryset):
-            assert action.receipt_id is not None
-            try:
-                reconciliation_record_executed(receipt_id=action.receipt_id, actor=console_actor(request))
-            except ApplicationError as err:
-                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
-                continue
-            done += 1
-            console_log(request, action, "Recorded as executed (external reconciliation): the charge stands")
-        self.message_user(request, f"{done} delivery_uncertain action(s) recorded as executed.", messages.SUCCESS)
-        return None
+        return self._reconcile(request, queryset, executed=True)
 
     @admin.action(
         description="External reconciliation: the call was NOT executed (refund owed)…", permissions=["reconcile"]
     )
     def reconciled_not_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
-        page = self._confirm(request, queryset, "reconciled_not_executed", executed=False)
-        if page is not None:
-            return page
-        done = 0
-        for action in self._uncertain(queryset):
-            assert action.receipt_id is not None
-            try:
-                refund_reconciliation_mark_not_executed(receipt_id=action.receipt_id, actor=console_actor(request))
-            except ApplicationError as err:
-                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
-                continue
-            done += 1
-            console_log(request, action, "Marked not executed (external reconciliation): a refund is owed")
-        self.message_user(
-            request,
-            f"{done} action(s) marked not executed: retry their refunds under Refund reconciliations.",
-            messages.SUCCESS,
-        )
-        return None
+        return self._reconcile(request, queryset, executed=False)
 
 
 class UpstreamServerForm(forms.ModelForm):
