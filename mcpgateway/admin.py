@@ -24,6 +24,7 @@ from common.listing import short_id_column
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
 from mcpgateway.services.upstreams import (
+    UPSTREAM_EDITABLE,
     UpstreamServerInvalid,
     upstream_credential_set,
     upstream_credential_validate,
@@ -145,41 +146,33 @@ class ToolPriceChangeAdmin(ReadOnlyAdmin):
     date_hierarchy = "changed_at"
 
 
+# The fields of a tool's page, in order.
+TOOL_FIELDS = (
+    "service_id",
+    "server",
+    "remote_name",
+    "title",
+    "description",
+    "category",
+    "enabled",
+    "source",
+    "input_schema",
+    "input_schema_problem",
+    "output_schema",
+    "annotations",
+    "synced_at",
+    "price_controls",
+)
+
+
 @admin.register(Tool)
 class ToolAdmin(ServiceSavedAdmin):
     list_display = ["service_id", "server", "category", "source", "enabled", "price", "schema_usable", "synced_at"]
     list_filter = ["server", "source", "enabled", "category"]
     search_fields = ["service_id", "description"]
-    fields = [
-        "service_id",
-        "server",
-        "remote_name",
-        "title",
-        "description",
-        "category",
-        "enabled",
-        "source",
-        "input_schema",
-        "input_schema_problem",
-        "output_schema",
-        "annotations",
-        "synced_at",
-        "price_controls",
-    ]
-    readonly_fields = [
-        "price_controls",
-        "service_id",
-        "server",
-        "remote_name",
-        "title",
-        "description",
-        "source",
-        "input_schema",
-        "input_schema_problem",
-        "output_schema",
-        "annotations",
-        "synced_at",
-    ]
+    fields = list(TOOL_FIELDS)
+    # A tool comes from its server's tools/list: only its category and whether it is offered are the operator's.
+    readonly_fields = [name for name in TOOL_FIELDS if name not in ("category", "enabled")]
 
     @admin.display(description="credits per call")
     def price(self, obj: Tool) -> str:
@@ -335,18 +328,8 @@ class UpstreamServerForm(forms.ModelForm):
 
     class Meta:
         model = UpstreamServer
-        fields = [
-            "slug",
-            "name",
-            "url",
-            "connect_timeout",
-            "read_timeout",
-            "enabled",
-            "required",
-            "default_category",
-            "tool_prefix",
-            "credentials_required",
-        ]
+        # The settings the service changes; tenant_ids through tenant_ids_text, one tenant a line.
+        fields = ["slug", *(name for name in UPSTREAM_EDITABLE if name != "tenant_ids")]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

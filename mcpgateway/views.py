@@ -41,6 +41,18 @@ from mcpgateway.upstream.client import UpstreamError
 OPTIONAL_KEY: list[dict[str, list[str]]] = [{"APIKeyHeader": []}, {"BearerAuth": []}, {}]
 
 
+def catalog_schema(operation_id: str, summary: str, response: Any, *errors: int, query: Any = None) -> Any:
+    """The schema of a tool catalog page: tag ``mcp``, a key optional (401 where TOOL_CATALOG_REQUIRES_KEY)."""
+    return extend_schema(
+        operation_id=operation_id,
+        tags=["mcp"],
+        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
+        parameters=None if query is None else [query],
+        responses={200: response, **error_responses(401, *errors)},
+        summary=summary,
+    )
+
+
 class CatalogView(APIView):
     """Tool catalogs are public, except on production-like deployments (TOOL_CATALOG_REQUIRES_KEY)."""
 
@@ -61,13 +73,12 @@ def _manifest(category: str | None) -> dict[str, Any]:
 
 
 class ToolManifestView(CatalogView):
-    @extend_schema(
-        operation_id="mcp_tools_manifest",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        parameters=[ToolCategoryQuery],
-        responses={200: ToolManifestResponse, **error_responses(401, 422)},
-        summary="The tool manifest (authoritative for callable tools; mirrors tools/list)",
+    @catalog_schema(
+        "mcp_tools_manifest",
+        "The tool manifest (authoritative for callable tools; mirrors tools/list)",
+        ToolManifestResponse,
+        422,
+        query=ToolCategoryQuery,
     )
     def get(self, request: Request) -> Response:
         self.check_catalog_access(request)
@@ -76,27 +87,19 @@ class ToolManifestView(CatalogView):
 
 
 class WellKnownToolManifestView(ToolManifestView):
-    @extend_schema(
-        operation_id="mcp_tools_manifest_well_known",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        parameters=[ToolCategoryQuery],
-        responses={200: ToolManifestResponse, **error_responses(401, 422)},
-        summary="The tool manifest at its well-known address",
+    @catalog_schema(
+        "mcp_tools_manifest_well_known",
+        "The tool manifest at its well-known address",
+        ToolManifestResponse,
+        422,
+        query=ToolCategoryQuery,
     )
     def get(self, request: Request) -> Response:
         return super().get(request)
 
 
 class ToolListView(CatalogView):
-    @extend_schema(
-        operation_id="mcp_tools_list",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        parameters=[ToolPageQuery],
-        responses={200: ToolPageResponse, **error_responses(401, 422)},
-        summary="Paginated tool list with schemas",
-    )
+    @catalog_schema("mcp_tools_list", "Paginated tool list with schemas", ToolPageResponse, 422, query=ToolPageQuery)
     def get(self, request: Request) -> Response:
         self.check_catalog_access(request)
         params = parse_query(request, ToolPageQuery)
@@ -113,13 +116,7 @@ class ToolListView(CatalogView):
 
 
 class ToolDetailView(CatalogView):
-    @extend_schema(
-        operation_id="mcp_tools_retrieve",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        responses={200: ToolDefinition, **error_responses(401, 404)},
-        summary="One tool's full definition",
-    )
+    @catalog_schema("mcp_tools_retrieve", "One tool's full definition", ToolDefinition, 404)
     def get(self, request: Request, service_id: str) -> Response:
         self.check_catalog_access(request)
         tool = services.tool_get(service_id)

@@ -109,7 +109,8 @@ def upstream_check_open(*, server: UpstreamServer, tenant_id: str) -> None:
 
 # --- Writes ---------------------------------------------------------------------------------
 
-_EDITABLE = (
+# What may change on a server once it exists (through the API or the console); its slug never does.
+UPSTREAM_EDITABLE = (
     "name",
     "url",
     "connect_timeout",
@@ -153,7 +154,7 @@ def upstream_server_create(*, slug: str, name: str, url: str, actor: str, **valu
     Refuses a slug or a tool prefix another server has (``UpstreamServerConflict``): the unique
     constraints decide, so two concurrent creations cannot both take one.
     """
-    unknown = set(values) - set(_EDITABLE)
+    unknown = set(values) - set(UPSTREAM_EDITABLE)
     if unknown:
         raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
     upstream_server_validate({"url": url, **values})
@@ -179,7 +180,7 @@ def upstream_server_update(*, server_id: str, actor: str, **changes: Any) -> Ups
     stored is renamed). Any change moves the version of its tools (``gateway_tool_version``), so
     calls decided on the old row are decided again, and its client is replaced on the next call.
     """
-    unknown = set(changes) - set(_EDITABLE)
+    unknown = set(changes) - set(UPSTREAM_EDITABLE)
     if unknown:
         raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
     upstream_server_validate(changes)
