@@ -108,6 +108,15 @@ class APIKeyCreateForm(forms.ModelForm):
         return data
 
 
+# A key as its revocation and rotation pages list it: revoking a key revokes the active keys it minted too.
+KEY_HEADINGS = ["Key", "Wallet", "Name", "Keys it minted"]
+
+
+def key_row(key: APIKey) -> list[str]:
+    minted = APIKey.objects.filter(created_by_key_id=key.key_id, status=APIKeyStatus.ACTIVE).count()
+    return [key.key_id, key.wallet_id or "operator (all tenants)", key.name, str(minted)]
+
+
 @admin.register(APIKey)
 class APIKeyAdmin(ServiceSavedAdmin):
     list_display = ["key_short", "wallet_short", "name", "status", "created_at", "revoked_at"]
@@ -258,13 +267,8 @@ class APIKeyAdmin(ServiceSavedAdmin):
             title="Rotate this API key?",
             warning="A successor key is created and its secret shown once. The old key, with every key it minted, "
             "stops working at once.",
-            headings=["Key", "Wallet", "Name", "Keys it minted"],
-            row=lambda k: [
-                k.key_id,
-                k.wallet_id,
-                k.name,
-                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
-            ],
+            headings=KEY_HEADINGS,
+            row=key_row,
             confirm_label="Yes, rotate it",
             form=(form := revocation_reason_form(request)),
         )
@@ -294,13 +298,8 @@ class APIKeyAdmin(ServiceSavedAdmin):
             action="revoke_selected",
             title="Revoke these API keys?",
             warning="Revoked keys stop working at once, with every key they minted. This cannot be undone.",
-            headings=["Key", "Wallet", "Name", "Keys it minted"],
-            row=lambda k: [
-                k.key_id,
-                k.wallet_id or "operator (all tenants)",
-                k.name,
-                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
-            ],
+            headings=KEY_HEADINGS,
+            row=key_row,
             confirm_label="Yes, revoke them",
             form=(form := revocation_reason_form(request)),
         )
