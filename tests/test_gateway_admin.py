@@ -326,3 +326,50 @@ def test_the_state_is_shown_only_to_staff_who_may_view_servers(staff):
     assert _state_cell(viewer.get("/admin/mcpgateway/upstreamserver/").content.decode(), "srv").startswith(
         "unreachable (auth_refused); checked "
     )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_probes_recorded_at_once_keep_the_newest_without_an_error():
+    """Readiness in every worker, Test connection and a sync may record the same server at once: the
+    upsert neither fails on the row another one is inserting nor lets an older probe win."""
+    import threading
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from mcpgateway.models import UpstreamServerState
+    from mcpgateway.services.upstreams import upstream_server_create, upstream_server_state_record
+    from tests.test_site_health import closed_port_url
+
+    server = upstream_server_create(slug="srv", name="Srv", url=closed_port_url(), tool_prefix="srv", actor="test")
+    start, newest = timezone.now(), 7
+    barrier, errors = threading.Barrier(8), []
+
+    def record(i: int) -> None:
+        probe = (
+            {"reachable": True, "protocol_version": "2025-11-25", "error": None}
+            if i == newest
+            else {"reachable": False, "protocol_version": None, "error": "timeout"}
+        )
+        try:
+            barrier.wait(10)
+            upstream_server_state_record(
+                server_id=server.pk,
+                probe=probe,
+                checked_by=UpstreamProbeSource.READINESS,
+                checked_at=start + timedelta(seconds=i),
+            )
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=record, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    state = UpstreamServerState.objects.get(server=server)
+    assert (state.reachable, state.checked_at) == (True, start + timedelta(seconds=newest))
