@@ -113,6 +113,7 @@ def test_evidence_bundle_all_checks_pass(tenant):
         assert body["verification"] == {
             "receipt_signature": "ok",
             "permit_signature": "ok",
+            "permit_approval": "skipped",
             "audit_chain": "ok",
             "request_hash": "ok",
         }
@@ -272,6 +273,7 @@ def test_evidence_anchors_the_receipt_event_in_the_chain_above_it(tenant):
         assert body["verification"] == {
             "receipt_signature": "ok",
             "permit_signature": "ok",
+            "permit_approval": "skipped",
             "audit_chain": f"broken_at_seq_{event.seq + 1}:prev_hash_mismatch",
             "request_hash": "ok",
         }
