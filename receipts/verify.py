@@ -23,6 +23,10 @@ the checkpoint's signature and the cosignations. That check is the client librar
 (``tollgate-verify``) cannot disagree on it. A receipt without a proof still verifies its signature,
 and the verdict says the inclusion was not checked.
 
+A receipt of a call under a permit a person approved also carries the permit's and the approval's
+signed statements (``permit``, ``approval``), checked with the same keys: the permit must be the
+receipt's and the approval must approve exactly its terms (docs/audit-chain.md, "Approvals").
+
 The same check is importable: ``verify_portable(document, jwks=None, policy=None)``.
 """
 

@@ -387,3 +387,43 @@ def test_the_offline_verifiers_check_the_approval_a_portable_receipt_carries(ten
     assert "permit" not in plain
     assert "approval" not in plain
     assert _both_verifiers(plain) == (None, None)
+
+
+def _staff(*permissions: str) -> Client:
+    from django.contrib.auth.models import Group, Permission
+
+    user = get_user_model().objects.create_user(new_id("staff"), is_staff=True)
+    for label in permissions:
+        if label.startswith("group:"):
+            user.groups.add(Group.objects.get(name=label.removeprefix("group:")))
+            continue
+        app_label, codename = label.split(".")
+        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+    browser = Client()
+    browser.force_login(user)
+    return browser
+
+
+def test_the_console_shows_approval_from_the_signed_record(tenant: Tenant) -> None:
+    approved = factories.approved_permit(tenant.agent)
+    own = _self_issued(tenant)
+    Permit.objects.filter(pk=own.pk).update(issued_via_request_id=approved.issued_via_request_id)
+    viewer = _staff("permits.view_permit")
+    page = viewer.get(f"/admin/permits/permit/{approved.permit_id}/change/").content.decode()
+    assert "Approved by " in page
+    page = viewer.get(f"/admin/permits/permit/{own.permit_id}/change/").content.decode()
+    assert "NOT approved" in page
+    assert "Approved by " not in page
+
+    approval = PermitApproval.objects.get(permit_id=approved.permit_id)
+    PermitApproval.objects.filter(pk=approval.pk).update(approver="mallory")
+    page = viewer.get(f"/admin/permits/permit/{approved.permit_id}/change/").content.decode()
+    assert "approval_statement_mismatch:approver" in page
+
+    # The signed approvals: the auditor role sees them (and that this row is not what was signed);
+    # a staff user with another permission does not.
+    auditor = _staff("group:Read-only auditor")
+    listing = auditor.get("/admin/permits/permitapproval/")
+    assert listing.status_code == 200
+    assert "statement_mismatch:approver" in listing.content.decode()
+    assert viewer.get("/admin/permits/permitapproval/").status_code == 403

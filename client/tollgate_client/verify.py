@@ -22,6 +22,11 @@ receipt's tenant's log and cosigned by the quorum. A failure makes the receipt i
 ``tlog_*`` reason. A receipt without a proof still verifies its signature, and the verdict's
 ``inclusion`` says the inclusion was not checked.
 
+A portable receipt of a call under a permit a person approved also carries the permit's and the
+approval's signed statements (``permit``, ``approval``): both are checked with the same keys, the
+permit must be the receipt's, and the approval must approve exactly the permit's terms
+(``approval_*`` / ``permit_*`` reasons, as the gateway's docs/audit-chain.md, "Approvals", lists).
+
 Command line (installed as ``tollgate-verify`` with ``pip install ./client``)::
 
     tollgate-verify PORTABLE.json [--keys JWKS.json | --issuer https://gateway.example] [--policy POLICY.json]
