@@ -247,6 +247,16 @@ def _event_data(event: AuditEvent | None) -> dict[str, Any] | None:
     return {name: getattr(event, name) for name in EVENT_FIELDS}
 
 
+def _signed_row(row: Any, id_field: str) -> dict[str, Any]:
+    """A signed row as the evidence carries it: its id, signed statement, signature and kid."""
+    return {
+        id_field: getattr(row, id_field),
+        "signed_statement": row.signed_statement,
+        "signature": row.signature,
+        "key_id": row.key_id,
+    }
+
+
 def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
     """Receipt, permit, ledger entries, audit event and the verification map computed now."""
     event = receipt_audit_event(receipt)
@@ -255,22 +265,8 @@ def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
     approval = permit_approval_of(permit) if permit is not None else None
     return {
         "receipt": receipt,
-        "approval": None
-        if approval is None
-        else {
-            "approval_id": approval.approval_id,
-            "signed_statement": approval.signed_statement,
-            "signature": approval.signature,
-            "key_id": approval.key_id,
-        },
-        "permit": None
-        if permit is None
-        else {
-            "permit_id": permit.permit_id,
-            "signed_statement": permit.signed_statement,
-            "signature": permit.signature,
-            "key_id": permit.key_id,
-        },
+        "approval": None if approval is None else _signed_row(approval, "approval_id"),
+        "permit": None if permit is None else _signed_row(permit, "permit_id"),
         "ledger_entry": _ledger_data(receipt.ledger_entry),
         "refund_ledger_entry": _ledger_data(receipt.refund_entry),
         "audit_event": _event_data(event),

@@ -25,7 +25,9 @@ and the verdict says the inclusion was not checked.
 
 A receipt of a call under a permit a person approved also carries the permit's and the approval's
 signed statements (``permit``, ``approval``), checked with the same keys: the permit must be the
-receipt's and the approval must approve exactly its terms (docs/audit-chain.md, "Approvals").
+receipt's and the approval must approve exactly its terms (docs/audit-chain.md, "Approvals"). That
+check is the client library's too (``tollgate_client.verify.carried_approval_problem``), so the two
+verifiers cannot disagree on it either.
 
 The same check is importable: ``verify_portable(document, jwks=None, policy=None)``.
 """
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import sys
 from collections.abc import Mapping
@@ -42,7 +45,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from audit.evidence_core import APPROVAL_TYPE, approval_link_problem, kid_matches_key, verify_bytes_with_keys
+from audit.evidence_core import kid_matches_key, verify_bytes_with_keys
 from common.canonical import b64url_decode_strict
 
 if TYPE_CHECKING:
@@ -53,18 +56,22 @@ JWKS_PATH = "/.well-known/jwks.json"
 CLIENT_DIR = Path(__file__).resolve().parent.parent / "client"
 
 
-def tlog_policy_module() -> ModuleType:
-    """``tollgate_client.tlog.policy``, from the installed client or this checkout's ``client/`` directory.
+def client_module(name: str) -> ModuleType:
+    """``tollgate_client.<name>``, from the installed client or this checkout's ``client/`` directory.
 
     The client package is not installed in the gateway's environment; its source sits in the same
     checkout (docs/decisions.md, Evidence), so the directory is put on the path when the import fails.
     """
     try:
-        from tollgate_client.tlog import policy
+        return importlib.import_module(f"tollgate_client.{name}")
     except ImportError:
         sys.path.append(str(CLIENT_DIR))
-        from tollgate_client.tlog import policy
-    return policy
+        return importlib.import_module(f"tollgate_client.{name}")
+
+
+def tlog_policy_module() -> ModuleType:
+    """``tollgate_client.tlog.policy``: the one check of a transparency proof (``client_module``)."""
+    return client_module("tlog.policy")
 
 
 @dataclass(frozen=True)
@@ -159,7 +166,7 @@ def verify_portable(document: Any, jwks: Any = None, policy: Policy | None = Non
     disagreeing = unsigned_field_disagreeing(document, statement, signed)
     if disagreeing is not None:
         return PortableVerification(False, f"{disagreeing}_differs_from_signed_bytes", **base)
-    approval_problem = carried_approval_problem(document, statement, keys)
+    approval_problem = client_module("verify").carried_approval_problem(document, statement, keys)
     if approval_problem is not None:
         return PortableVerification(False, approval_problem, **base)
     tenant = statement.get("tenant_id")
@@ -171,53 +178,6 @@ def verify_portable(document: Any, jwks: Any = None, policy: Policy | None = Non
             False, included.reason, **base, inclusion="failed", inclusion_detail=included.detail
         )
     return PortableVerification(True, None, **base, inclusion=included.status, inclusion_detail=included.detail)
-
-
-def _carried_statement(carried: Any, keys: Mapping[str, str], expected_type: str) -> tuple[dict[str, Any], str | None]:
-    """A statement a portable receipt carries beside the receipt (``{signed_bytes, signature}``), checked
-    as the receipt is: canonical bytes, a kid of the key set that names its own key, the signature."""
-    if not isinstance(carried, Mapping):
-        return {}, "missing"
-    signed_b64, signature = carried.get("signed_bytes"), carried.get("signature")
-    if not isinstance(signed_b64, str) or not isinstance(signature, str):
-        return {}, "missing_signed_bytes_or_signature"
-    try:
-        signed = b64url_decode_strict(signed_b64)
-        statement = json.loads(signed)
-    except (ValueError, UnicodeDecodeError):
-        return {}, "malformed_signed_bytes"
-    if not isinstance(statement, dict):
-        return {}, "not_an_object"
-    kid = statement.get("kid")
-    if isinstance(kid, str) and kid in keys and not kid_matches_key(kid, keys[kid]):
-        return {}, "kid_key_mismatch"
-    result = verify_bytes_with_keys(signed, signature, keys, expected_type=expected_type)
-    if not result.valid:
-        return {}, result.reason or "invalid"
-    return statement, None
-
-
-def carried_approval_problem(
-    document: Mapping[str, Any], receipt: Mapping[str, Any], keys: Mapping[str, str]
-) -> str | None:
-    """Why the permit and approval a portable receipt carries do not hold, or None (also when it carries
-    neither). The permit must be the receipt's and validly signed; when its statement names an approval,
-    the approval must be carried, validly signed, and approve exactly that permit's terms
-    (``audit.evidence_core.approval_link_problem``). Reasons: ``permit_<why>``, ``approval_<why>``."""
-    carried_permit, carried_approval = document.get("permit"), document.get("approval")
-    if carried_permit is None and carried_approval is None:
-        return None
-    permit, problem = _carried_statement(carried_permit, keys, "permit")
-    if problem is not None:
-        return f"permit_{problem}"
-    if permit.get("permit_id") != receipt.get("permit_id") or permit.get("tenant_id") != receipt.get("tenant_id"):
-        return "permit_not_the_receipts"
-    if permit.get("approval") is None:
-        return None if carried_approval is None else "approval_not_named"
-    approval, problem = _carried_statement(carried_approval, keys, APPROVAL_TYPE)
-    if problem is not None:
-        return f"approval_{problem}"
-    return approval_link_problem(permit, approval)
 
 
 def unsigned_field_disagreeing(document: Mapping[str, Any], statement: Mapping[str, Any], signed: bytes) -> str | None:

@@ -30,18 +30,16 @@ from audit.evidence_core import approval_link_problem, permit_terms_digest
 from audit.models import AuditEvent
 from audit.signing import sign_statement, verify_statement
 from billing.models import Wallet
-from billing.services import ledger_debit
 from common.canonical import canonical_bytes, sha256_hex
 from common.ids import new_id
 from permits import services
 from permits.models import Permit, PermitApproval, PermitRequest, PermitStatus, TenantApprover
 from permits.services.approval_record import approval_record_sign, approval_reference
 from permits.services.permits import _mint_permit
-from receipts.selectors import request_document_hash
-from receipts.services import receipt_issue
 from receipts.verify import verify_portable
 from tests import factories
 from tests.conftest import Tenant
+from tests.test_receipts import make_receipt
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "client"))
 from tollgate_client.verify import verify_portable_standalone
@@ -285,27 +283,7 @@ def test_a_siblings_approval_named_by_another_permit_is_refused(tenant: Tenant) 
 
 
 def _receipt(tenant: Tenant, permit: Permit) -> Any:
-    factories.top_up(tenant.agent, 10)
-    document = {"tool": "demo.echo", "arguments": {"text": "hello"}}
-    with transaction.atomic():
-        services.permit_reserve(permit=permit, amount=Decimal(2))
-        entry = ledger_debit(wallet=tenant.agent.wallet_id, amount=Decimal(2), service_category="tooling").entry
-        return receipt_issue(
-            action_id=new_id("act"),
-            wallet=Wallet.objects.get(pk=tenant.agent.pk),
-            api_key_id=tenant.agent_key_id,
-            tool="demo.echo",
-            outcome="success",
-            request_document=document,
-            request_hash=request_document_hash(document),
-            response_hash="ab" * 32,
-            credits_authorized=Decimal(2),
-            credits_charged=Decimal(2),
-            permit=permit,
-            ledger_entry=entry,
-            policy_decision_id=new_id("pdec"),
-            endpoint="/mcp",
-        )
+    return make_receipt(tenant, permit=permit)
 
 
 def test_the_evidence_carries_and_checks_the_approval(tenant: Tenant) -> None:
@@ -427,3 +405,68 @@ def test_the_console_shows_approval_from_the_signed_record(tenant: Tenant) -> No
     assert listing.status_code == 200
     assert "statement_mismatch:approver" in listing.content.decode()
     assert viewer.get("/admin/permits/permitapproval/").status_code == 403
+
+
+def test_the_services_check_and_the_clients_copy_agree(tenant: Tenant) -> None:
+    """``audit.evidence_core`` (the service's) and ``tollgate_client.verify`` (the offline verifiers')
+    give the same verdict on the same pair of statements, honest and attacked."""
+    from tollgate_client import verify as client_verify
+
+    from audit import evidence_core
+
+    permit = factories.approved_permit(tenant.agent)
+    approval = PermitApproval.objects.get(permit_id=permit.permit_id).signed_statement
+    statement = permit.signed_statement
+    cases = [
+        (statement, approval),
+        (statement, {**approval, "decision": "rejected"}),
+        (statement, {**approval, "approver": "mallory"}),
+        (statement, {**approval, "wallet_id": "agt_other"}),
+        ({**statement, "max_credits": "500.00000000"}, approval),
+        ({**statement, "approval": None}, approval),
+        (statement, {**approval, "type": "permit"}),
+        (statement, "not an object"),
+    ]
+    verdicts = [evidence_core.approval_link_problem(p, a) for p, a in cases]
+    assert verdicts == [client_verify.approval_link_problem(p, a) for p, a in cases]
+    assert verdicts == [
+        None,
+        "approval_not_approved",
+        "approval_mismatch:approver",
+        "approval_mismatch:wallet_id",
+        "approval_terms_digest_mismatch",
+        "approval_not_named",
+        "approval_type_mismatch",
+        "approval_not_an_object",
+    ]
+    assert evidence_core.permit_terms_digest(statement) == client_verify.permit_terms_digest(statement)
+
+
+def test_an_approved_receipt_verifies_offline_in_a_subprocess_without_django(tenant: Tenant, tmp_path: Path) -> None:
+    import subprocess
+
+    root = Path(__file__).resolve().parent.parent
+    receipt = _receipt(tenant, factories.approved_permit(tenant.agent, allowed_tools=["demo.echo"]))
+    portable = tenant.agent_client.get(f"/v1/receipts/{receipt.receipt_id}/portable").json()
+    guard = tmp_path / "sitecustomize.py"
+    guard.write_text(
+        "import sys\n"
+        "class _NoDjango:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'django' or name.startswith('django.'):\n"
+        "            raise ImportError('django imported')\n"
+        "        return None\n"
+        "sys.meta_path.insert(0, _NoDjango())\n"
+    )
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": f"{tmp_path}:{root}"}
+    for name, document in (("good", portable), ("missing", {k: v for k, v in portable.items() if k != "approval"})):
+        path = tmp_path / f"{name}.json"
+        path.write_text(json.dumps(document))
+        done = subprocess.run(
+            [sys.executable, "-m", "receipts.verify", str(path)], capture_output=True, text=True, env=env, cwd=tmp_path
+        )
+        if name == "good":
+            assert done.returncode == 0, done.stderr
+        else:
+            assert done.returncode == 1
+            assert "INVALID: approval_missing" in done.stderr

@@ -39,16 +39,18 @@ pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def make_receipt(tenant, *, outcome="success", price="2", charged=True, tool="demo.echo", owed=False):
+def make_receipt(tenant, *, outcome="success", price="2", charged=True, tool="demo.echo", owed=False, permit=None):
+    """A receipt of a call of the agent under ``permit`` (default: one its sponsor issues for ``tool``)."""
     factories.top_up(tenant.agent, 10)
-    permit = Permit.objects.get(
-        permit_id=tenant.sponsor_client.post(
-            "/v1/permits",
-            {"wallet_id": tenant.agent.wallet_id, "allowed_tools": [tool], "max_credits": "50"},
-            format="json",
-            HTTP_IDEMPOTENCY_KEY=new_id("idem"),
-        ).json()["permit_id"]
-    )
+    if permit is None:
+        permit = Permit.objects.get(
+            permit_id=tenant.sponsor_client.post(
+                "/v1/permits",
+                {"wallet_id": tenant.agent.wallet_id, "allowed_tools": [tool], "max_credits": "50"},
+                format="json",
+                HTTP_IDEMPOTENCY_KEY=new_id("idem"),
+            ).json()["permit_id"]
+        )
     document = {"tool": tool, "arguments": {"text": "hello"}}
     with transaction.atomic():
         permit_services.permit_reserve(permit=permit, amount=Decimal(price))

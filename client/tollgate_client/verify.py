@@ -54,10 +54,13 @@ if TYPE_CHECKING:  # imported when used: importing the client loads no cryptogra
 
 __all__ = [
     "FORMAT",
+    "approval_link_problem",
+    "carried_approval_problem",
     "fetch_issuer_jwks",
     "key_id_for_public_key",
     "keys_from_jwks",
     "main",
+    "permit_terms_digest",
     "verify_portable_offline",
     "verify_portable_standalone",
 ]
@@ -192,9 +195,10 @@ def _verify_signed_bytes(
     return True, None
 
 
-# Approvals (the gateway's docs/audit-chain.md, "Approvals"): copies of ``audit.evidence_core``'s
-# ``permit_terms_digest`` and ``approval_link_problem`` and of ``receipts.verify``'s check of the permit
-# and approval a portable receipt carries, with the same reason codes.
+# Approvals (the gateway's docs/audit-chain.md, "Approvals"). ``permit_terms_digest`` and
+# ``approval_link_problem`` restate the gateway's ``audit.evidence_core`` (its service's check; a client
+# installed alone cannot import it), with the same reason codes. ``carried_approval_problem`` is the one
+# check of the permit and approval a portable receipt carries: ``receipts.verify`` calls it too.
 APPROVAL_TYPE = "permit_approval"
 _APPROVAL_REFERENCE_FIELDS = ("approval_id", "request_id", "approver", "decided_at", "terms_digest")
 _APPROVAL_PERMIT_FIELDS = ("permit_id", "tenant_id", "wallet_id")
