@@ -32,6 +32,7 @@ from audit.signing import sign_statement, verify_statement
 from billing.models import Wallet
 from common.canonical import canonical_bytes, sha256_hex
 from common.ids import new_id
+from permits import exceptions as services_exc
 from permits import services
 from permits.models import Permit, PermitApproval, PermitRequest, PermitStatus, TenantApprover
 from permits.services.approval_record import approval_record_sign, approval_reference
@@ -470,3 +471,43 @@ def test_an_approved_receipt_verifies_offline_in_a_subprocess_without_django(ten
         else:
             assert done.returncode == 1
             assert "INVALID: approval_missing" in done.stderr
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_approval_and_a_rejection_racing_sign_one_decision() -> None:
+    import threading
+
+    from django.db import connection
+
+    from tests.conftest import make_tenant
+
+    tenant = make_tenant("race")
+    preq = _ask(tenant)
+    user, _ = _approver(tenant)
+    barrier = threading.Barrier(2)
+
+    def decide(approve: bool) -> None:
+        barrier.wait()
+        try:
+            services.permit_request_decide(request_id=preq["request_id"], user=user, approve=approve)
+        except services_exc.RequestAlreadyDecided:
+            pass
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=decide, args=(approve,)) for approve in (True, False)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    decided = PermitRequest.objects.get(request_id=preq["request_id"])
+    approval = PermitApproval.objects.get()
+    assert approval.decision == decided.status
+    assert approval.permit_id == decided.permit_id
+    assert services.approval_statement_problem(approval) is None
+    if decided.permit is not None:
+        assert decided.permit.signed_statement["approval"]["approval_id"] == approval.approval_id
+    # The page names the signed decision.
+    _user, browser = _approver(tenant, "carol")
+    page = browser.get(f"/approvals/{preq['request_id']}").content.decode()
+    assert f'<code id="approval-id">{approval.approval_id}</code>' in page
