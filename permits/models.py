@@ -38,6 +38,8 @@ class Permit(models.Model):
         Wallet, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="issued_permits"
     )
     issued_by_key_id = models.CharField(max_length=40, blank=True, default="")
+    # Unsigned, for reference: whether a person approved the permit is read from its signed statement's
+    # ``approval`` (permits.services.approval_record), never from this column.
     issued_via_request_id = models.CharField(max_length=40, blank=True, default="")
     subject_key_id = models.CharField(max_length=40, null=True, blank=True)
     allowed_tools = models.JSONField(default=list)
