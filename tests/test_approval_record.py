@@ -511,3 +511,42 @@ def test_an_approval_and_a_rejection_racing_sign_one_decision() -> None:
     _user, browser = _approver(tenant, "carol")
     page = browser.get(f"/approvals/{preq['request_id']}").content.decode()
     assert f'<code id="approval-id">{approval.approval_id}</code>' in page
+
+
+@pytest.fixture(scope="module")
+def fault_server() -> Any:
+    from tests.upstream_server import FaultUpstream
+
+    with FaultUpstream(hang_seconds=2) as upstream:
+        yield upstream
+
+
+def test_governed_calls_read_approval_from_the_signed_record(settings: Any, fault_server: Any, tenant: Tenant) -> None:
+    """Through the gateway (its one-round-trip lookup and claim): under human approval an approved permit
+    calls; a self-issued one with a filled-in request id, put back to active, is refused; an approved
+    permit whose approval row was edited is refused."""
+    from tests.gateway_helpers import Caller, fresh_upstream
+
+    fresh_upstream(settings, fault_server, timeout=0.5)
+    factories.top_up(tenant.agent, 100)
+    approved = factories.approved_permit(tenant.agent, allowed_tools=["*"], max_credits=50)
+    edited = factories.approved_permit(tenant.agent, allowed_tools=["*"], max_credits=50)
+    own = _self_issued(tenant)
+    assert _require_approval(tenant) == [own.permit_id]
+    Permit.objects.filter(pk=own.pk).update(
+        status=PermitStatus.ACTIVE,
+        revoked_at=None,
+        revoke_reason="",
+        issued_via_request_id=approved.issued_via_request_id,
+    )
+    PermitApproval.objects.filter(permit_id=edited.permit_id).update(approver="mallory")
+
+    ok = Caller(tenant, approved.permit_id).rpc("echo", {"text": "hi"}).json()
+    assert "result" in ok, ok
+    refused = Caller(tenant, own.permit_id).rpc("echo", {"text": "hi"}).json()
+    assert refused["error"]["data"]["error"] == "policy_denied", refused
+    assert refused["error"]["data"]["rule"] == "human_approval_required"
+    invalid = Caller(tenant, edited.permit_id).rpc("echo", {"text": "hi"}).json()
+    assert invalid["error"]["data"]["error"] == "permit_signature_invalid", invalid
+    assert Permit.objects.get(pk=own.pk).spent_credits == 0
+    assert Permit.objects.get(pk=edited.pk).spent_credits == 0
