@@ -175,8 +175,18 @@ class PermitVerifyResponse(serializers.Serializer):
     key_id = serializers.CharField(allow_null=True)
     reasons = serializers.ListField(
         child=serializers.ChoiceField(
-            choices=["bad_signature", "unknown_key", "expired", "revoked", "exhausted", "unknown_permit"]
-        )
+            choices=[
+                "bad_signature",
+                "approval_invalid",
+                "unknown_key",
+                "expired",
+                "revoked",
+                "exhausted",
+                "unknown_permit",
+            ]
+        ),
+        help_text="approval_invalid: the approval the permit's statement names does not hold "
+        "(missing, edited, or not of this permit's terms).",
     )
 
 

@@ -550,3 +550,15 @@ def test_governed_calls_read_approval_from_the_signed_record(settings: Any, faul
     assert invalid["error"]["data"]["error"] == "permit_signature_invalid", invalid
     assert Permit.objects.get(pk=own.pk).spent_credits == 0
     assert Permit.objects.get(pk=edited.pk).spent_credits == 0
+
+
+def test_verifying_a_permit_names_an_approval_that_does_not_hold(tenant: Tenant) -> None:
+    permit = factories.approved_permit(tenant.agent)
+    body = {"permit": permit.signed_statement, "signature": permit.signature}
+    assert tenant.agent_client.post("/v1/permits/verify", body, format="json").json()["reasons"] == []
+    PermitApproval.objects.filter(permit_id=permit.permit_id).update(approver="mallory")
+    for request in (body, {"permit_id": permit.permit_id}):
+        verdict = tenant.agent_client.post("/v1/permits/verify", request, format="json").json()
+        assert verdict["valid"] is False
+        assert verdict["signature_valid"] is True
+        assert verdict["reasons"] == ["approval_invalid"]
