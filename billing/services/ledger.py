@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from django.db import DatabaseError, connection
 from django.utils import timezone
@@ -334,17 +334,17 @@ class DebitCall:
         return DebitResult(entry=entry, refill=refill, daily_spent=row["daily_spent"])
 
 
-def debit_call(
-    *,
-    tenant_id: str,
-    wallet_id: str,
-    amount: Decimal,
-    service_category: str = "",
-    units: Decimal | None = None,
-    description: str = "",
-    request_path: str = "",
-    correlation_id: str = "",
-) -> DebitCall:
+class DebitDetail(TypedDict, total=False):
+    """What a debit records beside its amount, each optional (``correlation_id``: the request id)."""
+
+    service_category: str
+    units: Decimal | None
+    description: str
+    request_path: str
+    correlation_id: str
+
+
+def debit_call(*, tenant_id: str, wallet_id: str, amount: Decimal, **detail: Unpack[DebitDetail]) -> DebitCall:
     """Prepare a debit of ``amount`` (positive, at 8 places) from ``wallet_id`` (a wallet of ``tenant_id``) to
     revenue."""
     return DebitCall(
@@ -352,11 +352,11 @@ def debit_call(
         wallet_id=wallet_id,
         amount=amount,
         now=timezone.now(),
-        service_category=service_category,
-        units=units,
-        description=description[:500],
-        request_path=request_path[:300],
-        correlation_id=(correlation_id or get_request_id() or "")[:128],
+        service_category=detail.get("service_category", ""),
+        units=detail.get("units"),
+        description=detail.get("description", "")[:500],
+        request_path=detail.get("request_path", "")[:300],
+        correlation_id=(detail.get("correlation_id") or get_request_id() or "")[:128],
         ids=(new_id("ltx"), new_id("led"), new_id("led"), new_id("ltx"), new_id("led"), new_id("led")),
     )
 
@@ -374,16 +374,7 @@ def _debit(call: DebitCall) -> DebitResult:
     return result
 
 
-def ledger_debit(
-    *,
-    wallet: Wallet | str,
-    amount: Decimal,
-    service_category: str = "",
-    units: Decimal | None = None,
-    description: str = "",
-    request_path: str = "",
-    correlation_id: str = "",
-) -> DebitResult:
+def ledger_debit(*, wallet: Wallet | str, amount: Decimal, **detail: Unpack[DebitDetail]) -> DebitResult:
     """Charge ``amount`` from ``wallet`` to revenue. Caller holds the transaction.
 
     One call of the database function ``billing_debit``, the only copy of the
@@ -413,18 +404,7 @@ def ledger_debit(
         if found is None:
             raise NotFound("No such wallet.", wallet_id=wallet)
         tenant_id, wallet_id = found, wallet
-    return _debit(
-        debit_call(
-            tenant_id=tenant_id,
-            wallet_id=wallet_id,
-            amount=amount,
-            service_category=service_category,
-            units=units,
-            description=description,
-            request_path=request_path,
-            correlation_id=correlation_id,
-        )
-    )
+    return _debit(debit_call(tenant_id=tenant_id, wallet_id=wallet_id, amount=amount, **detail))
 
 
 _REFUND_COLUMNS = ("code", "subject_id", "figure", "balance_after", "service_category", "correlation_id")
