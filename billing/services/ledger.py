@@ -374,6 +374,16 @@ def _debit(call: DebitCall) -> DebitResult:
     return result
 
 
+def _wallet_keys(wallet: Wallet | str) -> tuple[str, str]:
+    """``(tenant_id, wallet_id)`` of a wallet or a wallet id (``NotFound`` for an unknown id)."""
+    if isinstance(wallet, Wallet):
+        return wallet.tenant_id, wallet.wallet_id
+    tenant_id = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:
+        raise NotFound("No such wallet.", wallet_id=wallet)
+    return tenant_id, wallet
+
+
 def ledger_debit(*, wallet: Wallet | str, amount: Decimal, **detail: Unpack[DebitDetail]) -> DebitResult:
     """Charge ``amount`` from ``wallet`` to revenue. Caller holds the transaction.
 
@@ -397,13 +407,7 @@ def ledger_debit(*, wallet: Wallet | str, amount: Decimal, **detail: Unpack[Debi
     amount = to_money(amount)
     if amount <= 0:
         raise ValueError("a debit amount must be positive")
-    if isinstance(wallet, Wallet):
-        tenant_id, wallet_id = wallet.tenant_id, wallet.wallet_id
-    else:
-        found = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
-        if found is None:
-            raise NotFound("No such wallet.", wallet_id=wallet)
-        tenant_id, wallet_id = found, wallet
+    tenant_id, wallet_id = _wallet_keys(wallet)
     return _debit(debit_call(tenant_id=tenant_id, wallet_id=wallet_id, amount=amount, **detail))
 
 
@@ -440,13 +444,7 @@ def ledger_refund(
     if charge is not None:
         tenant_id, wallet_id = charge.tenant_id, charge.wallet_id
     elif wallet is not None:
-        if isinstance(wallet, Wallet):
-            tenant_id, wallet_id = wallet.tenant_id, wallet.wallet_id
-        else:
-            found = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
-            if found is None:
-                raise NotFound("No such wallet.", wallet_id=wallet)
-            tenant_id, wallet_id = found, wallet
+        tenant_id, wallet_id = _wallet_keys(wallet)
     else:
         raise ValueError("ledger_refund needs a charge or a wallet")
     now = timezone.now()
