@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 
 from access import login_throttle, services
 from access.models import APIKey, APIKeyStatus, KeyRotationLog, LoginThrottle
@@ -25,6 +25,7 @@ from common.console import (
     console_actor,
     console_failure,
     console_log,
+    console_page,
     has_perm,
     revocation_reason_form,
 )
@@ -220,11 +221,7 @@ class APIKeyAdmin(ServiceSavedAdmin):
         return HttpResponseRedirect(reverse("admin:access_apikey_secret", args=[obj.pk]))
 
     def get_urls(self) -> list[Any]:
-        reveal = path(
-            "<str:key_id>/secret/",
-            self.admin_site.admin_view(self.secret_view),
-            name="access_apikey_secret",
-        )
+        reveal = console_page(self, "<str:key_id>/secret/", self.secret_view, "access_apikey_secret")
         return [reveal, *super().get_urls()]
 
     def secret_view(self, request: HttpRequest, key_id: str) -> HttpResponse:

@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from access import services as key_services
@@ -45,6 +45,7 @@ from common.console import (
     console_actor,
     console_failure,
     console_log,
+    console_page,
     has_perm,
     revocation_reason_form,
 )
@@ -333,11 +334,7 @@ class WalletAdmin(admin.ModelAdmin):
         return has_perm(request, "billing.change_wallet_settings")
 
     def get_urls(self) -> list[Any]:
-        settings_page = path(
-            "<path:object_id>/settings/",
-            self.admin_site.admin_view(self.settings_view),
-            name="billing_wallet_settings",
-        )
+        settings_page = console_page(self, "<path:object_id>/settings/", self.settings_view, "billing_wallet_settings")
         return [settings_page, *super().get_urls()]
 
     def settings_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
