@@ -47,7 +47,7 @@ from common.console import (
     console_log,
     console_page,
     has_perm,
-    revocation_reason_form,
+    revocation_page,
 )
 from common.errors import ApplicationError, RequestValidationError
 from common.formatting import credits_phrase
@@ -552,7 +552,7 @@ class WalletAdmin(admin.ModelAdmin):
             ).count()
             return [wallet.wallet_id, wallet.wallet_type, wallet.name, str(keys)]
 
-        page = confirmation_page(
+        page, reason = revocation_page(
             self,
             request,
             queryset.order_by("path"),
@@ -563,11 +563,9 @@ class WalletAdmin(admin.ModelAdmin):
             headings=["Wallet", "Type", "Name", "Active keys in the subtree"],
             row=row,
             confirm_label="Yes, revoke them all",
-            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
-        reason = form.cleaned_data["reason"]
         revoked = 0
         for wallet in queryset.order_by("path"):
             keys = key_services.api_key_emergency_revoke(wallet=wallet, reason=reason, actor=console_actor(request))

@@ -185,6 +185,16 @@ def revocation_reason_form(request: HttpRequest) -> RevocationReasonForm:
     return RevocationReasonForm(request.POST if request.POST.get("post") == "yes" else None)
 
 
+def revocation_page(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Any], **page: Any
+) -> tuple[HttpResponse | None, str]:
+    """A revocation's confirmation page (``confirmation_page`` with ``page``), which asks for its reason:
+    ``(page, "")`` until it is confirmed with a valid reason, then ``(None, reason)``."""
+    form = revocation_reason_form(request)
+    response = confirmation_page(modeladmin, request, queryset, form=form, **page)
+    return (response, "") if response is not None else (None, form.cleaned_data["reason"])
+
+
 def console_log(request: HttpRequest, obj: Any, message: str) -> None:
     """Record a console action on ``obj`` as a Django ``LogEntry`` ("Changed" with ``message``), which the
     object's History and the index's Recent actions show. Every custom action calls it after its service
