@@ -67,6 +67,7 @@ LOCAL_TABLES: frozenset[str] = frozenset(
         "billing_login_throttle",
         "billing_tool_price_change",
         "mcpgateway_session",
+        "mcpgateway_upstream_server_state",
         "auth_group",
         "auth_group_permissions",
         "auth_permission",
