@@ -169,8 +169,9 @@ def test_a_statement_is_proven_only_in_its_own_tenants_log(anon_client, tenant, 
     assert anon_client.get(f"/tlog/{tenant.sponsor.tenant_id}/proof/ckp_1").status_code == 200
     r = anon_client.get(f"/tlog/{other_tenant.sponsor.tenant_id}/proof/ckp_1")
     assert r.status_code == 404
-    assert r.json()["detail"]["error"] == "tlog_statement_not_found"
-    assert anon_client.get("/tlog/nobody/checkpoint").json()["detail"]["error"] == "tlog_not_found"
+    assert r.json()["detail"] == {"error": "not_found", "message": "No statement with this id in this log."}
+    r = anon_client.get("/tlog/nobody/checkpoint")
+    assert (r.status_code, r.json()["detail"]["message"]) == (404, "No such log, or it has no checkpoint yet.")
 
 
 def test_a_real_call_is_verified_end_to_end_by_tollgate_verify(fault, tenant, tmp_path, capsys):

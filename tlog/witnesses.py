@@ -79,7 +79,12 @@ def tlog_witnesses_cosign(*, tenant_id: str, old_size: int, size: int, checkpoin
             except httpx.HTTPError as exc:
                 answer = WitnessAnswer(name, 0, refusal=f"unreachable: {exc}")
                 break
-            if response.status_code == 409 and response.text.strip().isdigit() and int(response.text) < size:
+            if (
+                response.status_code == 409
+                and response.text.strip().isdigit()
+                and int(response.text) <= size
+                and held != int(response.text)
+            ):
                 held = int(response.text)
                 answer = WitnessAnswer(name, 409, refusal=response.text)
                 continue
