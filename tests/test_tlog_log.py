@@ -19,6 +19,8 @@ from django.utils import timezone
 from tollgate_client.tlog.policy import Policy
 from tollgate_client.verify import main as standalone_verify
 
+from audit.chain_verification import audit_chain_verify
+from common.canonical import canonical_bytes
 from receipts.verify import verify_portable
 from tests.conftest import Tenant
 from tests.gateway_helpers import fresh_upstream, setup_caller
@@ -26,7 +28,7 @@ from tests.upstream_server import FaultUpstream
 from tlog.keys import log_verifiers, origin_of
 from tlog.lib import checkpoint, merkle, note, tiles
 from tlog.models import Leaf, Log, PendingLeaf
-from tlog.services import tlog_integrate
+from tlog.services import chain_checkpoint_id, tlog_chain_checkpoint_append, tlog_integrate
 
 pytestmark = pytest.mark.django_db
 
@@ -206,3 +208,26 @@ def test_a_real_call_is_verified_end_to_end_by_tollgate_verify(fault, tenant, tm
     assert '"inclusion": "verified"' in out
     assert f"Inclusion VERIFIED: in {origin_of(tenant_id)} at index {portable['transparency']['leaf_index']}" in out
     assert verify_portable(portable, None, Policy.from_json(policy)).inclusion == "verified"
+
+
+def test_a_recorded_chain_checkpoint_is_a_leaf_once_and_an_evidence_read_adds_none(anon_client, tenant):
+    tenant_id = tenant.sponsor.tenant_id
+    r = tenant.sponsor_client.post("/v1/audit/verify-chain", {}, format="json")
+    assert r.status_code == 200, r.content
+    signed = dict(r.json()["checkpoint"])
+    signed.pop("signature")
+    canonical = canonical_bytes(signed)
+    statement_id = chain_checkpoint_id(canonical)
+    assert PendingLeaf.objects.get(tenant_id=tenant_id, statement_id=statement_id).kind == "audit_checkpoint"
+    tlog_chain_checkpoint_append(tenant_id, canonical)  # the same checkpoint recorded twice
+    tlog_chain_checkpoint_append("system", canonical)  # the system chain has no tenant log
+    assert not PendingLeaf.objects.filter(tenant_id="system").exists()
+    tlog_integrate(tenant_id=tenant_id)
+    assert Leaf.objects.filter(tenant_id=tenant_id, statement_id=statement_id).count() == 1
+    assert not PendingLeaf.objects.filter(tenant_id=tenant_id).exists()
+    proof = checkpoint.TlogProof.parse(anon_client.get(f"/tlog/{tenant_id}/proof/{statement_id}").content.decode())
+    head = checkpoint.Checkpoint.from_note(Log.objects.get(tenant_id=tenant_id).checkpoint)
+    merkle.verify_inclusion(proof.index, head.size, merkle.leaf_hash(canonical), proof.path, head.root_hash)
+    # Reading evidence verifies the chain and signs a checkpoint too, but only recorded ones are logged.
+    audit_chain_verify(chain=tenant_id)
+    assert not PendingLeaf.objects.filter(tenant_id=tenant_id).exists()

@@ -8,3 +8,9 @@ from django.apps import AppConfig
 class TlogConfig(AppConfig):
     name = "tlog"
     default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from audit.chain_verification import checkpoint_recorded_register
+        from tlog.services import tlog_chain_checkpoint_append
+
+        checkpoint_recorded_register(tlog_chain_checkpoint_append)

@@ -9,6 +9,7 @@ leaves the same index nor skip one.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections import defaultdict
 from dataclasses import dataclass
@@ -17,14 +18,23 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
+from audit.models import SYSTEM_CHAIN
 from tlog.keys import log_signer, origin_of
 from tlog.kinds import KINDS
 from tlog.lib import checkpoint, merkle, note
-from tlog.models import Log, PendingLeaf
+from tlog.models import Leaf, Log, PendingLeaf
 
 logger = logging.getLogger("tollgate.tlog")
 
-__all__ = ["INTEGRATE_BATCH", "TLOG_LOCK_CLASS", "Integrated", "tlog_integrate", "tlog_tenants_pending"]
+__all__ = [
+    "INTEGRATE_BATCH",
+    "TLOG_LOCK_CLASS",
+    "Integrated",
+    "chain_checkpoint_id",
+    "tlog_chain_checkpoint_append",
+    "tlog_integrate",
+    "tlog_tenants_pending",
+]
 
 # The lock class of a tenant's log: advisory-lock keys are (class, hashtext(tenant id)), the two-int
 # form (docs/scaling.md, "Advisory locks"), so it is one tenant's and collides with no other class.
@@ -41,6 +51,29 @@ class Integrated:
     old_size: int
     size: int
     checkpoint: str
+
+
+def chain_checkpoint_id(canonical: bytes) -> str:
+    """The log's id of an audit-chain checkpoint (no table keeps it): ``ckp_`` and 40 hex digits of its SHA-256."""
+    return "ckp_" + hashlib.sha256(canonical).hexdigest()[:40]
+
+
+def tlog_chain_checkpoint_append(chain: str, canonical: bytes) -> None:
+    """Append a signed audit-chain checkpoint of a tenant's chain as a pending leaf of the tenant's log.
+
+    The leaf is its canonical signed bytes, carried by the pending row (``kind`` ``audit_checkpoint``,
+    id :func:`chain_checkpoint_id`). The ``system`` chain belongs to no tenant's log. Runs in the
+    caller's transaction, if any.
+    """
+    if chain == SYSTEM_CHAIN:
+        return
+    PendingLeaf.objects.create(
+        tenant_id=chain,
+        kind="audit_checkpoint",
+        statement_id=chain_checkpoint_id(canonical),
+        leaf=canonical,
+        created_at=timezone.now(),
+    )
 
 
 def tlog_tenants_pending() -> list[str]:
@@ -110,6 +143,11 @@ def _new_hashes(old_size: int, leaves: list[bytes], read: merkle.HashReader,
     return out
 
 
+def _pending_delete(tenant_id: str, ids: list[int]) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute("DELETE FROM tlog_pending_leaf WHERE tenant_id = %s AND id = ANY(%s)", [tenant_id, ids])
+
+
 @transaction.atomic(durable=True)
 def tlog_integrate(*, tenant_id: str, limit: int = INTEGRATE_BATCH) -> Integrated | None:
     """Integrate up to ``limit`` of the tenant's pending leaves and sign the tenant's new checkpoint.
@@ -132,7 +170,20 @@ def tlog_integrate(*, tenant_id: str, limit: int = INTEGRATE_BATCH) -> Integrate
         .order_by("id")
         .values_list("id", "kind", "statement_id", "leaf")[:limit]
     )
-    leaves = _leaves_in_order(tenant_id, pending)
+    taken = _leaves_in_order(tenant_id, pending)
+    # A statement is a leaf once: a repeated one (the same chain checkpoint recorded twice) is dropped.
+    seen = set(
+        Leaf.objects.filter(tenant_id=tenant_id, statement_id__in=[sid for _, _, sid, _ in taken]).values_list(
+            "statement_id", flat=True
+        )
+    )
+    leaves = []
+    for row in taken:
+        if row[2] not in seen:
+            seen.add(row[2])
+            leaves.append(row)
+    if len(leaves) < len(taken):
+        _pending_delete(tenant_id, [pending_id for pending_id, *_ in taken])
     if not leaves:
         return None
     fresh: dict[tuple[int, int], bytes] = {}
@@ -151,10 +202,7 @@ def tlog_integrate(*, tenant_id: str, limit: int = INTEGRATE_BATCH) -> Integrate
             "INSERT INTO tlog_tree_hash (tenant_id, level, idx, hash) VALUES (%s, %s, %s, %s)",
             [(tenant_id, level, index, value) for level, index, value in hashes],
         )
-        cursor.execute(
-            "DELETE FROM tlog_pending_leaf WHERE tenant_id = %s AND id = ANY(%s)",
-            [tenant_id, [pending_id for pending_id, *_ in leaves]],
-        )
+    _pending_delete(tenant_id, [pending_id for pending_id, *_ in leaves])
     text = checkpoint.Checkpoint(origin_of(tenant_id), size, root).text()
     signed = note.format_note(text, [log_signer(tenant_id).sign(text.encode("utf-8"))])
     Log.objects.update_or_create(
