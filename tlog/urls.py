@@ -13,5 +13,5 @@ urlpatterns = [
         rf"^tlog/{_TENANT}/proof/(?P<statement_id>[A-Za-z0-9_-]{{1,64}})$", views.ProofView.as_view(), name="tlog-proof"
     ),
     re_path(rf"^tlog/{_TENANT}/consistency$", views.ConsistencyView.as_view(), name="tlog-consistency"),
-    re_path(rf"^tlog/{_TENANT}/tile/(?P<path>[0-9a-z./]{{1,80}})$", views.TileView.as_view(), name="tlog-tile"),
+    re_path(rf"^tlog/{_TENANT}/tile/(?P<path>[0-9A-Za-z./_-]{{1,80}})$", views.TileView.as_view(), name="tlog-tile"),
 ]
