@@ -10,17 +10,18 @@ from __future__ import annotations
 
 from django.http import HttpResponse, JsonResponse
 from drf_spectacular.types import OpenApiTypes
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
 from access.authentication import AllowAnyone
-from common.errors import RequestValidationError
+from common.pagination import parse_query
 from common.schema import error_responses
 from tlog import selectors
 from tlog.keys import gateway_name, log_verifiers, origin_of
 from tlog.lib import note
 from tlog.models import LogKey
+from tlog.serializers import TlogConsistencyQuery
 
 TLOG = ["transparency_log"]
 TEXT = "text/plain; charset=utf-8"
@@ -58,7 +59,7 @@ class LogKeyView(APIView):
         operation_id="tlog_log_key",
         tags=TLOG,
         auth=[],
-        responses={(200, "text/plain"): OpenApiTypes.STR, **error_responses()},
+        responses={(200, "text/plain"): OpenApiTypes.STR, **error_responses(404)},
         summary="The note verifier string(s) of a tenant's log key, one per line, newest first",
     )
     def get(self, request: Request, tenant_id: str) -> HttpResponse:
@@ -103,21 +104,13 @@ class ConsistencyView(APIView):
         operation_id="tlog_consistency",
         tags=TLOG,
         auth=[],
-        parameters=[
-            OpenApiParameter("old", int, required=True, description="The older tree size (at least 1)"),
-            OpenApiParameter("new", int, required=True, description="The newer tree size (at most the log's)"),
-        ],
+        parameters=[TlogConsistencyQuery],
         responses={(200, "text/plain"): OpenApiTypes.STR, **error_responses(404, 422)},
         summary="The consistency proof between two sizes of a tenant's log (base64 hashes, one per line)",
     )
     def get(self, request: Request, tenant_id: str) -> HttpResponse:
-        sizes = []
-        for name in ("old", "new"):
-            value = request.query_params.get(name, "")
-            if not value.isdigit() or len(value) > 19:
-                raise RequestValidationError.single(["query", name], "A whole number of leaves.", "int_parsing")
-            sizes.append(int(value))
-        proof = selectors.consistency(tenant_id, sizes[0], sizes[1])
+        sizes = parse_query(request, TlogConsistencyQuery)
+        proof = selectors.consistency(tenant_id, sizes["old"], sizes["new"])
         return _text("".join(f"{note.b64encode(h)}\n" for h in proof), cache_control=IMMUTABLE)
 
 
