@@ -8,12 +8,15 @@ library's verifiers accept.
 
 from __future__ import annotations
 
+import io
 import json
+import signal
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 from tollgate_client.tlog.policy import Policy
@@ -231,3 +234,18 @@ def test_a_recorded_chain_checkpoint_is_a_leaf_once_and_an_evidence_read_adds_no
     # Reading evidence verifies the chain and signs a checkpoint too, but only recorded ones are logged.
     audit_chain_verify(chain=tenant_id)
     assert not PendingLeaf.objects.filter(tenant_id=tenant_id).exists()
+
+
+@pytest.mark.django_db(transaction=True)  # the worker loop closes old connections first
+def test_the_command_integrates_every_tenant_once(tenant, other_tenant):
+    previous = signal.getsignal(signal.SIGTERM)
+    add_pending(tenant.sponsor.tenant_id, 3)
+    add_pending(other_tenant.sponsor.tenant_id, 2)
+    out = io.StringIO()
+    try:
+        call_command("tlog_integrate", "--once", stdout=out)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert out.getvalue().startswith("integrated ")
+    assert not PendingLeaf.objects.exists()
+    assert Log.objects.filter(tenant_id__in=[tenant.sponsor.tenant_id, other_tenant.sponsor.tenant_id]).count() == 2

@@ -9,13 +9,12 @@ them at a time) and asks the witnesses to cosign each new checkpoint; the loop t
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
-from django.db import close_old_connections
 
+from common.worker import rounds_run
 from tlog.services import INTEGRATE_BATCH, tlog_integrate, tlog_tenants_pending
 from tlog.witnesses import tlog_witnesses_cosign
 
@@ -46,12 +45,11 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="One pass, then exit.")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        while True:
+        def one_pass() -> None:
             count = integrate_pass()
             if options["once"]:
                 self.stdout.write(f"integrated {count} leaves\n")
-                return
-            if count:
+            elif count:
                 logger.info("tlog: integrated %s leaves", count)
-            close_old_connections()
-            time.sleep(settings.TLOG_CHECKPOINT_INTERVAL)
+
+        rounds_run(one_pass, loop=not options["once"], interval=settings.TLOG_CHECKPOINT_INTERVAL)
