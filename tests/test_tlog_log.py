@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import signal
+import stat
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +30,7 @@ from receipts.verify import verify_portable
 from tests.conftest import Tenant
 from tests.gateway_helpers import fresh_upstream, setup_caller
 from tests.upstream_server import FaultUpstream
-from tlog.keys import log_verifiers, origin_of
+from tlog.keys import key_file_path, log_verifiers, origin_of
 from tlog.lib import checkpoint, merkle, note, tiles
 from tlog.models import Leaf, Log, PendingLeaf
 from tlog.services import chain_checkpoint_id, tlog_chain_checkpoint_append, tlog_integrate
@@ -134,6 +136,11 @@ def test_proofs_consistency_and_tiles_are_served_and_verify(anon_client, tenant)
     assert key_line.startswith(origin_of(tenant_id) + "+")
     keys = anon_client.get("/.well-known/tlog-keys").json()
     assert keys["keys"][0]["public_key"] == note.b64encode(log_verifiers(tenant_id)[0].public_key)
+    # The private key stays in its owner-only file: never in what is served.
+    assert stat.S_IMODE(os.stat(key_file_path()).st_mode) == 0o600
+    seed = json.loads(key_file_path().read_text())["private_key"]
+    served = [anon_client.get(f"/tlog/{tenant_id}/{p}").content.decode() for p in ("key", "checkpoint")]
+    assert not any(seed in text for text in [*served, json.dumps(keys)])
 
     # An inclusion proof for a leaf, under the latest checkpoint.
     index = leaves.index(first[7])

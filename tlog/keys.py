@@ -11,10 +11,7 @@ Nothing here logs or returns the private key.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -77,18 +74,9 @@ def private_key() -> Ed25519PrivateKey:
             else:
                 key = Ed25519PrivateKey.generate()
                 seed = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
-                fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".tlog-key-", suffix=".tmp")
-                try:
-                    os.fchmod(fd, 0o600)
-                    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                        json.dump({"private_key": b64url_encode(seed), "created_at": timezone.now().isoformat()}, fh)
-                        fh.flush()
-                        os.fsync(fh.fileno())
-                    os.replace(tmp, path)
-                except BaseException:
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(tmp)
-                    raise
+                keystore.write_owner_only_json(
+                    path, {"private_key": b64url_encode(seed), "created_at": timezone.now().isoformat()}
+                )
     _loaded.set("key", key)
     return key
 

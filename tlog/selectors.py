@@ -31,13 +31,14 @@ def cosigned_checkpoint(log: Log) -> str:
     return log.checkpoint + log.cosignatures
 
 
-def stored_hash_reader(tenant_id: str) -> merkle.HashReader:
-    """``read(level, index)`` over the tenant's stored hashes (one indexed read each, remembered per reader)."""
-    seen: dict[tuple[int, int], bytes] = {}
+def stored_hash_reader(tenant_id: str, seen: dict[tuple[int, int], bytes] | None = None) -> merkle.HashReader:
+    """``read(level, index)`` over the tenant's stored hashes: one indexed read each, remembered in ``seen``
+    (which may already hold hashes not yet stored: the integrator's new ones)."""
+    known: dict[tuple[int, int], bytes] = {} if seen is None else seen
 
     def read(level: int, index: int) -> bytes:
         key = (level, index)
-        if key not in seen:
+        if key not in known:
             with connection.cursor() as cursor:
                 cursor.execute(
                     "SELECT hash FROM tlog_tree_hash WHERE tenant_id = %s AND level = %s AND idx = %s",
@@ -46,8 +47,8 @@ def stored_hash_reader(tenant_id: str) -> merkle.HashReader:
                 row = cursor.fetchone()
             if row is None:
                 raise LookupError(f"no stored hash ({level}, {index}) in the log of {tenant_id}")
-            seen[key] = bytes(row[0])
-        return seen[key]
+            known[key] = bytes(row[0])
+        return known[key]
 
     return read
 

@@ -23,6 +23,7 @@ from tlog.keys import log_signer, origin_of
 from tlog.kinds import KINDS
 from tlog.lib import checkpoint, merkle, note
 from tlog.models import Leaf, Log, PendingLeaf
+from tlog.selectors import stored_hash_reader
 
 logger = logging.getLogger("tollgate.tlog")
 
@@ -79,25 +80,6 @@ def tlog_chain_checkpoint_append(chain: str, canonical: bytes) -> None:
 def tlog_tenants_pending() -> list[str]:
     """The tenants with pending leaves (a scan of the pending table, off the hot path)."""
     return list(PendingLeaf.objects.values_list("tenant_id", flat=True).distinct().order_by("tenant_id"))
-
-
-def _stored_reader(tenant_id: str, fresh: dict[tuple[int, int], bytes]) -> merkle.HashReader:
-    def read(level: int, index: int) -> bytes:
-        found = fresh.get((level, index))
-        if found is None:
-            with connection.cursor() as cursor:
-                cursor.execute(
-                    "SELECT hash FROM tlog_tree_hash WHERE tenant_id = %s AND level = %s AND idx = %s",
-                    [tenant_id, level, index],
-                )
-                row = cursor.fetchone()
-            if row is None:
-                raise LookupError(f"tenant {tenant_id}: no stored hash ({level}, {index})")
-            found = bytes(row[0])
-            fresh[(level, index)] = found
-        return found
-
-    return read
 
 
 def _leaves_in_order(tenant_id: str, pending: list[tuple[Any, ...]]) -> list[tuple[int, str, str, bytes]]:
@@ -187,7 +169,7 @@ def tlog_integrate(*, tenant_id: str, limit: int = INTEGRATE_BATCH) -> Integrate
     if not leaves:
         return None
     fresh: dict[tuple[int, int], bytes] = {}
-    read = _stored_reader(tenant_id, fresh)
+    read = stored_hash_reader(tenant_id, fresh)
     hashes = _new_hashes(old_size, [leaf for *_, leaf in leaves], read, fresh)
     size = old_size + len(leaves)
     root = merkle.tree_hash(size, read)
