@@ -256,3 +256,17 @@ def test_the_command_integrates_every_tenant_once(tenant, other_tenant):
     assert out.getvalue().startswith("integrated ")
     assert not PendingLeaf.objects.exists()
     assert Log.objects.filter(tenant_id__in=[tenant.sponsor.tenant_id, other_tenant.sponsor.tenant_id]).count() == 2
+
+
+def test_a_new_kind_is_one_trigger_line(tenant):
+    """A statement table the trigger function does not name (the approval decision, to come) needs only its
+    trigger: the id is read from the row generically, and a row without a tenant is no leaf."""
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TEMP TABLE decisions (approval_id text, tenant_id text)")
+        cursor.execute(
+            "CREATE TRIGGER tlog_leaf_decision AFTER INSERT ON decisions "
+            "FOR EACH ROW EXECUTE FUNCTION tlog_leaf_pending('approval_decision', 'approval_id')"
+        )
+        cursor.execute("INSERT INTO decisions VALUES ('apr_1', %s), ('apr_2', NULL)", [tenant.sponsor.tenant_id])
+    found = PendingLeaf.objects.filter(kind="approval_decision").values_list("tenant_id", "statement_id")
+    assert list(found) == [(tenant.sponsor.tenant_id, "apr_1")]

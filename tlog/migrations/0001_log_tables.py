@@ -78,7 +78,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'db_table': 'tlog_pending_leaf',
-                'indexes': [models.Index(fields=['tenant_id', 'id'], name='tlog_pending_tenant'), models.Index(fields=['statement_id', 'tenant_id'], name='tlog_pending_statement')],
+                'indexes': [models.Index(fields=['tenant_id', 'id'], name='tlog_pending_tenant')],
             },
         ),
         # A tenant table: the tenant is in the primary key (docs/scaling.md).

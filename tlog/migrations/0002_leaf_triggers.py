@@ -19,7 +19,7 @@ class Migration(migrations.Migration):
         run_sql_file(
             "tlog",
             "tlog_leaf_pending",
-            sha256="25a3547521c71c31f473dbda01c2bbe06327e3f5de9119bfd058c714f1fe0dbe",
+            sha256="187a66ed483ae9a22237023fb2da06b74caaad3250c9ee84f78cba1de2fd55fa",
             reverse_sql=(
                 "DROP TRIGGER IF EXISTS tlog_leaf_receipt ON receipts_receipt; "
                 "DROP TRIGGER IF EXISTS tlog_leaf_permit ON permits_permit; "
