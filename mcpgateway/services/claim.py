@@ -126,13 +126,15 @@ def _claim(
             raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
         if refused["code"] == "policy_daily_cap":
             measured = next((cap.wallet_id for cap in daily_caps if cap.policy_id == refused["subject_id"]), None)
-            raise policy_daily_cap_refusal(
+            over_cap = policy_daily_cap_refusal(
                 policy_id=refused["subject_id"],
                 limit=refused["figure_limit"],
                 # The spend of the line the policy caps: the caller's own, or an ancestor's it may not read.
                 spent=refused["figure"] if measured == wallet.wallet_id else None,
                 price=price or Decimal(0),
-            ) from None
+            )
+            over_cap.extra["policy_decision_id"] = action.policy_decision_id  # as authorize's refusals carry it
+            raise over_cap from None
         if refused["code"] == "permit_refused":
             raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price or Decimal(0), now=now) from None
         assert debit is not None
@@ -165,11 +167,12 @@ def _phase1(
 ) -> tuple[Action, VelocityLimitExceeded | None]:
     """Authorize on what ``_lookup`` read, then claim in one statement; or record the refusal.
 
-    Authorization (the permit's and the quote's signed statements, the policies) is decided in
-    Python; the claim (``_claim``) inserts the action already claimed, consumes the quote, debits,
-    reserves and appends the audit event in one statement, re-checking under its locks everything
-    that can have changed since the read (statuses, funds, spend windows, the permit's allowance
-    and signed limits, the quote). A refusal writes nothing there; the denial (action, receipt,
+    Authorization (the permit's and the quote's signed statements in Python; the policies' rules by
+    ``permits_policy_verdict``, read in the lookup's round trip) is decided first; the claim
+    (``_claim``) inserts the action already claimed, consumes the quote, debits, reserves and appends
+    the audit event in one statement, re-checking under its locks everything that can have changed
+    since the read (statuses, funds, spend windows and the policies' daily caps, the permit's
+    allowance and signed limits, the quote). A refusal writes nothing there; the denial (action, receipt,
     audit event) is then written in a transaction of its own. Raises ``IntegrityError`` when a
     concurrent request holds the same key.
     """
@@ -223,7 +226,7 @@ def _phase1(
             # A cached permit's signed statement verified when it was cached, and the reservation requires
             # the row to still carry that signature and the signed limits.
             verify_signature=not found.cached,
-            policies=found.policies,
+            verdict=found.verdict,
         )
         action.policy_decision_id = decision.policy_decision_id
         if decision.refusal is not None:

@@ -1,0 +1,25 @@
+"""``billing_charge`` reads the policy bundles' rules from ``permits_policy_verdict`` (permits 0015), the
+judge the governed call reads too; ``permits_charge_policies``, its former copy of the rules, is retired."""
+
+from django.db import migrations
+
+from common.sqlfiles import retire_sql_file, run_sql_file
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("billing", "0028_api_keys_move_to_access"),
+        ("permits", "0015_policy_verdict_judges_the_rules_once"),
+    ]
+
+    operations = [
+        run_sql_file(
+            "billing", "billing_charge", sha256="463cea89df52026b33e2174c62db5665c2b1364cbe860a528f687e427dcc3686"
+        ),
+        run_sql_file(
+            "billing",
+            "billing_daily_cap_over",
+            sha256="c6670f0fda6c74ff6a4625af6b8a1509ee7e00bd726fffb0c4094823ddbf6c52",
+        ),
+        retire_sql_file("permits", "permits_charge_policies", drop="permits_charge_policies(text[], text, numeric)"),
+    ]
