@@ -20,6 +20,7 @@ from access.ratelimit import DeferredCharge
 from audit.services import PreparedEvent, audit_event_prepare
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
+from billing.refusals import DEBIT_REFUSALS
 from billing.selectors import caller_wallet
 from billing.services import (
     DEBIT_COLUMNS,
@@ -30,10 +31,10 @@ from billing.services import (
     wallet_check_may_spend,
 )
 from common import fastsql
-from common.errors import ApplicationError
 from common.faults import fault_point
 from common.ids import new_id
 from common.records import record_json
+from common.refusals import RefusedCall, refusal_exception
 from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.services.call import CallRequest, _uncharged
 from mcpgateway.services.finish import _finish
@@ -46,8 +47,6 @@ from permits.services import (
     authorize,
     daily_caps_record,
     permit_reservation_record,
-    permit_reserve_refusal,
-    policy_daily_cap_refusal,
     quote_check,
     quote_consumption_record,
 )
@@ -120,29 +119,25 @@ def _claim(
         refused = _claim_refusal(err)
         if refused is None:
             raise
-        if refused["code"] in ("stale", "rate_limited"):
+        if refused["code"] in ("stale", "rate_limited"):  # decide again on fresh rows (common.refusals)
             raise _Stale() from None
-        if refused["code"] == "quote_unavailable":
-            raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
-        if refused["code"] == "policy_daily_cap":
-            measured = next((cap.wallet_id for cap in daily_caps if cap.policy_id == refused["subject_id"]), None)
-            over_cap = policy_daily_cap_refusal(
-                policy_id=refused["subject_id"],
-                limit=refused["figure_limit"],
-                # The spend of the line the policy caps: the caller's own, or an ancestor's it may not read.
-                spent=refused["figure"] if measured == wallet.wallet_id else None,
-                price=price or Decimal(0),
-            )
-            over_cap.extra["policy_decision_id"] = action.policy_decision_id  # as authorize's refusals carry it
-            raise over_cap from None
-        if refused["code"] == "permit_refused":
-            raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price or Decimal(0), now=now) from None
-        assert debit is not None
-        try:
-            debit.result(refused)  # raises the debit's refusal
-        except ApplicationError as refusal:  # the caller's own wallet, or an ancestor whose figures it may not read
-            raise refusal_for_viewer(refusal, visible=refused["subject_id"] == debit.wallet_id) from None
-        raise AssertionError(f"gateway_claim refused with {refused['code']!r}") from err
+        refusal = refusal_exception(
+            refused,
+            RefusedCall(
+                amount=price or Decimal(0),
+                wallet_id=wallet.wallet_id,
+                permit_id=permit.permit_id,
+                quote_id=action.quote_id or "",
+                now=now,
+                cap_wallets={cap.policy_id: cap.wallet_id for cap in daily_caps},
+                policy_decision_id=action.policy_decision_id or "",
+            ),
+        )
+        assert refusal is not None, refused
+        if refused["code"] in DEBIT_REFUSALS:
+            assert debit is not None  # the wallet that refuses may be an ancestor whose figures it may not read
+            refusal = refusal_for_viewer(refusal, visible=refused["subject_id"] == debit.wallet_id)
+        raise refusal from None
     fastsql.inserted(action)
     if deferred is not None:
         deferred.claimed(int(rate_count))
