@@ -41,6 +41,8 @@ class Permit(models.Model):
     issued_via_request_id = models.CharField(max_length=40, blank=True, default="")
     subject_key_id = models.CharField(max_length=40, null=True, blank=True)
     allowed_tools = models.JSONField(default=list)
+    # The upstream servers (their slugs) whose tools it covers; null: any. Signed (docs/decisions.md, Authority).
+    allowed_servers = models.JSONField(null=True, blank=True, default=None)
     max_credits = models.DecimalField(max_digits=20, decimal_places=8)
     spent_credits = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
     max_calls = models.PositiveIntegerField(null=True, blank=True)
@@ -293,7 +295,8 @@ class PolicyBundle(models.Model):
     """Rules that apply to calls made by ``wallet`` and every wallet below it.
 
     Rules: ``allowed_tools`` (null: any), ``denied_tools``, ``max_credits_per_call``,
-    ``max_daily_credits``, ``allowed_categories`` (null: any) and
+    ``max_daily_credits``, ``allowed_categories`` (null: any), ``allowed_servers`` (upstream server
+    slugs; null: any) and
     ``human_approval_required`` (permits for the covered wallets come only from
     human-approved permit requests or the operator; turning it on revokes the others).
     """
@@ -308,6 +311,7 @@ class PolicyBundle(models.Model):
     max_credits_per_call = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     max_daily_credits = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     allowed_categories = models.JSONField(null=True, blank=True)
+    allowed_servers = models.JSONField(null=True, blank=True)  # upstream server slugs; null: any server
     human_approval_required = models.BooleanField(default=False)
     # Not a column: the permits the last ``policy_create`` / ``policy_update`` on this instance revoked
     # because the policy started requiring human approval (the console reports them).

@@ -124,6 +124,7 @@ class PermitCollectionView(APIView):
             max_calls=data["max_calls"],
             expires_at=timezone.now() + timedelta(seconds=data["expires_in_seconds"]),
             subject_key_id=data["subject_key_id"],
+            allowed_servers=data.get("allowed_servers"),
             idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
             idempotency_key=key,
             request_hash=request_hash(_normalized(data)),

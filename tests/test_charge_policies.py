@@ -183,6 +183,8 @@ def governed_call(tenant: Tenant, permit_id: str, *, category: str, amount: str)
         ({"denied_tools": ["*"]}, "1", "denied_tools", None),
         ({"allowed_tools": ["ech"], "denied_tools": ["echo.*"]}, "1", "allowed_tools", None),
         ({"allowed_tools": ["ech", "echo"], "denied_tools": ["ec*"]}, "1", None, None),
+        # A tool of no server is in no server list; a charge has no server.
+        ({"allowed_servers": ["alpha"]}, "1", "allowed_servers", None),
     ],
 )
 def test_a_charge_and_a_governed_call_are_judged_by_the_one_function(

@@ -14,7 +14,7 @@ class Migration(migrations.Migration):
 
     operations = [
         run_sql_file(
-            "billing", "billing_charge", sha256="463cea89df52026b33e2174c62db5665c2b1364cbe860a528f687e427dcc3686"
+            "billing", "billing_charge", sha256="73c687cced997bd380a77318bc042f6199c0af06d423845131e34f8d908452f7"
         ),
         run_sql_file(
             "billing",

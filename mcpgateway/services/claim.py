@@ -217,6 +217,7 @@ def _phase1(
             tool=tool.service_id,
             price=price,
             category=tool.category,
+            server=server.slug if server is not None else None,
             now=now,
             # A cached permit's signed statement verified when it was cached, and the reservation requires
             # the row to still carry that signature and the signed limits.

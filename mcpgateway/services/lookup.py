@@ -34,7 +34,7 @@ class _Found:
 
 
 _VERDICT = policy_verdict_sql(
-    tool="t.service_id", category="t.category", amount="coalesce(q.quoted_credits, pr.credits)"
+    tool="t.service_id", server="s.slug", category="t.category", amount="coalesce(q.quoted_credits, pr.credits)"
 )
 
 
@@ -51,6 +51,7 @@ def _lookup_sql() -> str:
         "FROM (SELECT 1) AS one "
         "LEFT JOIN mcpgateway_action a ON a.wallet_id = %s AND a.idempotency_key = %s "
         "LEFT JOIN mcpgateway_tool t ON t.service_id = %s "
+        "LEFT JOIN mcpgateway_upstream_server s ON s.server_id = t.server_id "
         "LEFT JOIN billing_tool_price pr ON pr.tool = t.service_id "
         "LEFT JOIN permits_permit p ON p.permit_id = %s AND p.wallet_id = %s "
         "LEFT JOIN permits_quote q ON q.quote_id = %s AND q.wallet_id = %s"

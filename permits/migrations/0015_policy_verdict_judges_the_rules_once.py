@@ -16,6 +16,6 @@ class Migration(migrations.Migration):
         run_sql_file(
             "permits",
             "permits_policy_verdict",
-            sha256="c2fe4eee72f0fe47c17f6c6d196df5bcb3d21e578a1d684386270e484611fe86",
+            sha256="3c2e6e6b0bf0bc4ec94ea8e5364665f7613109f8e47c7dd8a5ae68f536e7b5cb",
         ),
     ]

@@ -27,17 +27,18 @@ from permits.services.permits import permit_statement_problem
 WILDCARD = "*"
 
 
-def policy_verdict_sql(*, tool: str, category: str, amount: str) -> str:
+def policy_verdict_sql(*, tool: str, server: str, category: str, amount: str) -> str:
     """A scalar subquery: ``permits_policy_verdict`` of the wallet's line as one JSON array, in its order.
 
-    Its first two parameters (``%s``) are the tenant and the wallet's path; ``tool``, ``category`` and
-    ``amount`` are SQL expressions (``%s`` too, or columns of the statement it sits in, as the governed
-    call's lookup passes the tool's). Caps as strings; ``policy_verdict_from_json`` reads it back.
+    Its first two parameters (``%s``) are the tenant and the wallet's path; ``tool``, ``server`` (the
+    tool's upstream server's slug), ``category`` and ``amount`` are SQL expressions (``%s`` too, or
+    columns of the statement it sits in, as the governed call's lookup passes the tool's). Caps as
+    strings; ``policy_verdict_from_json`` reads it back.
     """
     return (  # the expressions are the caller's SQL, never input
         "SELECT coalesce(jsonb_agg(jsonb_build_object('policy_id', v.policy_id, 'rule', v.rule, "  # noqa: S608
         "'cap_wallet_id', v.cap_wallet_id, 'cap', v.cap::text) ORDER BY v.n), '[]'::jsonb) "
-        f"FROM permits_policy_verdict(%s, %s, {tool}, {category}, {amount}) "
+        f"FROM permits_policy_verdict(%s, %s, {tool}, {server}, {category}, {amount}) "
         "WITH ORDINALITY AS v(policy_id, rule, cap_wallet_id, cap, n)"
     )
 
@@ -74,11 +75,14 @@ def policy_verdict_from_json(text: str | list[Any]) -> PolicyVerdict:
     return PolicyVerdict(daily_caps=tuple(caps))
 
 
-def policy_verdict_read(*, wallet: Wallet, tool: str, category: str | None, amount: Decimal) -> PolicyVerdict:
-    """The policy verdict of a call of ``tool`` at ``amount`` by ``wallet``, read in one statement."""
+def policy_verdict_read(
+    *, wallet: Wallet, tool: str, category: str | None, amount: Decimal, server: str | None = None
+) -> PolicyVerdict:
+    """The policy verdict of a call of ``tool`` (of the upstream server ``server``, a slug; None: a tool
+    of no server) at ``amount`` by ``wallet``, read in one statement."""
     row = fastsql.fetch_row(
-        policy_verdict_sql(tool="%s", category="%s", amount="%s"),
-        [wallet.tenant_id, wallet.ancestry, tool, category, amount],
+        policy_verdict_sql(tool="%s", server="%s", category="%s", amount="%s"),
+        [wallet.tenant_id, wallet.ancestry, tool, server, category, amount],
     )
     return policy_verdict_from_json(row[0] if row is not None else "[]")
 
@@ -120,6 +124,7 @@ def authorize(
     tool: str,
     price: Decimal,
     category: str | None = None,
+    server: str | None = None,
     now: datetime | None = None,
     verify_signature: bool = True,
     verdict: PolicyVerdict | None = None,
@@ -127,10 +132,11 @@ def authorize(
     """Check the permit, then the policy verdict of the wallet's line (``permits_policy_verdict``).
 
     Pure read; the caller records the decision (its ``policy_decision_id``) on the audit event and
-    raises ``decision.refusal`` when not allowed. ``verdict``: the verdict for this tool, category and
-    price when the caller read it already (``policy_verdict_sql``); else it is read here. The policies'
-    daily caps are not judged here: ``decision.daily_caps`` go to the claim, which checks them after
-    its debit under the wallets' locks.
+    raises ``decision.refusal`` when not allowed. ``server``: the slug of the tool's upstream server
+    (None: a tool of no server, which a permit naming servers does not cover). ``verdict``: the verdict
+    for this tool, server, category and price when the caller read it already (``policy_verdict_sql``);
+    else it is read here. The policies' daily caps are not judged here: ``decision.daily_caps`` go to
+    the claim, which checks them after its debit under the wallets' locks.
     """
     now = now or timezone.now()
     decision_id = new_id("pdec")
@@ -157,20 +163,29 @@ def authorize(
         return deny(exc.PermitExhausted(permit_id=permit.permit_id, required=money(price)))
     if not tool_allowed(list(permit.allowed_tools), tool):
         return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
+    if permit.allowed_servers is not None and server not in permit.allowed_servers:
+        return deny(exc.ServerNotPermitted(permit_id=permit.permit_id, tool=tool, server=server))
 
     if verdict is None:
-        verdict = policy_verdict_read(wallet=wallet, tool=tool, category=category, amount=price)
+        verdict = policy_verdict_read(wallet=wallet, tool=tool, server=server, category=category, amount=price)
     if verdict.refused_by is not None:
         policy_id, rule, limit = verdict.refused_by
         refusal = policy_rule_refusal(
-            policy_id=policy_id, rule=rule, limit=limit, tool=tool, category=category, price=price
+            policy_id=policy_id, rule=rule, limit=limit, tool=tool, server=server, category=category, price=price
         )
         return deny(refusal)
     return Decision(decision_id, True, None, list(verdict.daily_caps))
 
 
 def policy_rule_refusal(
-    *, policy_id: str, rule: str, limit: Decimal | None, tool: str, category: str | None, price: Decimal
+    *,
+    policy_id: str,
+    rule: str,
+    limit: Decimal | None,
+    tool: str,
+    server: str | None,
+    category: str | None,
+    price: Decimal,
 ) -> exc.PolicyDenied:
     """The refusal of a call by the rule ``permits_policy_verdict`` names (all but the daily cap)."""
     if rule == "max_credits_per_call":
@@ -178,6 +193,8 @@ def policy_rule_refusal(
         return exc.PolicyDenied(policy_id=policy_id, rule=rule, limit=money(limit), required=money(price))
     if rule == "allowed_categories":
         return exc.PolicyDenied(policy_id=policy_id, rule=rule, category=category)
+    if rule == "allowed_servers":
+        return exc.PolicyDenied(policy_id=policy_id, rule=rule, tool=tool, server=server)
     return exc.PolicyDenied(policy_id=policy_id, rule=rule, tool=tool)  # denied_tools, allowed_tools
 
 

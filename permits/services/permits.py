@@ -44,6 +44,9 @@ def _permit_statement(permit: Permit) -> dict[str, Any]:
         "allowed_tools": list(permit.allowed_tools),
         "max_credits": money(permit.max_credits),
         "max_calls": permit.max_calls,
+        # The upstream servers it covers (null: any). Permits signed before it lack the key; their column is
+        # null, which is what ``.get`` reads from their statements (as receipts' upstream_server_id).
+        "allowed_servers": permit.allowed_servers,
         "created_at": iso_utc(permit.created_at),
         "expires_at": iso_utc(permit.expires_at),
     }
@@ -56,6 +59,7 @@ PERMIT_SIGNED_FIELDS = (
     "wallet_id",
     "subject_key_id",
     "allowed_tools",
+    "allowed_servers",
     "max_credits",
     "max_calls",
     "expires_at",
@@ -117,6 +121,7 @@ def _mint_permit(
     max_calls: int | None,
     expires_at: datetime,
     subject_key_id: str | None,
+    allowed_servers: list[str] | None = None,
     idempotency_scope: str = "",
     idempotency_key: str = "",
     request_hash: str = "",
@@ -133,6 +138,7 @@ def _mint_permit(
         issued_via_request_id=via_request_id,
         subject_key_id=subject_key_id,
         allowed_tools=sorted(set(allowed_tools)),
+        allowed_servers=sorted(set(allowed_servers)) if allowed_servers is not None else None,
         max_credits=max_credits,
         max_calls=max_calls,
         expires_at=expires_at,
@@ -172,13 +178,15 @@ def permit_issue(
     idempotency_scope: str,
     idempotency_key: str,
     request_hash: str,
+    allowed_servers: list[str] | None = None,
 ) -> PermitIssue:
     """Issue a signed permit once per (scope, idempotency key).
 
     The same key with the same request returns the permit issued first
     (``replayed``); with a different request it is the idempotency conflict.
     The issuer must be the subject wallet or above it (the caller checks reach;
-    this re-checks the hierarchy). Operator keys issue with no issuer wallet.
+    this re-checks the hierarchy). Operator keys issue with no issuer wallet. ``allowed_servers``: the
+    upstream servers (slugs) whose tools it covers, signed with the rest; None: any server.
     """
     existing = _created_before(Permit, idempotency_scope, idempotency_key, request_hash)
     if existing is not None:
@@ -203,6 +211,7 @@ def permit_issue(
                 max_calls=max_calls,
                 expires_at=expires_at,
                 subject_key_id=subject_key_id,
+                allowed_servers=allowed_servers,
                 idempotency_scope=idempotency_scope,
                 idempotency_key=idempotency_key,
                 request_hash=request_hash,
@@ -217,6 +226,7 @@ def permit_issue(
                 detail={
                     "permit_id": permit.permit_id,
                     "allowed_tools": permit.allowed_tools,
+                    **({"allowed_servers": permit.allowed_servers} if permit.allowed_servers is not None else {}),
                     "max_credits": money(permit.max_credits),
                 },
             )

@@ -9,13 +9,16 @@
 -- ChargePolicyDenied.
 --
 -- p_tenant_id: the tenant whose bundles are read (only its rows); p_ancestry: the wallet's path (the
--- sponsor first, the wallet last); p_tool: the tool called (NULL for a charge); p_category: the
--- tool's or the charge's service category; p_amount: the call's price or the charge's amount.
+-- sponsor first, the wallet last); p_tool: the tool called (NULL for a charge); p_server: the slug of
+-- the tool's upstream server (NULL for a charge, or a tool of no server); p_category: the tool's or
+-- the charge's service category; p_amount: the call's price or the charge's amount.
 --
 -- Each enabled bundle of the line is judged on its rules in this order, the first broken one naming
 -- the refusal (no lock is needed for any of them):
 --   'denied_tools'         the tool matches a pattern of the list;
 --   'allowed_tools'        the list is set (not NULL) and the tool matches none of its patterns;
+--   'allowed_servers'      a tool call, the list is set and the tool's server is not in it (a tool
+--                          of no server, local or the single configured upstream, is in no list);
 --   'max_credits_per_call' p_amount is over it (cap: the limit);
 --   'allowed_categories'   the list is set and p_category is not in it (a NULL category is not in it).
 -- A pattern is '*' (any tool), a tool's exact name, or 'prefix.*' (every tool whose name starts with
@@ -26,7 +29,7 @@
 -- checked by the caller after its debit, under the locks the debit took (billing_daily_cap_over), so
 -- concurrent calls cannot pass it together.
 CREATE OR REPLACE FUNCTION permits_policy_verdict(
-    p_tenant_id text, p_ancestry text[], p_tool text, p_category text, p_amount numeric
+    p_tenant_id text, p_ancestry text[], p_tool text, p_server text, p_category text, p_amount numeric
 )
 RETURNS TABLE (policy_id text, rule text, cap_wallet_id text, cap numeric)
 LANGUAGE sql STABLE AS $$
@@ -46,6 +49,9 @@ LANGUAGE sql STABLE AS $$
                               WHERE a.pattern IN ('*', p_tool)
                                  OR (right(a.pattern, 2) = '.*' AND starts_with(p_tool, left(a.pattern, -1))))
                         THEN 'allowed_tools'
+                    WHEN p_tool IS NOT NULL AND jsonb_typeof(b.allowed_servers) = 'array'
+                         AND NOT coalesce(b.allowed_servers ? p_server, false)
+                        THEN 'allowed_servers'
                     WHEN b.max_credits_per_call IS NOT NULL AND p_amount > b.max_credits_per_call
                         THEN 'max_credits_per_call'
                     WHEN jsonb_typeof(b.allowed_categories) = 'array'
