@@ -13,7 +13,7 @@ from rest_framework import serializers
 from billing.models import ServiceCategory
 from billing.serializers import MoneyField
 from common.pagination import PageQuery, list_envelope
-from permits.models import Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
+from permits.models import POLICY_FIELDS, Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
 from permits.services.policies import policy_rules_problems
 
 MAX_PERMIT_TTL = 30 * 24 * 3600
@@ -352,15 +352,7 @@ class PolicyBundleResponse(serializers.ModelSerializer):
         fields = [
             "policy_id",
             "wallet_id",
-            "name",
-            "enabled",
-            "allowed_tools",
-            "denied_tools",
-            "max_credits_per_call",
-            "max_daily_credits",
-            "allowed_categories",
-            "allowed_servers",
-            "human_approval_required",
+            *POLICY_FIELDS,
             "created_by_wallet_id",
             "version",
             "created_at",

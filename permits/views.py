@@ -433,7 +433,7 @@ class MeAuthorityView(APIView):
         permits = selectors.permit_status_filter(
             selectors.permits_visible(caller).filter(wallet=wallet), PermitStatus.ACTIVE, now
         ).order_by("-created_at")[:200]
-        pending = selectors.permit_request_status_filter(
+        pending = selectors.lapsing_status_filter(
             selectors.permit_requests_visible(caller).filter(wallet=wallet), "pending", now
         ).order_by("-created_at")[:200]
         policies = list(selectors.policies_shown_to_wallet(wallet))
@@ -479,7 +479,7 @@ class MePermitRequestsView(APIView):
         params = parse_query(request, PermitRequestListQuery)
         qs = selectors.permit_requests_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):
-            qs = selectors.permit_request_status_filter(qs, params["status"], timezone.now())
+            qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
         return Response(page(qs.order_by("-created_at", "request_id"), params, PermitRequestResponse))
 
 
@@ -496,7 +496,7 @@ class MeQuotesView(APIView):
         params = parse_query(request, QuoteListQuery)
         qs = selectors.quotes_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):
-            qs = selectors.quote_status_filter(qs, params["status"], timezone.now())
+            qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
         if params.get("tool"):
             qs = qs.filter(tool=params["tool"])
         return Response(page(qs.order_by("-created_at", "quote_id"), params, QuoteResponse))

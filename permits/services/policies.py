@@ -36,22 +36,9 @@ from permits.exceptions import (
     ProposalNotFound,
     ProposalStale,
 )
-from permits.models import PolicyBundle, PolicyChangeProposal, ProposalStatus
+from permits.models import POLICY_FIELDS, PolicyBundle, PolicyChangeProposal, ProposalStatus
 from permits.selectors import check_policy_level
 from permits.services.approval import approval_lock, requires_approval, revoke_unapproved
-
-POLICY_FIELDS = (
-    "name",
-    "enabled",
-    "allowed_tools",
-    "denied_tools",
-    "max_credits_per_call",
-    "max_daily_credits",
-    "allowed_categories",
-    "allowed_servers",
-    "human_approval_required",
-)
-
 
 # The limits of the API's fields (``permits.serializers.PolicyRules``): a tool name or pattern is
 # 1 to 200 characters; an amount has at most 8 decimal places and 12 whole digits (numeric(20, 8)).
