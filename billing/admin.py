@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from access import services as key_services
@@ -45,8 +45,9 @@ from common.console import (
     console_actor,
     console_failure,
     console_log,
+    console_page,
     has_perm,
-    revocation_reason_form,
+    revocation_page,
 )
 from common.errors import ApplicationError, RequestValidationError
 from common.formatting import credits_phrase
@@ -285,16 +286,20 @@ class WalletAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/billing/wallet_create.html", context)
 
-    def _form_page(
+    def _form_data(
         self,
         request: HttpRequest,
         queryset: QuerySet[Wallet],
+        form_class: type[forms.Form],
         *,
-        form: forms.Form,
         action: str,
         title: str,
         submit_label: str,
-    ) -> HttpResponse:
+    ) -> HttpResponse | dict[str, Any]:
+        """The action's form, once applied and valid, as its cleaned data; until then the page asking for it."""
+        form = form_class(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            return form.cleaned_data
         context = {
             **self.admin_site.each_context(request),
             "title": title,
@@ -329,11 +334,7 @@ class WalletAdmin(admin.ModelAdmin):
         return has_perm(request, "billing.change_wallet_settings")
 
     def get_urls(self) -> list[Any]:
-        settings_page = path(
-            "<path:object_id>/settings/",
-            self.admin_site.admin_view(self.settings_view),
-            name="billing_wallet_settings",
-        )
+        settings_page = console_page(self, "<path:object_id>/settings/", self.settings_view, "billing_wallet_settings")
         return [settings_page, *super().get_urls()]
 
     def settings_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -418,17 +419,17 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Provision credits (mint -> sponsor)", permissions=["provision_credits"])
     def provision_credits(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        form = AmountForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._form_page(
-                request,
-                queryset,
-                form=form,
-                action="provision_credits",
-                title="Provision credits to sponsor wallets",
-                submit_label="Provision",
-            )
-        amount, description = form.cleaned_data["amount"], form.cleaned_data["description"]
+        data = self._form_data(
+            request,
+            queryset,
+            AmountForm,
+            action="provision_credits",
+            title="Provision credits to sponsor wallets",
+            submit_label="Provision",
+        )
+        if isinstance(data, HttpResponse):
+            return data
+        amount, description = data["amount"], data["description"]
         self._apply(
             request,
             queryset,
@@ -442,17 +443,17 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Fund from parent", permissions=["fund_wallet"])
     def fund_from_parent(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        form = AmountForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._form_page(
-                request,
-                queryset,
-                form=form,
-                action="fund_from_parent",
-                title="Fund wallets from their parent",
-                submit_label="Fund",
-            )
-        amount, description = form.cleaned_data["amount"], form.cleaned_data["description"]
+        data = self._form_data(
+            request,
+            queryset,
+            AmountForm,
+            action="fund_from_parent",
+            title="Fund wallets from their parent",
+            submit_label="Fund",
+        )
+        if isinstance(data, HttpResponse):
+            return data
+        amount, description = data["amount"], data["description"]
 
         def fund(wallet: Wallet) -> None:
             if wallet.parent is None:
@@ -476,12 +477,12 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Freeze", permissions=["freeze_wallet"])
     def freeze_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        form = ReasonForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._form_page(
-                request, queryset, form=form, action="freeze_wallets", title="Freeze wallets", submit_label="Freeze"
-            )
-        reason = form.cleaned_data["reason"]
+        data = self._form_data(
+            request, queryset, ReasonForm, action="freeze_wallets", title="Freeze wallets", submit_label="Freeze"
+        )
+        if isinstance(data, HttpResponse):
+            return data
+        reason = data["reason"]
         self._apply(
             request,
             queryset,
@@ -551,7 +552,7 @@ class WalletAdmin(admin.ModelAdmin):
             ).count()
             return [wallet.wallet_id, wallet.wallet_type, wallet.name, str(keys)]
 
-        page = confirmation_page(
+        page, reason = revocation_page(
             self,
             request,
             queryset.order_by("path"),
@@ -562,11 +563,9 @@ class WalletAdmin(admin.ModelAdmin):
             headings=["Wallet", "Type", "Name", "Active keys in the subtree"],
             row=row,
             confirm_label="Yes, revoke them all",
-            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
-        reason = form.cleaned_data["reason"]
         revoked = 0
         for wallet in queryset.order_by("path"):
             keys = key_services.api_key_emergency_revoke(wallet=wallet, reason=reason, actor=console_actor(request))

@@ -1,4 +1,4 @@
-"""``billing_charge`` reads the policy bundles' rules from ``permits_policy_verdict`` (permits 0015), the
+"""``billing_charge`` reads the policy bundles' rules from ``permits_policy_verdict`` (permits 0017), the
 judge the governed call reads too; ``permits_charge_policies``, its former copy of the rules, is retired."""
 
 from django.db import migrations
@@ -9,12 +9,12 @@ from common.sqlfiles import retire_sql_file, run_sql_file
 class Migration(migrations.Migration):
     dependencies = [
         ("billing", "0028_api_keys_move_to_access"),
-        ("permits", "0015_policy_verdict_judges_the_rules_once"),
+        ("permits", "0017_policy_verdict_judges_the_rules_once"),
     ]
 
     operations = [
         run_sql_file(
-            "billing", "billing_charge", sha256="73c687cced997bd380a77318bc042f6199c0af06d423845131e34f8d908452f7"
+            "billing", "billing_charge", sha256="d076dffc2e14afea55a575608c4c9dfba2454a1990f43afafe0d4dcaa4d2f62d"
         ),
         run_sql_file(
             "billing",

@@ -208,7 +208,7 @@ BEGIN
     END IF;
 
     FOR bound IN SELECT * FROM permits_policy_verdict(
-        p_tenant_id, string_to_array(wallet_path, '/'), NULL, NULL, p_category, charged
+        p_tenant_id, string_to_array(wallet_path, '/'), NULL, NULL, p_category, charged, NULL
     ) LOOP
         IF bound.rule <> 'max_daily_credits' THEN  -- the rows that refuse come first
             code := 'policy_denied'; subject_id := bound.policy_id; spend_window := bound.rule;

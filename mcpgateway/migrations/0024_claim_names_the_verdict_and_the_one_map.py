@@ -1,5 +1,5 @@
 """gateway_claim's header names where its inputs and codes live now: the daily caps come from
-permits_policy_verdict (permits 0015), its refusal codes become exceptions in common.refusals. The body
+permits_policy_verdict (permits 0017), its refusal codes become exceptions in common.refusals. The body
 is unchanged."""
 
 from django.db import migrations
@@ -10,7 +10,7 @@ from common.sqlfiles import run_sql_file
 class Migration(migrations.Migration):
     dependencies = [
         ("mcpgateway", "0023_upstream_servers"),
-        ("permits", "0015_policy_verdict_judges_the_rules_once"),
+        ("permits", "0017_policy_verdict_judges_the_rules_once"),
     ]
 
     operations = [

@@ -28,13 +28,17 @@ class _Found:
     price: Decimal | None  # its price (None: not set, not callable)
     permit: Permit | None  # the permit, when it is the wallet's
     quote: Quote | None  # the quote, when one is named and it is the wallet's
-    verdict: PolicyVerdict  # permits_policy_verdict of the wallet's line for this tool, category and price
+    verdict: PolicyVerdict  # permits_policy_verdict of the wallet's line for this tool, price and permit
     policies_version: str  # permits_policies_version of the wallet's line
     cached: bool = False  # from the process's cache: the claim compares what can have changed
 
 
 _VERDICT = policy_verdict_sql(
-    tool="t.service_id", server="s.slug", category="t.category", amount="coalesce(q.quoted_credits, pr.credits)"
+    tool="t.service_id",
+    server="s.slug",
+    category="t.category",
+    amount="coalesce(q.quoted_credits, pr.credits)",
+    permit="p.signed_statement",
 )
 
 
@@ -91,7 +95,7 @@ def _lookup(req: CallRequest) -> _Found:
 
 # What a call needs beyond its own action, cached per process once a call has been claimed on it: a tool's
 # list price, a permit whose signed statement verified, the policy verdict of a wallet's line for a tool
-# (at that list price) with the policies' version.
+# (at that list price, under that permit) with the policies' version.
 # A call that finds all of them here is decided without the lookup; its claim compares the tool's version,
 # the price and the policies' version, and the reservation requires the permit row to still carry every
 # signed column and the signature, so nothing cached can authorize what the rows no longer allow (``_Stale``:
@@ -101,8 +105,9 @@ def _lookup(req: CallRequest) -> _Found:
 CACHE_LIMIT = 10_000  # entries per cache; past it the oldest entry goes (common.cache)
 _prices: BoundedCache[str, Decimal] = BoundedCache("gateway.prices", max_entries=CACHE_LIMIT)
 _permits: BoundedCache[str, Permit] = BoundedCache("gateway.permits", max_entries=CACHE_LIMIT)
-# (wallet, tool) -> (permits_policies_version, the verdict): the claim compares the version, the tool's and the price
-_verdicts: BoundedCache[tuple[str, str], tuple[str, PolicyVerdict]] = BoundedCache(
+# (wallet, tool, permit) -> (permits_policies_version, the verdict): the claim compares the version, the tool's
+# and the price, and the reservation the permit's signature (the statement the verdict read)
+_verdicts: BoundedCache[tuple[str, str, str], tuple[str, PolicyVerdict]] = BoundedCache(
     "gateway.verdicts", max_entries=CACHE_LIMIT
 )
 
@@ -117,7 +122,7 @@ def _cached(req: CallRequest) -> _Found | None:
     if wallet is None or req.quote_id:
         return None
     tool, price = _registered.get(req.tool), _prices.get(req.tool)
-    permit, verdict = _permits.get(req.permit_id), _verdicts.get((wallet.wallet_id, req.tool))
+    permit, verdict = _permits.get(req.permit_id), _verdicts.get((wallet.wallet_id, req.tool, req.permit_id))
     if tool is None or price is None or permit is None or verdict is None or not tool_is_callable(tool.tool):
         return None
     return _Found(
@@ -139,4 +144,4 @@ def _remember(req: CallRequest, found: _Found) -> None:
         return
     _prices.set(req.tool, found.price)
     _permits.set(req.permit_id, found.permit)
-    _verdicts.set((wallet.wallet_id, req.tool), (found.policies_version, found.verdict))
+    _verdicts.set((wallet.wallet_id, req.tool, req.permit_id), (found.policies_version, found.verdict))

@@ -27,18 +27,19 @@ from permits.services.permits import permit_statement_problem
 WILDCARD = "*"
 
 
-def policy_verdict_sql(*, tool: str, server: str, category: str, amount: str) -> str:
+def policy_verdict_sql(*, tool: str, server: str, category: str, amount: str, permit: str) -> str:
     """A scalar subquery: ``permits_policy_verdict`` of the wallet's line as one JSON array, in its order.
 
     Its first two parameters (``%s``) are the tenant and the wallet's path; ``tool``, ``server`` (the
-    tool's upstream server's slug), ``category`` and ``amount`` are SQL expressions (``%s`` too, or
+    tool's upstream server's slug), ``category``, ``amount`` and ``permit`` (the permit's signed
+    statement, jsonb) are SQL expressions (``%s`` too, or
     columns of the statement it sits in, as the governed call's lookup passes the tool's). Caps as
     strings; ``policy_verdict_from_json`` reads it back.
     """
     return (  # the expressions are the caller's SQL, never input
         "SELECT coalesce(jsonb_agg(jsonb_build_object('policy_id', v.policy_id, 'rule', v.rule, "  # noqa: S608
         "'cap_wallet_id', v.cap_wallet_id, 'cap', v.cap::text) ORDER BY v.n), '[]'::jsonb) "
-        f"FROM permits_policy_verdict(%s, %s, {tool}, {server}, {category}, {amount}) "
+        f"FROM permits_policy_verdict(%s, %s, {tool}, {server}, {category}, {amount}, {permit}) "
         "WITH ORDINALITY AS v(policy_id, rule, cap_wallet_id, cap, n)"
     )
 
@@ -76,13 +77,20 @@ def policy_verdict_from_json(text: str | list[Any]) -> PolicyVerdict:
 
 
 def policy_verdict_read(
-    *, wallet: Wallet, tool: str, category: str | None, amount: Decimal, server: str | None = None
+    *,
+    wallet: Wallet,
+    tool: str,
+    category: str | None,
+    amount: Decimal,
+    server: str | None = None,
+    permit: Permit | None = None,
 ) -> PolicyVerdict:
     """The policy verdict of a call of ``tool`` (of the upstream server ``server``, a slug; None: a tool
-    of no server) at ``amount`` by ``wallet``, read in one statement."""
+    of no server) at ``amount`` by ``wallet`` under ``permit`` (its signed statement), in one statement."""
+    statement = record_json(permit.signed_statement) if permit is not None else None
     row = fastsql.fetch_row(
-        policy_verdict_sql(tool="%s", server="%s", category="%s", amount="%s"),
-        [wallet.tenant_id, wallet.ancestry, tool, server, category, amount],
+        policy_verdict_sql(tool="%s", server="%s", category="%s", amount="%s", permit="%s::jsonb"),
+        [wallet.tenant_id, wallet.ancestry, tool, server, category, amount, statement],
     )
     return policy_verdict_from_json(row[0] if row is not None else "[]")
 
@@ -167,7 +175,9 @@ def authorize(
         return deny(exc.ServerNotPermitted(permit_id=permit.permit_id, tool=tool, server=server))
 
     if verdict is None:
-        verdict = policy_verdict_read(wallet=wallet, tool=tool, server=server, category=category, amount=price)
+        verdict = policy_verdict_read(
+            wallet=wallet, tool=tool, server=server, category=category, amount=price, permit=permit
+        )
     if verdict.refused_by is not None:
         policy_id, rule, limit = verdict.refused_by
         refusal = policy_rule_refusal(
@@ -195,6 +205,8 @@ def policy_rule_refusal(
         return exc.PolicyDenied(policy_id=policy_id, rule=rule, category=category)
     if rule == "allowed_servers":
         return exc.PolicyDenied(policy_id=policy_id, rule=rule, tool=tool, server=server)
+    if rule == "human_approval_required":
+        return exc.PolicyDenied(policy_id=policy_id, rule=rule)
     return exc.PolicyDenied(policy_id=policy_id, rule=rule, tool=tool)  # denied_tools, allowed_tools
 
 

@@ -11,10 +11,15 @@
 -- p_tenant_id: the tenant whose bundles are read (only its rows); p_ancestry: the wallet's path (the
 -- sponsor first, the wallet last); p_tool: the tool called (NULL for a charge); p_server: the slug of
 -- the tool's upstream server (NULL for a charge, or a tool of no server); p_category: the tool's or
--- the charge's service category; p_amount: the call's price or the charge's amount.
+-- the charge's service category; p_amount: the call's price or the charge's amount; p_permit: the
+-- permit's signed statement (NULL for a charge), which the caller verifies before it acts on the answer.
 --
 -- Each enabled bundle of the line is judged on its rules in this order, the first broken one naming
 -- the refusal (no lock is needed for any of them):
+--   'human_approval_required' the bundle requires human approval and the permit was issued by a
+--                          wallet's key (its statement names an issuer wallet) without a signed
+--                          approval: none can be issued now and the bundle revoked those it found,
+--                          so one still here had its row edited; such refusals come before all others;
 --   'denied_tools'         the tool matches a pattern of the list;
 --   'allowed_tools'        the list is set (not NULL) and the tool matches none of its patterns;
 --   'allowed_servers'      a tool call, the list is set and the tool's server is not in it (a tool
@@ -22,14 +27,16 @@
 --   'max_credits_per_call' p_amount is over it (cap: the limit);
 --   'allowed_categories'   the list is set and p_category is not in it (a NULL category is not in it).
 -- A pattern is '*' (any tool), a tool's exact name, or 'prefix.*' (every tool whose name starts with
--- 'prefix.'). Answers the refusing bundles first, oldest first (the first row is the refusal), then,
+-- 'prefix.'). Answers the refusing bundles first, oldest first after those refusing an unapproved
+-- permit (the first row is the refusal), then,
 -- when none refuses, each bundle's daily cap ('max_daily_credits'), oldest first, with the wallet whose
 -- spend today it caps (cap_wallet_id: a bundle on the sponsor caps the agent line the call comes from,
 -- p_ancestry[2]; any other its own wallet, whose spend counts its subtree) and the cap. A daily cap is
 -- checked by the caller after its debit, under the locks the debit took (billing_daily_cap_over), so
 -- concurrent calls cannot pass it together.
 CREATE OR REPLACE FUNCTION permits_policy_verdict(
-    p_tenant_id text, p_ancestry text[], p_tool text, p_server text, p_category text, p_amount numeric
+    p_tenant_id text, p_ancestry text[], p_tool text, p_server text, p_category text, p_amount numeric,
+    p_permit jsonb
 )
 RETURNS TABLE (policy_id text, rule text, cap_wallet_id text, cap numeric)
 LANGUAGE sql STABLE AS $$
@@ -38,7 +45,10 @@ LANGUAGE sql STABLE AS $$
                        WHEN 'max_daily_credits' THEN r.max_daily_credits END
       FROM (
         SELECT b.policy_id, b.created_at, b.max_credits_per_call, b.max_daily_credits,
-               CASE WHEN p_tool IS NOT NULL AND EXISTS (
+               CASE WHEN b.human_approval_required AND p_permit->>'issuer_wallet_id' IS NOT NULL
+                         AND coalesce(p_permit->'approval', 'null'::jsonb) = 'null'::jsonb
+                        THEN 'human_approval_required'
+                    WHEN p_tool IS NOT NULL AND EXISTS (
                              SELECT 1 FROM jsonb_array_elements_text(
                                  CASE jsonb_typeof(b.denied_tools) WHEN 'array' THEN b.denied_tools END) AS d(pattern)
                               WHERE d.pattern IN ('*', p_tool)
@@ -64,5 +74,5 @@ LANGUAGE sql STABLE AS $$
          WHERE b.wallet_id = ANY(p_ancestry) AND b.enabled AND b.tenant_id = p_tenant_id
       ) r
      WHERE r.rule <> 'max_daily_credits' OR r.max_daily_credits IS NOT NULL
-     ORDER BY r.rule = 'max_daily_credits', r.created_at, r.policy_id;
+     ORDER BY r.rule = 'max_daily_credits', r.rule <> 'human_approval_required', r.created_at, r.policy_id;
 $$;

@@ -6,7 +6,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('permits', '0015_policy_verdict_judges_the_rules_once'),
+        ('permits', '0017_policy_verdict_judges_the_rules_once'),
     ]
 
     operations = [
