@@ -306,3 +306,27 @@ def test_a_governed_calls_daily_cap_counts_the_subtree_it_binds(fault: Any, tena
     cap_refusal(call_as(fresh, tenant, price="1"), on_sponsor.policy_id)  # the agent's line has spent 10
     assert succeeded(call_as(sibling, tenant, price="3"))  # another line under the same sponsor: its own 10
     assert fault.count("tools/call") == 3
+
+
+@pytest.mark.django_db
+def test_the_verdict_refuses_a_permit_a_key_issued_unapproved_before_any_other_rule(tenant: Tenant) -> None:
+    """Under a bundle requiring human approval, a permit whose signed statement names a wallet as issuer and
+    no approval is refused first (rule human_approval_required), whatever older bundle refuses too; an
+    operator's or an approved permit meets the other rules; a charge has no permit."""
+    from permits.models import Permit
+
+    older = policy_create(wallet=tenant.sponsor, denied_tools=["*"])
+    approval = policy_create(wallet=tenant.agent, human_approval_required=True)
+
+    def verdict(statement: dict[str, Any] | None) -> Any:
+        permit = Permit(signed_statement=statement) if statement is not None else None
+        return policy_verdict_read(wallet=tenant.agent, tool="echo", category="compute", amount=D(1), permit=permit)
+
+    by_key = {"issuer_wallet_id": tenant.agent.wallet_id, "approval": None}
+    assert verdict(by_key).refused_by == (approval.policy_id, "human_approval_required", None)
+    no_key = {"issuer_wallet_id": tenant.agent.wallet_id}  # the approval key absent: unapproved too
+    assert verdict(no_key).refused_by == (approval.policy_id, "human_approval_required", None)
+    approved = {**by_key, "approval": {"approval_id": "apv_1"}}
+    assert verdict(approved).refused_by == (older.policy_id, "denied_tools", None)
+    assert verdict({"issuer_wallet_id": None}).refused_by == (older.policy_id, "denied_tools", None)
+    assert verdict(None).refused_by == (older.policy_id, "denied_tools", None)
