@@ -116,15 +116,17 @@ class PermitCollectionView(APIView):
         subject = wallet_for_caller(caller, data["wallet_id"])
         issuer = None if caller.is_operator else caller_wallet(caller)
         result = services.permit_issue(
-            wallet=subject,
-            issuer_wallet=issuer,
-            issued_by_key_id=caller.key_id,
-            allowed_tools=data["allowed_tools"],
-            max_credits=data["max_credits"],
-            max_calls=data["max_calls"],
-            expires_at=timezone.now() + timedelta(seconds=data["expires_in_seconds"]),
-            subject_key_id=data["subject_key_id"],
-            allowed_servers=data.get("allowed_servers"),
+            terms=services.PermitTerms(
+                wallet=subject,
+                issuer_wallet=issuer,
+                issued_by_key_id=caller.key_id,
+                allowed_tools=data["allowed_tools"],
+                max_credits=data["max_credits"],
+                max_calls=data["max_calls"],
+                expires_at=timezone.now() + timedelta(seconds=data["expires_in_seconds"]),
+                subject_key_id=data["subject_key_id"],
+                allowed_servers=data.get("allowed_servers"),
+            ),
             idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
             idempotency_key=key,
             request_hash=request_hash(_normalized(data)),

@@ -54,6 +54,7 @@ from permits.services.permit_requests import (
 from permits.services.permits import (
     PERMIT_SIGNED_FIELDS,
     PermitIssue,
+    PermitTerms,
     permit_issue,
     permit_release,
     permit_reservation_record,
@@ -90,6 +91,7 @@ __all__ = [
     "DailyCap",
     "Decision",
     "PermitIssue",
+    "PermitTerms",
     "PolicyChange",
     "PolicyVerdict",
     "RequestCreate",

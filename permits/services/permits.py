@@ -114,17 +114,26 @@ class PermitIssue:
     replayed: bool
 
 
+@dataclass(frozen=True)
+class PermitTerms:
+    """What a permit grants, to whom and from whom: the terms ``permit_issue`` and an approved request mint
+    and sign. ``issuer_wallet`` None: the operator (or the gateway, for an approved request);
+    ``issued_by_key_id``: the issuing key, empty for the operator; ``allowed_servers`` None: any server."""
+
+    wallet: Wallet
+    issuer_wallet: Wallet | None
+    allowed_tools: list[str]
+    max_credits: Decimal
+    max_calls: int | None
+    expires_at: datetime
+    subject_key_id: str | None = None
+    allowed_servers: list[str] | None = None
+    issued_by_key_id: str = ""
+
+
 def _mint_permit(
     *,
-    wallet: Wallet,
-    issuer_wallet: Wallet | None,
-    issued_by_key_id: str,
-    allowed_tools: list[str],
-    max_credits: Decimal,
-    max_calls: int | None,
-    expires_at: datetime,
-    subject_key_id: str | None,
-    allowed_servers: list[str] | None = None,
+    terms: PermitTerms,
     idempotency_scope: str = "",
     idempotency_key: str = "",
     request_hash: str = "",
@@ -142,17 +151,17 @@ def _mint_permit(
     now = now or timezone.now()
     permit = Permit(
         permit_id=new_id("pmt"),
-        tenant_id=wallet.tenant_id,
-        wallet=wallet,
-        issuer_wallet=issuer_wallet,
-        issued_by_key_id=issued_by_key_id,
+        tenant_id=terms.wallet.tenant_id,
+        wallet=terms.wallet,
+        issuer_wallet=terms.issuer_wallet,
+        issued_by_key_id=terms.issued_by_key_id,
         issued_via_request_id=via_request_id,
-        subject_key_id=subject_key_id,
-        allowed_tools=sorted(set(allowed_tools)),
-        allowed_servers=sorted(set(allowed_servers)) if allowed_servers is not None else None,
-        max_credits=max_credits,
-        max_calls=max_calls,
-        expires_at=expires_at,
+        subject_key_id=terms.subject_key_id,
+        allowed_tools=sorted(set(terms.allowed_tools)),
+        allowed_servers=sorted(set(terms.allowed_servers)) if terms.allowed_servers is not None else None,
+        max_credits=terms.max_credits,
+        max_calls=terms.max_calls,
+        expires_at=terms.expires_at,
         created_at=now,
         idempotency_scope=idempotency_scope,
         idempotency_key=idempotency_key,
@@ -179,29 +188,16 @@ def _check_subject_key(wallet: Wallet, subject_key_id: str | None) -> None:
         )
 
 
-def permit_issue(
-    *,
-    wallet: Wallet,
-    issuer_wallet: Wallet | None,
-    issued_by_key_id: str,
-    allowed_tools: list[str],
-    max_credits: Decimal,
-    max_calls: int | None,
-    expires_at: datetime,
-    subject_key_id: str | None,
-    idempotency_scope: str,
-    idempotency_key: str,
-    request_hash: str,
-    allowed_servers: list[str] | None = None,
-) -> PermitIssue:
+def permit_issue(*, terms: PermitTerms, idempotency_scope: str, idempotency_key: str, request_hash: str) -> PermitIssue:
     """Issue a signed permit once per (scope, idempotency key).
 
     The same key with the same request returns the permit issued first
     (``replayed``); with a different request it is the idempotency conflict.
     The issuer must be the subject wallet or above it (the caller checks reach;
-    this re-checks the hierarchy). Operator keys issue with no issuer wallet. ``allowed_servers``: the
-    upstream servers (slugs) whose tools it covers, signed with the rest; None: any server.
+    this re-checks the hierarchy). Operator keys issue with no issuer wallet. The terms' ``allowed_servers``
+    (the upstream servers whose tools it covers) are signed with the rest.
     """
+    wallet, issuer_wallet, issued_by_key_id = terms.wallet, terms.issuer_wallet, terms.issued_by_key_id
     existing = _created_before(Permit, idempotency_scope, idempotency_key, request_hash)
     if existing is not None:
         return PermitIssue(permit=existing, replayed=True)
@@ -215,17 +211,9 @@ def permit_issue(
                 approval_lock(wallet.tenant_id, shared=True)
                 if human_approval_required(wallet):
                     raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
-            _check_subject_key(wallet, subject_key_id)
+            _check_subject_key(wallet, terms.subject_key_id)
             permit = _mint_permit(
-                wallet=wallet,
-                issuer_wallet=issuer_wallet,
-                issued_by_key_id=issued_by_key_id,
-                allowed_tools=allowed_tools,
-                max_credits=max_credits,
-                max_calls=max_calls,
-                expires_at=expires_at,
-                subject_key_id=subject_key_id,
-                allowed_servers=allowed_servers,
+                terms=terms,
                 idempotency_scope=idempotency_scope,
                 idempotency_key=idempotency_key,
                 request_hash=request_hash,
