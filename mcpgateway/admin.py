@@ -20,16 +20,17 @@ from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
 from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, console_log
 from common.errors import ApplicationError
+from common.formatting import EMPTY, timestamp_text
 from common.listing import short_id_column
 from mcpgateway import services
-from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
+from mcpgateway.models import Action, ActionState, Tool, UpstreamProbeSource, UpstreamServer, UpstreamServerState
 from mcpgateway.services.upstreams import (
     UPSTREAM_EDITABLE,
     UpstreamServerInvalid,
     upstream_credential_set,
     upstream_credential_validate,
     upstream_error_class,
-    upstream_probe,
+    upstream_server_check,
     upstream_server_create,
     upstream_server_sync,
     upstream_server_update,
@@ -375,6 +376,7 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
     list_display = [
         "slug",
         "name",
+        "server_state",  # before the URL: on screen at 1366 px, filters shown
         "url",
         "enabled",
         "required",
@@ -384,9 +386,10 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
         "tools",
         "last_synced_at",
     ]
+    list_select_related = ["state"]  # the last probe kept (UpstreamServerState): the list probes nothing
     list_filter = ["enabled", "required"]
     search_fields = ["slug", "name", "url"]
-    readonly_fields = ["server_id", "credentials", "last_synced_at"]
+    readonly_fields = ["server_id", "credentials", "last_synced_at", "server_state"]
     actions = ["sync_tools", "test_connection"]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -394,6 +397,7 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
             *UpstreamServerForm.Meta.fields,
             "tenant_ids_text",
             "last_synced_at",
+            "server_state",
             "credentials",
             "credential_kind",
             "credential_tenant",
@@ -412,6 +416,26 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
     def credentials(self, obj: UpstreamServer) -> str:
         owners = sorted((t or "(server)") for t in obj.credentials.values_list("tenant_id", flat=True))
         return ", ".join(owners) or "none"
+
+    @admin.display(description="state")
+    def server_state(self, obj: UpstreamServer) -> str:
+        """The last probe kept (readiness, "Test connection", a sync), never a probe made for the page."""
+        if not obj.enabled:
+            return "disabled"
+        try:
+            last = obj.state
+        except UpstreamServerState.DoesNotExist:
+            return "never checked"
+        if last.reachable:
+            seen = f"reachable, protocol {last.protocol_version or EMPTY}"
+        else:
+            seen = f"unreachable ({last.error_class})"
+        return format_html(
+            '<span class="server-state">{}</span><br><span class="server-state">checked {} ({})</span>',
+            seen,
+            timestamp_text(last.checked_at),
+            last.checked_by,
+        )
 
     @admin.display(description="tools")
     def tools(self, obj: UpstreamServer) -> int:
@@ -469,7 +493,7 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
     @admin.action(description="Test connection", permissions=["view"])
     def test_connection(self, request: HttpRequest, queryset: QuerySet[UpstreamServer]) -> None:
         for server in queryset.order_by("slug"):
-            probe = upstream_probe(server)
+            probe = upstream_server_check(server=server, checked_by=UpstreamProbeSource.CONSOLE)
             if probe["reachable"]:
                 self.message_user(
                     request, f"{server.slug}: reachable, protocol {probe['protocol_version']}", messages.SUCCESS
