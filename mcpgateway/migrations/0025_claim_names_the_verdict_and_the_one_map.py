@@ -9,7 +9,7 @@ from common.sqlfiles import run_sql_file
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0023_upstream_servers"),
+        ("mcpgateway", "0024_upstream_server_state"),
         ("permits", "0017_policy_verdict_judges_the_rules_once"),
     ]
 
