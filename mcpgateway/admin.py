@@ -19,6 +19,7 @@ from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
 from common.console import ServiceSavedAdmin, confirmation_page, console_actor, console_log, has_perm
 from common.errors import ApplicationError
+from common.formatting import timestamp_text
 from common.listing import short_id_column
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
@@ -350,7 +351,12 @@ class UpstreamServerForm(forms.ModelForm):
     credential_kind = forms.ChoiceField(
         label="Set credentials",
         required=False,
-        choices=[("", "(leave unchanged)"), ("bearer", "Bearer token"), ("headers", "Custom headers")],
+        choices=[
+            ("", "(leave unchanged)"),
+            ("bearer", "Bearer token"),
+            ("headers", "Custom headers"),
+            ("oauth_client_credentials", "OAuth 2.0 client credentials"),
+        ],
     )
     credential_tenant = forms.CharField(
         label="For tenant", required=False, help_text="Empty: the server's own; a tenant id: that tenant's own."
@@ -361,6 +367,15 @@ class UpstreamServerForm(forms.ModelForm):
         required=False,
         help_text="One 'Name: value' per line.",
         widget=forms.Textarea(attrs={"rows": 3, "autocomplete": "off"}),
+    )
+    credential_token_url = forms.CharField(label="OAuth token URL", required=False, max_length=2000)
+    credential_client_id = forms.CharField(label="OAuth client id", required=False, max_length=500)
+    credential_client_secret = forms.CharField(
+        label="OAuth client secret", required=False, max_length=500, widget=forms.PasswordInput, strip=False
+    )
+    credential_scope = forms.CharField(label="OAuth scope", required=False, max_length=2000)
+    credential_resource = forms.CharField(
+        label="OAuth resource", required=False, max_length=2000, help_text="RFC 8707 resource indicator (optional)."
     )
 
     class Meta:
@@ -406,6 +421,9 @@ class UpstreamServerForm(forms.ModelForm):
             return None
         if kind == "bearer":
             return kind, {"token": self.cleaned_data.get("credential_token", "")}
+        if kind == "oauth_client_credentials":
+            names = ("token_url", "client_id", "client_secret", "scope", "resource")
+            return kind, {name: self.cleaned_data.get(f"credential_{name}", "") for name in names}
         headers: dict[str, str] = {}
         for line in self.cleaned_data.get("credential_headers", "").splitlines():
             name, _, value = line.partition(":")
@@ -446,6 +464,11 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
             "credential_tenant",
             "credential_token",
             "credential_headers",
+            "credential_token_url",
+            "credential_client_id",
+            "credential_client_secret",
+            "credential_scope",
+            "credential_resource",
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -457,8 +480,12 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
 
     @admin.display(description="credentials set")
     def credentials(self, obj: UpstreamServer) -> str:
-        owners = sorted((t or "(server)") for t in obj.credentials.values_list("tenant_id", flat=True))
-        return ", ".join(owners) or "none"
+        """Whose credentials are set, their kind and when; never the secret (write-only)."""
+        rows = sorted(
+            obj.credentials.values_list("tenant_id", "kind", "set_at"), key=lambda row: (row[0] is not None, row[0])
+        )
+        shown = [f"{tenant or '(server)'}: {kind}, set on {timestamp_text(set_at)}" for tenant, kind, set_at in rows]
+        return "; ".join(shown) or "none"
 
     @admin.display(description="tools")
     def tools(self, obj: UpstreamServer) -> int:

@@ -23,6 +23,9 @@ class UpstreamTransport(models.TextChoices):
 class CredentialKind(models.TextChoices):
     BEARER = "bearer"
     HEADERS = "headers"
+    # A token endpoint, a client id and secret, a scope and an RFC 8707 resource: the access token the
+    # gateway obtains with them is sent (docs/decisions.md, "Upstream servers").
+    OAUTH_CLIENT_CREDENTIALS = "oauth_client_credentials"
 
 
 class UpstreamServer(models.Model):
@@ -83,6 +86,9 @@ class UpstreamServer(models.Model):
 class UpstreamCredential(models.Model):
     """What the gateway sends to one upstream server: server-wide (``tenant_id`` null) or one tenant's own.
 
+    A static bearer token, static headers, or OAuth 2.0 client credentials whose access token the
+    gateway obtains and caches per process (``upstreams.upstream_token``).
+
     ``secret`` is the encrypted blob (``mcpgateway.upstream.secrets``); nothing reads it back out
     of the console or the API (write-only). A tenant's credential replaces the server's for that
     tenant's calls.
@@ -91,7 +97,7 @@ class UpstreamCredential(models.Model):
     credential_id = models.CharField(max_length=40, primary_key=True)
     server = models.ForeignKey(UpstreamServer, on_delete=models.CASCADE, related_name="credentials")
     tenant_id = models.CharField(max_length=40, null=True, blank=True)
-    kind = models.CharField(max_length=16, choices=CredentialKind.choices)
+    kind = models.CharField(max_length=32, choices=CredentialKind.choices)
     secret = models.BinaryField()
     set_at = models.DateTimeField()
 

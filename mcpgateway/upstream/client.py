@@ -395,6 +395,7 @@ class UpstreamClient:
             f"POST {origin.target} HTTP/1.1\r\n{common}Content-Type: application/json\r\nAccept: {ACCEPT}\r\n"
         )
         self._delete_head = f"DELETE {origin.target} HTTP/1.1\r\n{common}"
+        self._authorization = ""  # the ``Authorization`` line of a token that rotates (``authorize``)
         self._lock = threading.Lock()
         self._state: _Negotiated | None = None
         _clients.add(self)
@@ -418,7 +419,7 @@ class UpstreamClient:
         state, self._state = self._state, None
         if state is not None and state.session.session_id is not None:
             try:
-                head = f"{self._delete_head}{state.lines}\r\n".encode("ascii")
+                head = f"{self._delete_head}{self._authorization}{state.lines}\r\n".encode("ascii")
                 response = self._pool.request(head, b"", self._deadline(), close=self._request_close)
                 try:
                     for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
@@ -428,6 +429,15 @@ class UpstreamClient:
             except (TransportError, _IncompleteReply, _InvalidReply, ValueError):
                 logger.debug("upstream session DELETE failed", exc_info=True)
         self._pool.close()
+
+    def authorize(self, value: str) -> None:
+        """Send ``Authorization: value`` with every request from now on, negotiation included.
+
+        For a credential whose value changes while the client lives (an OAuth access token): the
+        client, its connections and its negotiated session stay. Raises ``ValueError`` for a value
+        that cannot be sent. Not combined with an ``Authorization`` in ``headers`` (the caller's).
+        """
+        self._authorization = f"{_check_header('Authorization', value)}\r\n"
 
     @property
     def session(self) -> UpstreamSession | None:
@@ -885,7 +895,7 @@ class UpstreamClient:
         ``lines`` holds the request's own header lines, already checked (each ending in CRLF).
         """
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        head = f"{self._post_head}{lines}Content-Length: {len(body)}\r\n\r\n"
+        head = f"{self._post_head}{self._authorization}{lines}Content-Length: {len(body)}\r\n\r\n"
         return head.encode("ascii"), body
 
     def _read_reply(self, response: _Response, rid: str | int, on_chunk: Callable[[bytes], None]) -> dict[str, Any]:
