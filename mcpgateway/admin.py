@@ -22,7 +22,7 @@ from common.errors import ApplicationError
 from common.formatting import timestamp_text
 from common.listing import short_id_column
 from mcpgateway import services
-from mcpgateway.models import Action, ActionState, Tool, UpstreamServer
+from mcpgateway.models import Action, ActionState, Tool, UpstreamServer, UpstreamTransport
 from mcpgateway.services.upstreams import (
     UpstreamServerInvalid,
     upstream_credential_set,
@@ -348,6 +348,12 @@ class UpstreamServerForm(forms.ModelForm):
         help_text="Tenant ids that may use this server, one per line; empty: every tenant.",
         widget=forms.Textarea(attrs={"rows": 3}),
     )
+    transport = forms.ChoiceField(
+        choices=UpstreamTransport.choices,
+        required=False,
+        initial=UpstreamTransport.STREAMABLE_HTTP,
+        help_text="Streamable HTTP, or the legacy HTTP+SSE transport (MCP 2024-11-05: the URL is its SSE endpoint).",
+    )
     credential_kind = forms.ChoiceField(
         label="Set credentials",
         required=False,
@@ -384,6 +390,7 @@ class UpstreamServerForm(forms.ModelForm):
             "slug",
             "name",
             "url",
+            "transport",
             "connect_timeout",
             "read_timeout",
             "enabled",
@@ -397,6 +404,9 @@ class UpstreamServerForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance and self.instance.pk and self.instance.tenant_ids is not None:
             self.initial["tenant_ids_text"] = "\n".join(self.instance.tenant_ids)
+
+    def clean_transport(self) -> str:
+        return self.cleaned_data.get("transport") or UpstreamTransport.STREAMABLE_HTTP
 
     def clean_tenant_ids_text(self) -> list[str] | None:
         lines = [line.strip() for line in self.cleaned_data["tenant_ids_text"].splitlines() if line.strip()]

@@ -17,7 +17,9 @@ class ToolSource(models.TextChoices):
 
 class UpstreamTransport(models.TextChoices):
     STREAMABLE_HTTP = "streamable_http"
-    # The legacy HTTP+SSE transport is not spoken yet (docs/decisions.md, "Upstream servers").
+    # The legacy HTTP+SSE transport of MCP 2024-11-05: ``url`` is the SSE endpoint (docs/decisions.md,
+    # "Upstream servers"; ``mcpgateway.upstream.legacy_sse``).
+    HTTP_SSE = "http_sse"
 
 
 class CredentialKind(models.TextChoices):

@@ -6,7 +6,7 @@ from rest_framework import serializers
 
 from billing.models import ServiceCategory
 from common.pagination import MAX_OFFSET
-from mcpgateway.models import CredentialKind
+from mcpgateway.models import CredentialKind, UpstreamTransport
 
 
 class ToolDefinition(serializers.Serializer):
@@ -96,7 +96,7 @@ class UpstreamServerResponse(serializers.Serializer):
     slug = serializers.CharField()
     name = serializers.CharField()
     url = serializers.CharField()
-    transport = serializers.CharField()
+    transport = serializers.ChoiceField(choices=UpstreamTransport.choices)
     connect_timeout = serializers.FloatField()
     read_timeout = serializers.FloatField()
     enabled = serializers.BooleanField()
@@ -122,6 +122,11 @@ class UpstreamServerUpdateRequest(serializers.Serializer):
 
     name = serializers.CharField(max_length=200, required=False)
     url = serializers.URLField(max_length=2000, required=False)
+    transport = serializers.ChoiceField(
+        choices=UpstreamTransport.choices,
+        required=False,
+        help_text="streamable_http (default), or http_sse: the legacy HTTP+SSE transport, url being its SSE endpoint.",
+    )
     connect_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
     read_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
     enabled = serializers.BooleanField(required=False)

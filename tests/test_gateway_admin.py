@@ -187,7 +187,7 @@ def test_upstream_server_console_creates_sets_write_only_credentials_syncs_and_t
         assert UpstreamServer.objects.get(pk=server.pk).enabled is True
 
 
-def test_upstream_server_console_sets_oauth_client_credentials_write_only(staff):
+def test_upstream_server_console_sets_the_transport_and_oauth_client_credentials_write_only(staff):
     from mcpgateway.models import UpstreamCredential, UpstreamServer
 
     form = {
@@ -199,6 +199,7 @@ def test_upstream_server_console_sets_oauth_client_credentials_write_only(staff)
         "enabled": "on",
         "default_category": "tooling",
         "tool_prefix": "ops",
+        "transport": "http_sse",
         "credential_kind": "oauth_client_credentials",
         "credential_token_url": "https://auth.example/token",
         "credential_client_id": "gw",
@@ -214,6 +215,7 @@ def test_upstream_server_console_sets_oauth_client_credentials_write_only(staff)
     r = staff.post("/admin/mcpgateway/upstreamserver/add/", form)
     assert r.status_code == 302, r.content.decode()[:3000]
     server = UpstreamServer.objects.get(slug="ops")
+    assert server.transport == "http_sse"
     credential = UpstreamCredential.objects.get(server=server, tenant_id=None)
     assert credential.kind == "oauth_client_credentials"
     assert b"console-client-secret" not in bytes(credential.secret)

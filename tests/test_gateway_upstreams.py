@@ -782,3 +782,74 @@ def test_token_endpoint_answers_that_are_not_a_bearer_token_are_malformed() -> N
         assert caught.value.failure == failure
         assert "secret-ish" not in caught.value.reason
         assert "<script>" not in caught.value.reason
+
+
+# --- The legacy HTTP+SSE transport ---------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_a_server_speaking_http_sse_is_synced_called_governed_and_probed(
+    operator_client: Any, anon_client: Any, settings: Any
+) -> None:
+    settings.ENABLE_DOGFOOD_TOOL = False
+    acme = make_tenant("acme")
+    with running_sdk_upstream("legacy", sse=True, tokens={"legacy-token"}) as legacy:
+        body = {"slug": "legacy", "url": legacy.url, "transport": "http_sse", "tool_prefix": "old"}
+        bad = operator_client.post("/v1/upstreams", {**body, "transport": "websocket"}, format="json")
+        assert bad.status_code == 422, bad.content
+        r = operator_client.post("/v1/upstreams", body, format="json")
+        assert r.status_code == 201, r.content
+        assert r.json()["transport"] == "http_sse"
+        assert AuditEvent.objects.get(event="upstream_server.created").detail["transport"] == "http_sse"
+        r = operator_client.put(
+            "/v1/upstreams/legacy/credentials", {"kind": "bearer", "token": "legacy-token"}, format="json"
+        )
+        assert r.status_code == 204, r.content
+
+        r = operator_client.post("/v1/upstreams/legacy/sync")
+        assert r.status_code == 200, r.content
+        assert sorted(r.json()["created"]) == ["old.append", "old.charge", "old.quick"]
+        for name in r.json()["created"]:
+            tool_price_set(tool=name, credits=Decimal("2"))
+        probe = operator_client.post("/v1/upstreams/legacy/test").json()
+        assert (probe["reachable"], probe["protocol_version"]) == (True, "2024-11-05")
+        ready = anon_client.get("/health/ready").json()
+        assert [(s["slug"], s["reachable"], s["protocol_version"]) for s in ready["upstream_servers"]] == [
+            ("legacy", True, "2024-11-05")
+        ]
+
+        caller = setup_caller(acme, balance=100)
+        start = _balance(acme)
+        answers = [
+            caller.invoke("old.charge", {"amount": 5}),
+            _mcp(acme, tools_call_body("old.charge", {"amount": 6}, permit_id=caller.permit_id)),
+        ]
+        server = UpstreamServer.objects.get(slug="legacy")
+        for answer in answers:
+            assert answer.status_code == 200, answer.content
+            receipt = _receipt(answer)
+            assert receipt.outcome == "success"
+            assert (receipt.upstream_server_id, receipt.upstream_url) == (server.server_id, legacy.url)
+            assert receipt_statement_problem(receipt) is None
+        assert legacy.calls["charge"] == 2
+        assert _balance(acme) == start - 4
+        assert {r.headers.get("authorization") for r in legacy.requests} == {"Bearer legacy-token"}
+
+        # Its 401 is the same definite refusal as over Streamable HTTP: refunded, never re-sent.
+        upstream_credential_set(
+            server_id=server.server_id, tenant_id=None, kind="bearer", secret={"token": "wrong"}, actor="test"
+        )
+        receipt = _receipt(caller.invoke("old.charge", {"amount": 1}))
+        assert (receipt.outcome, receipt.reason_code) == ("failed_refunded", "upstream_auth_refused")
+        assert _balance(acme) == start - 4
+        assert legacy.calls["charge"] == 2
+
+    # The server gone: a call is not sent (refunded), and readiness says unreachable.
+    upstream_credential_set(
+        server_id=server.server_id, tenant_id=None, kind="bearer", secret={"token": "legacy-token"}, actor="test"
+    )
+    receipt = _receipt(caller.invoke("old.charge", {"amount": 1}))
+    assert (receipt.outcome, receipt.reason_code) == ("failed_refunded", "upstream_not_sent")
+    assert _balance(acme) == start - 4
+    ready = anon_client.get("/health/ready").json()
+    assert [(s["reachable"], s["error"]) for s in ready["upstream_servers"]] == [(False, "unreachable")]

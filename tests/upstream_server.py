@@ -904,11 +904,17 @@ class SdkUpstream:
 
 @contextlib.contextmanager
 def running_sdk_upstream(
-    name: str, *, tokens: set[str] | None = None, hang: str | None = None, verifier: Any = None
+    name: str,
+    *,
+    tokens: set[str] | None = None,
+    hang: str | None = None,
+    verifier: Any = None,
+    sse: bool = False,
 ) -> Iterator[SdkUpstream]:
     """An MCP SDK server with tools ``charge``, ``append`` and ``quick`` (and ``hang`` when named: it waits
     until ``release`` is set); with ``tokens``, the SDK's bearer-token check (401 without one of them); with
-    ``verifier`` (an SDK ``TokenVerifier``, such as ``IssuedTokenVerifier``), that check instead."""
+    ``verifier`` (an SDK ``TokenVerifier``, such as ``IssuedTokenVerifier``), that check instead. With ``sse``
+    it speaks the legacy HTTP+SSE transport (the SDK's ``sse_app``): ``url`` is its SSE endpoint, ``/sse``."""
     import anyio
     from mcp.server.auth.settings import AuthSettings
     from mcp.server.mcpserver import MCPServer
@@ -955,7 +961,10 @@ def running_sdk_upstream(
             await anyio.to_thread.run_sync(release.wait)
             return ChargeResult(charged=0, server=name)
 
-    app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True, host="127.0.0.1")
+    if sse:
+        app = server.sse_app(host="127.0.0.1")
+    else:
+        app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True, host="127.0.0.1")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
@@ -968,7 +977,7 @@ def running_sdk_upstream(
             raise RuntimeError("the SDK server did not start")
         time.sleep(0.02)
     try:
-        yield SdkUpstream(url=f"{base}/mcp", calls=calls, requests=seen, release=release)
+        yield SdkUpstream(url=f"{base}/sse" if sse else f"{base}/mcp", calls=calls, requests=seen, release=release)
     finally:
         release.set()
         uv.should_exit = True

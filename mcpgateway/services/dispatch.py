@@ -15,7 +15,13 @@ from django.utils import timezone
 from common import metrics
 from mcpgateway.models import Action, Tool, UpstreamServer
 from mcpgateway.services.call import CallRequest
-from mcpgateway.services.upstreams import upstream_client_for, upstream_headers, upstream_token, upstream_token_refused
+from mcpgateway.services.upstreams import (
+    AnyClient,
+    upstream_client_for,
+    upstream_headers,
+    upstream_token,
+    upstream_token_refused,
+)
 from mcpgateway.upstream.client import CallResult, UpstreamClient
 from mcpgateway.upstream.oauth import AccessToken, TokenUnavailable
 
@@ -64,7 +70,7 @@ def send_deadline(action: Action) -> float | None:
     return time.monotonic() + budget - elapsed
 
 
-def _server_client(action: Action, server: UpstreamServer | None) -> tuple[UpstreamClient, AccessToken | None]:
+def _server_client(action: Action, server: UpstreamServer | None) -> tuple[AnyClient, AccessToken | None]:
     """The client of the server the call was claimed on, to the URL and with the timeouts claimed.
 
     The credentials are the tenant's own for that server, else the server's (``upstream_headers``);
@@ -83,6 +89,7 @@ def _server_client(action: Action, server: UpstreamServer | None) -> tuple[Upstr
         read_timeout=action.upstream_read_timeout or settings.UPSTREAM_READ_TIMEOUT,
         credentials=upstream_headers(server=server, tenant_id=action.tenant_id),
         credentials_version=server.credentials_version,
+        transport=server.transport,
     )
     token = upstream_token(server=server, tenant_id=action.tenant_id)
     if token is not None:

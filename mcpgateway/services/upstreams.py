@@ -23,9 +23,10 @@ from billing.models import ServiceCategory
 from common.cache import BoundedCache
 from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
 from common.ids import new_id
-from mcpgateway.models import CredentialKind, UpstreamCredential, UpstreamServer
+from mcpgateway.models import CredentialKind, UpstreamCredential, UpstreamServer, UpstreamTransport
 from mcpgateway.services.tools import SyncReport, tools_sync
 from mcpgateway.upstream.client import UpstreamClient, UpstreamError
+from mcpgateway.upstream.legacy_sse import LegacySseClient
 from mcpgateway.upstream.oauth import AccessToken, ClientCredentials, TokenCache, TokenUnavailable, token_fetch
 from mcpgateway.upstream.secrets import SecretUnreadable, secret_decrypt, secret_encrypt
 from permits.exceptions import PermitDenied
@@ -137,6 +138,7 @@ def upstream_check_open(*, server: UpstreamServer, tenant_id: str) -> None:
 _EDITABLE = (
     "name",
     "url",
+    "transport",
     "connect_timeout",
     "read_timeout",
     "enabled",
@@ -161,6 +163,9 @@ def upstream_server_validate(values: dict[str, Any]) -> None:
     prefix = values.get("tool_prefix")
     if prefix is not None and (not isinstance(prefix, str) or "." in prefix or len(prefix) > 64):
         problems.append(("tool_prefix", "must be at most 64 characters without a dot"))
+    transport = values.get("transport")
+    if transport is not None and transport not in UpstreamTransport.values:
+        problems.append(("transport", "must be streamable_http or http_sse"))
     category = values.get("default_category")
     if category is not None and category not in ServiceCategory.values:
         problems.append(("default_category", "must be a service category"))
@@ -232,6 +237,7 @@ def _public(server: UpstreamServer) -> dict[str, Any]:
     return {
         "name": server.name,
         "url": server.url,
+        "transport": server.transport,
         "connect_timeout": server.connect_timeout,
         "read_timeout": server.read_timeout,
         "enabled": server.enabled,
@@ -480,11 +486,12 @@ def _token_key(server: UpstreamServer, credentials: _Headers) -> tuple[str, str,
     return (server.server_id, credentials.scope, server.credentials_version)
 
 
-def upstream_token(*, server: UpstreamServer, tenant_id: str) -> AccessToken | None:
+def upstream_token(*, server: UpstreamServer, tenant_id: str, timeout: float | None = None) -> AccessToken | None:
     """The access token for ``tenant_id``'s calls to ``server`` (None unless its credentials are OAuth's).
 
     From the process's cache while it is more than ``UPSTREAM_OAUTH_EXPIRY_MARGIN`` seconds from its
-    expiry, else fetched from the token endpoint (with the server's timeouts), once for all the callers
+    expiry, else fetched from the token endpoint (with the server's timeouts, or ``timeout`` when they are
+    longer), once for all the callers
     that need it at that moment. Raises ``TokenUnavailable`` (no secret in it) when none could be had.
     Call it outside any transaction: it may wait for the token endpoint.
     """
@@ -493,6 +500,8 @@ def upstream_token(*, server: UpstreamServer, tenant_id: str) -> AccessToken | N
         return None
     oauth = credentials.oauth
     connect, read = server.connect_timeout, server.read_timeout
+    if timeout is not None:
+        connect, read = min(connect, timeout), min(read, timeout)
     return _tokens.get(
         _token_key(server, credentials),
         lambda: token_fetch(oauth, connect_timeout=connect, read_timeout=read),
@@ -534,11 +543,24 @@ def upstream_credentials_ready(*, server: UpstreamServer, tenant_id: str) -> Non
 
 # --- One client per server ------------------------------------------------------------------
 
+AnyClient = UpstreamClient | LegacySseClient
+
+
+def upstream_client_new(url: str, *, transport: str, **options: Any) -> AnyClient:
+    """A client for a server at ``url`` speaking ``transport`` (Streamable HTTP, or the legacy HTTP+SSE).
+
+    ``options`` are the clients' common keyword arguments (timeouts, ``headers``).
+    """
+    if transport == UpstreamTransport.HTTP_SSE:
+        return LegacySseClient(url, **options)
+    return UpstreamClient(url, **options)
+
+
 _clients_lock = threading.Lock()
 # (server id, credential scope) -> (what the client was built for, the client). Bounded by the rows:
 # servers times the tenants holding credentials of their own. A client built for another URL,
 # other timeouts or other credentials is replaced and closed.
-_clients: dict[tuple[str, str], tuple[tuple[Any, ...], UpstreamClient]] = {}
+_clients: dict[tuple[str, str], tuple[tuple[Any, ...], AnyClient]] = {}
 
 
 def upstream_client_for(
@@ -549,7 +571,8 @@ def upstream_client_for(
     read_timeout: float,
     credentials: _Headers | None,
     credentials_version: int = 0,
-) -> UpstreamClient:
+    transport: str = UpstreamTransport.STREAMABLE_HTTP,
+) -> AnyClient:
     """The process's client for one server as a call was claimed on it (thread-safe).
 
     Each server (and each tenant holding credentials of its own for it) has its own client, hence
@@ -558,6 +581,7 @@ def upstream_client_for(
     scope = credentials.scope if credentials is not None else "*"
     built_for = (
         url,
+        transport,
         connect_timeout,
         read_timeout,
         credentials_version,
@@ -567,8 +591,9 @@ def upstream_client_for(
         entry = _clients.get((server_id, scope))
         if entry is not None and entry[0] == built_for:
             return entry[1]
-        client = UpstreamClient(
+        client = upstream_client_new(
             url,
+            transport=transport,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             total_timeout=read_timeout * 2,
@@ -592,17 +617,19 @@ def upstream_clients_close() -> None:
         client.close()
 
 
-def server_client(server: UpstreamServer, *, tenant_id: str | None = None) -> UpstreamClient:
+def server_client(server: UpstreamServer, *, tenant_id: str | None = None) -> AnyClient:
     """A new client for ``server`` with its server-wide credentials (or ``tenant_id``'s); the caller closes it.
 
     Raises ``TokenUnavailable`` (an ``UpstreamError``) when they are OAuth's and no token could be had.
     """
     creds = upstream_headers(server=server, tenant_id=tenant_id or "")
     token = upstream_token(server=server, tenant_id=tenant_id or "")
-    client = UpstreamClient(
+    client = upstream_client_new(
         server.url,
+        transport=server.transport,
         connect_timeout=server.connect_timeout,
         read_timeout=server.read_timeout,
+        total_timeout=server.read_timeout * 2,
         headers=creds.headers if creds is not None else None,
     )
     if token is not None:
@@ -639,8 +666,9 @@ def upstream_probe(server: UpstreamServer, *, timeout: float | None = None) -> d
     """
     wait = timeout if timeout is not None else min(server.read_timeout, float(settings.HEALTH_UPSTREAM_TIMEOUT))
     creds = upstream_headers(server=server, tenant_id="")
-    client = UpstreamClient(
+    client = upstream_client_new(
         server.url,
+        transport=server.transport,
         connect_timeout=min(server.connect_timeout, wait),
         read_timeout=wait,
         total_timeout=wait * 2,
@@ -648,7 +676,7 @@ def upstream_probe(server: UpstreamServer, *, timeout: float | None = None) -> d
     )
     token = None
     try:
-        token = upstream_token(server=server, tenant_id="")
+        token = upstream_token(server=server, tenant_id="", timeout=wait)
         if token is not None:
             client.authorize(token.authorization)
         session = client.initialize()

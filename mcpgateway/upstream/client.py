@@ -644,31 +644,7 @@ class UpstreamClient:
         payload: dict[str, Any] = message["result"]
         if state.envelope and (bad := _not_complete(payload)) is not None:
             return result("invalid_response", bad, result=payload)
-        if (bad := _invalid_call_result(payload)) is not None:
-            return result("invalid_response", bad, result=payload)
-        if payload.get("isError") is True:
-            return result("tool_error", "tool reported isError", result=payload)
-        if validator is not None:
-            structured = payload.get("structuredContent")
-            if structured is None:
-                return result(
-                    "invalid_response", "structuredContent missing for a tool with an outputSchema", result=payload
-                )
-            try:
-                # is_valid first: a conforming result (the usual case) needs no error objects.
-                violation = (
-                    None
-                    if validator.is_valid(structured)
-                    else jsonschema.exceptions.best_match(validator.iter_errors(structured))
-                )
-            except Exception as exc:
-                # An unresolvable $ref and the like: the result cannot be shown to conform.
-                return result("invalid_response", f"outputSchema not evaluable: {_describe(exc)}", result=payload)
-            if violation is not None:
-                path = "/".join(str(part) for part in violation.absolute_path)
-                reason = f"structuredContent violates outputSchema at '{path}': {violation.message}"
-                return result("invalid_response", reason[:500], result=payload)
-        return result("success", "ok", result=payload)
+        return _classify_result(payload, validator, result)
 
     # -- negotiation -----------------------------------------------------------------------------
 
@@ -938,6 +914,42 @@ if hasattr(os, "register_at_fork"):
     # A client created before a fork (gunicorn --preload) must not share its sockets with the
     # children: two processes reading one connection would take each other's responses.
     os.register_at_fork(after_in_child=_forget_inherited_connections)
+
+
+def _classify_result(
+    payload: dict[str, Any],
+    validator: jsonschema.protocols.Validator | None,
+    result: Callable[..., CallResult],
+) -> CallResult:
+    """The outcome of a ``tools/call`` result for our id: ``success``, ``tool_error`` or ``invalid_response``.
+
+    ``result(kind, reason, result=...)`` builds the ``CallResult`` (with the caller's id, status and timing).
+    """
+    if (bad := _invalid_call_result(payload)) is not None:
+        return result("invalid_response", bad, result=payload)
+    if payload.get("isError") is True:
+        return result("tool_error", "tool reported isError", result=payload)
+    if validator is not None:
+        structured = payload.get("structuredContent")
+        if structured is None:
+            return result(
+                "invalid_response", "structuredContent missing for a tool with an outputSchema", result=payload
+            )
+        try:
+            # is_valid first: a conforming result (the usual case) needs no error objects.
+            violation = (
+                None
+                if validator.is_valid(structured)
+                else jsonschema.exceptions.best_match(validator.iter_errors(structured))
+            )
+        except Exception as exc:
+            # An unresolvable $ref and the like: the result cannot be shown to conform.
+            return result("invalid_response", f"outputSchema not evaluable: {_describe(exc)}", result=payload)
+        if violation is not None:
+            path = "/".join(str(part) for part in violation.absolute_path)
+            reason = f"structuredContent violates outputSchema at '{path}': {violation.message}"
+            return result("invalid_response", reason[:500], result=payload)
+    return result("success", "ok", result=payload)
 
 
 def _dict_or_empty(value: Any) -> dict[str, Any]:
