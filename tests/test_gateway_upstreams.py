@@ -697,6 +697,27 @@ def test_many_concurrent_calls_fetch_the_token_once(fleet: Fleet) -> None:
     assert fleet.ops.calls["quick"] == 6
 
 
+def test_the_token_is_fetched_outside_any_transaction(fleet: Fleet, monkeypatch: Any) -> None:
+    from common.cache import clear_all
+    from mcpgateway.services import upstreams
+
+    seen: list[bool] = []
+    real = upstreams.token_fetch
+
+    def fetch(*args: Any, **kwargs: Any) -> Any:
+        seen.append(connection.in_atomic_block)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(upstreams, "token_fetch", fetch)
+    caller = setup_caller(fleet.acme, balance=100)
+    clear_all()
+    assert _receipt(caller.invoke("ops.quick", {})).outcome == "success"
+    fleet.tokens.revoke_all()
+    assert _receipt(caller.invoke("ops.quick", {})).reason_code == "upstream_auth_refused"
+    assert _receipt(caller.invoke("ops.quick", {})).outcome == "success"
+    assert seen == [False, False]
+
+
 def test_a_tenants_own_client_credentials_replace_the_servers_for_its_calls(fleet: Fleet) -> None:
     acme, globex = setup_caller(fleet.acme, balance=100), setup_caller(fleet.globex, balance=100)
     upstream_credential_set(
