@@ -19,6 +19,7 @@ from access import login_throttle, services
 from access.models import APIKey, APIKeyStatus, KeyRotationLog, LoginThrottle
 from access.wallets import wallet_directory
 from common.console import (
+    ReadOnlyAdmin,
     ServiceSavedAdmin,
     confirmation_page,
     console_actor,
@@ -35,7 +36,7 @@ SECRET_SESSION_PREFIX = "tollgate:new-key-secret:"
 
 
 @admin.register(LoginThrottle)
-class LoginThrottleAdmin(admin.ModelAdmin):
+class LoginThrottleAdmin(ReadOnlyAdmin):
     """The sign-ins locked now (access.login_throttle): an account from one client, an account from
     every client, or a client for every account, with the lockout level and its end. Read-only; the
     "Unlock" action (``access.unlock_login``) lifts a lock through ``login_throttle_unlock``, audited."""
@@ -48,15 +49,6 @@ class LoginThrottleAdmin(admin.ModelAdmin):
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[LoginThrottle]:
         return super().get_queryset(request).filter(locked_until__gt=login_throttle.clock())
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
 
     def has_unlock_login_permission(self, request: HttpRequest) -> bool:
         return has_perm(request, "access.unlock_login")
@@ -114,6 +106,15 @@ class APIKeyCreateForm(forms.ModelForm):
         elif wallet is None:
             self.add_error("wallet", "Choose a wallet (operator keys are a separate choice below).")
         return data
+
+
+# A key as its revocation and rotation pages list it: revoking a key revokes the active keys it minted too.
+KEY_HEADINGS = ["Key", "Wallet", "Name", "Keys it minted"]
+
+
+def key_row(key: APIKey) -> list[str]:
+    minted = APIKey.objects.filter(created_by_key_id=key.key_id, status=APIKeyStatus.ACTIVE).count()
+    return [key.key_id, key.wallet_id or "operator (all tenants)", key.name, str(minted)]
 
 
 @admin.register(APIKey)
@@ -266,13 +267,8 @@ class APIKeyAdmin(ServiceSavedAdmin):
             title="Rotate this API key?",
             warning="A successor key is created and its secret shown once. The old key, with every key it minted, "
             "stops working at once.",
-            headings=["Key", "Wallet", "Name", "Keys it minted"],
-            row=lambda k: [
-                k.key_id,
-                k.wallet_id,
-                k.name,
-                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
-            ],
+            headings=KEY_HEADINGS,
+            row=key_row,
             confirm_label="Yes, rotate it",
             form=(form := revocation_reason_form(request)),
         )
@@ -302,13 +298,8 @@ class APIKeyAdmin(ServiceSavedAdmin):
             action="revoke_selected",
             title="Revoke these API keys?",
             warning="Revoked keys stop working at once, with every key they minted. This cannot be undone.",
-            headings=["Key", "Wallet", "Name", "Keys it minted"],
-            row=lambda k: [
-                k.key_id,
-                k.wallet_id or "operator (all tenants)",
-                k.name,
-                str(APIKey.objects.filter(created_by_key_id=k.key_id, status=APIKeyStatus.ACTIVE).count()),
-            ],
+            headings=KEY_HEADINGS,
+            row=key_row,
             confirm_label="Yes, revoke them",
             form=(form := revocation_reason_form(request)),
         )
@@ -335,15 +326,6 @@ class APIKeyAdmin(ServiceSavedAdmin):
 
 
 @admin.register(KeyRotationLog)
-class KeyRotationLogAdmin(admin.ModelAdmin):
+class KeyRotationLogAdmin(ReadOnlyAdmin):
     list_display = ["created_at", "wallet_id", "action", "key_id", "new_key_id", "reason"]
     list_filter = ["action"]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False

@@ -285,16 +285,20 @@ class WalletAdmin(admin.ModelAdmin):
         }
         return TemplateResponse(request, "admin/billing/wallet_create.html", context)
 
-    def _form_page(
+    def _form_data(
         self,
         request: HttpRequest,
         queryset: QuerySet[Wallet],
+        form_class: type[forms.Form],
         *,
-        form: forms.Form,
         action: str,
         title: str,
         submit_label: str,
-    ) -> HttpResponse:
+    ) -> HttpResponse | dict[str, Any]:
+        """The action's form, once applied and valid, as its cleaned data; until then the page asking for it."""
+        form = form_class(request.POST if "apply" in request.POST else None)
+        if form.is_valid():
+            return form.cleaned_data
         context = {
             **self.admin_site.each_context(request),
             "title": title,
@@ -418,17 +422,17 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Provision credits (mint -> sponsor)", permissions=["provision_credits"])
     def provision_credits(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        form = AmountForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._form_page(
-                request,
-                queryset,
-                form=form,
-                action="provision_credits",
-                title="Provision credits to sponsor wallets",
-                submit_label="Provision",
-            )
-        amount, description = form.cleaned_data["amount"], form.cleaned_data["description"]
+        data = self._form_data(
+            request,
+            queryset,
+            AmountForm,
+            action="provision_credits",
+            title="Provision credits to sponsor wallets",
+            submit_label="Provision",
+        )
+        if isinstance(data, HttpResponse):
+            return data
+        amount, description = data["amount"], data["description"]
         self._apply(
             request,
             queryset,
@@ -442,17 +446,17 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Fund from parent", permissions=["fund_wallet"])
     def fund_from_parent(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        form = AmountForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._form_page(
-                request,
-                queryset,
-                form=form,
-                action="fund_from_parent",
-                title="Fund wallets from their parent",
-                submit_label="Fund",
-            )
-        amount, description = form.cleaned_data["amount"], form.cleaned_data["description"]
+        data = self._form_data(
+            request,
+            queryset,
+            AmountForm,
+            action="fund_from_parent",
+            title="Fund wallets from their parent",
+            submit_label="Fund",
+        )
+        if isinstance(data, HttpResponse):
+            return data
+        amount, description = data["amount"], data["description"]
 
         def fund(wallet: Wallet) -> None:
             if wallet.parent is None:
@@ -476,12 +480,12 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Freeze", permissions=["freeze_wallet"])
     def freeze_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        form = ReasonForm(request.POST if "apply" in request.POST else None)
-        if not form.is_valid():
-            return self._form_page(
-                request, queryset, form=form, action="freeze_wallets", title="Freeze wallets", submit_label="Freeze"
-            )
-        reason = form.cleaned_data["reason"]
+        data = self._form_data(
+            request, queryset, ReasonForm, action="freeze_wallets", title="Freeze wallets", submit_label="Freeze"
+        )
+        if isinstance(data, HttpResponse):
+            return data
+        reason = data["reason"]
         self._apply(
             request,
             queryset,

@@ -44,7 +44,7 @@ import re
 from collections.abc import Callable
 from datetime import UTC, datetime
 from json.encoder import encode_basestring as _json_string  # C implementation when available
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 import rfc8785
 
@@ -194,42 +194,45 @@ def iso_utc(moment: datetime) -> str:
     return moment.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def audit_event_bytes(
-    *,
-    event_id: str,
-    chain: str,
-    seq: int,
-    event: str,
-    tenant_id: str | None,
-    wallet_id: str | None,
-    key_id: str | None,
-    tool: str | None,
-    endpoint: str | None,
-    policy_decision_id: str | None,
-    request_id: str | None,
-    ok: bool,
-    detail: Any,
-    created_at: str,
-) -> bytes:
+class AuditEventContent(TypedDict):
+    """An audit event's hashed payload: every field except ``prev_hash`` and ``hash``."""
+
+    event_id: str
+    chain: str
+    seq: int
+    event: str
+    tenant_id: str | None
+    wallet_id: str | None
+    key_id: str | None
+    tool: str | None
+    endpoint: str | None
+    policy_decision_id: str | None
+    request_id: str | None
+    ok: bool
+    detail: Any
+    created_at: str
+
+
+def audit_event_bytes(**content: Unpack[AuditEventContent]) -> bytes:
     """Canonical bytes of an audit event's hashed payload (everything except ``prev_hash`` and ``hash``).
 
     Equal to ``canonical_bytes(audit_event_payload(...))``.
     """
     return event_bytes(
-        chain,
-        seq,
-        event_id,
-        event,
-        tenant_id,
-        wallet_id,
-        key_id,
-        tool,
-        endpoint,
-        policy_decision_id,
-        request_id,
-        ok,
-        detail,
-        created_at,
+        content["chain"],
+        content["seq"],
+        content["event_id"],
+        content["event"],
+        content["tenant_id"],
+        content["wallet_id"],
+        content["key_id"],
+        content["tool"],
+        content["endpoint"],
+        content["policy_decision_id"],
+        content["request_id"],
+        content["ok"],
+        content["detail"],
+        content["created_at"],
     )
 
 
@@ -292,41 +295,9 @@ def event_bytes(
     )
 
 
-def audit_event_payload(
-    *,
-    event_id: str,
-    chain: str,
-    seq: int,
-    event: str,
-    tenant_id: str | None,
-    wallet_id: str | None,
-    key_id: str | None,
-    tool: str | None,
-    endpoint: str | None,
-    policy_decision_id: str | None,
-    request_id: str | None,
-    ok: bool,
-    detail: Any,
-    created_at: str,
-) -> dict[str, Any]:
-    """The hashed content of an audit event as a JSON object."""
-    return {
-        "type": "audit_event",
-        "event_id": event_id,
-        "chain": chain,
-        "seq": seq,
-        "event": event,
-        "tenant_id": tenant_id,
-        "wallet_id": wallet_id,
-        "key_id": key_id,
-        "tool": tool,
-        "endpoint": endpoint,
-        "policy_decision_id": policy_decision_id,
-        "request_id": request_id,
-        "ok": ok,
-        "detail": detail,
-        "created_at": created_at,
-    }
+def audit_event_payload(**content: Unpack[AuditEventContent]) -> dict[str, Any]:
+    """The hashed content of an audit event as a JSON object (its keys are sorted when it is hashed)."""
+    return {"type": "audit_event", **content}
 
 
 def sha256_hex(data: bytes) -> str:

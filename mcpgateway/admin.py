@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -17,13 +18,14 @@ from billing import services as billing_services
 from billing.admin import credits_cell, money_display
 from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
-from common.console import ServiceSavedAdmin, confirmation_page, console_actor, console_log, has_perm
+from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, console_log
 from common.errors import ApplicationError
 from common.formatting import timestamp_text
 from common.listing import short_id_column
 from mcpgateway import services
 from mcpgateway.models import Action, ActionState, Tool, UpstreamServer, UpstreamTransport
 from mcpgateway.services.upstreams import (
+    UPSTREAM_EDITABLE,
     UpstreamServerInvalid,
     upstream_credential_set,
     upstream_credential_validate,
@@ -35,6 +37,7 @@ from mcpgateway.services.upstreams import (
     upstream_server_validate,
 )
 from mcpgateway.upstream.client import UpstreamError
+from receipts.admin import ReconciliationAdmin
 from receipts.services import reconciliation_record_executed, refund_reconciliation_mark_not_executed
 
 
@@ -134,7 +137,7 @@ class ToolPriceAdmin(ServiceSavedAdmin):
 
 
 @admin.register(ToolPriceChange)
-class ToolPriceChangeAdmin(admin.ModelAdmin):
+class ToolPriceChangeAdmin(ReadOnlyAdmin):
     """Every price change of every tool (``tool_price_set`` / ``tool_price_remove``), read-only."""
 
     list_display = ["changed_at", "tool", "old_credits", "new_credits", "removed", "actor"]
@@ -143,14 +146,24 @@ class ToolPriceChangeAdmin(admin.ModelAdmin):
     ordering = ["-changed_at", "-id"]
     date_hierarchy = "changed_at"
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
+# The fields of a tool's page, in order.
+TOOL_FIELDS = (
+    "service_id",
+    "server",
+    "remote_name",
+    "title",
+    "description",
+    "category",
+    "enabled",
+    "source",
+    "input_schema",
+    "input_schema_problem",
+    "output_schema",
+    "annotations",
+    "synced_at",
+    "price_controls",
+)
 
 
 @admin.register(Tool)
@@ -158,36 +171,9 @@ class ToolAdmin(ServiceSavedAdmin):
     list_display = ["service_id", "server", "category", "source", "enabled", "price", "schema_usable", "synced_at"]
     list_filter = ["server", "source", "enabled", "category"]
     search_fields = ["service_id", "description"]
-    fields = [
-        "service_id",
-        "server",
-        "remote_name",
-        "title",
-        "description",
-        "category",
-        "enabled",
-        "source",
-        "input_schema",
-        "input_schema_problem",
-        "output_schema",
-        "annotations",
-        "synced_at",
-        "price_controls",
-    ]
-    readonly_fields = [
-        "price_controls",
-        "service_id",
-        "server",
-        "remote_name",
-        "title",
-        "description",
-        "source",
-        "input_schema",
-        "input_schema_problem",
-        "output_schema",
-        "annotations",
-        "synced_at",
-    ]
+    fields = list(TOOL_FIELDS)
+    # A tool comes from its server's tools/list: only its category and whether it is offered are the operator's.
+    readonly_fields = [name for name in TOOL_FIELDS if name not in ("category", "enabled")]
 
     @admin.display(description="credits per call")
     def price(self, obj: Tool) -> str:
@@ -231,7 +217,7 @@ class ToolAdmin(ServiceSavedAdmin):
 
 
 @admin.register(Action)
-class ActionAdmin(admin.ModelAdmin):
+class ActionAdmin(ReconciliationAdmin):
     list_display = [
         "action_short",
         "created_at",
@@ -259,84 +245,61 @@ class ActionAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in Action._meta.fields]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
     def _uncertain(self, queryset: QuerySet[Action]) -> QuerySet[Action]:
         return queryset.filter(state=ActionState.DELIVERY_UNCERTAIN, receipt__isnull=False)
 
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # actions are the gateway's record; reconciliation results have their own permission
-
-    def has_reconcile_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "receipts.reconcile")
-
-    def _confirm(
-        self, request: HttpRequest, queryset: QuerySet[Action], action: str, executed: bool
-    ) -> HttpResponse | None:
-        effect = (
-            "The charge stands: the receipts are reconciled as executed."
-            if executed
-            else "Each charge becomes owed back to its wallet (post the refunds under Refund reconciliations)."
-        )
-        return confirmation_page(
+    def _reconcile(self, request: HttpRequest, queryset: QuerySet[Action], *, executed: bool) -> HttpResponse | None:
+        """Record the external reconciliation result of the selected delivery_uncertain actions: a
+        confirmation page first, then the receipts service per action (the charge stands, or a refund
+        is owed)."""
+        record: Callable[..., object]
+        if executed:
+            record = reconciliation_record_executed
+            effect = "The charge stands: the receipts are reconciled as executed."
+            logged = "Recorded as executed (external reconciliation): the charge stands"
+            summary = "{} delivery_uncertain action(s) recorded as executed."
+        else:
+            record = refund_reconciliation_mark_not_executed
+            effect = "Each charge becomes owed back to its wallet (post the refunds under Refund reconciliations)."
+            logged = "Marked not executed (external reconciliation): a refund is owed"
+            summary = "{} action(s) marked not executed: retry their refunds under Refund reconciliations."
+        page = confirmation_page(
             self,
             request,
             self._uncertain(queryset).order_by("action_id"),
-            action=action,
+            action="reconciled_executed" if executed else "reconciled_not_executed",
             title=f"Record that these calls WERE {'' if executed else 'NOT '}executed?",
             warning=f"{effect} Record this only after confirming with the upstream.",
             headings=["Action", "Wallet", "Tool", "Charged", "Receipt"],
             row=lambda a: [a.action_id, a.wallet_id, a.tool, money_display(a.price), a.receipt_id],
             confirm_label="Yes, record it",
         )
+        if page is not None:
+            return page
+        done = 0
+        for action in self._uncertain(queryset):
+            assert action.receipt_id is not None
+            try:
+                record(receipt_id=action.receipt_id, actor=console_actor(request))
+            except ApplicationError as err:
+                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
+                continue
+            done += 1
+            console_log(request, action, logged)
+        self.message_user(request, summary.format(done), messages.SUCCESS)
+        return None
 
     @admin.action(
         description="External reconciliation: the call WAS executed (keep the charge)…", permissions=["reconcile"]
     )
     def reconciled_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
-        page = self._confirm(request, queryset, "reconciled_executed", executed=True)
-        if page is not None:
-            return page
-        done = 0
-        for action in self._uncertain(queryset):
-            assert action.receipt_id is not None
-            try:
-                reconciliation_record_executed(receipt_id=action.receipt_id, actor=console_actor(request))
-            except ApplicationError as err:
-                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
-                continue
-            done += 1
-            console_log(request, action, "Recorded as executed (external reconciliation): the charge stands")
-        self.message_user(request, f"{done} delivery_uncertain action(s) recorded as executed.", messages.SUCCESS)
-        return None
+        return self._reconcile(request, queryset, executed=True)
 
     @admin.action(
         description="External reconciliation: the call was NOT executed (refund owed)…", permissions=["reconcile"]
     )
     def reconciled_not_executed(self, request: HttpRequest, queryset: QuerySet[Action]) -> HttpResponse | None:
-        page = self._confirm(request, queryset, "reconciled_not_executed", executed=False)
-        if page is not None:
-            return page
-        done = 0
-        for action in self._uncertain(queryset):
-            assert action.receipt_id is not None
-            try:
-                refund_reconciliation_mark_not_executed(receipt_id=action.receipt_id, actor=console_actor(request))
-            except ApplicationError as err:
-                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
-                continue
-            done += 1
-            console_log(request, action, "Marked not executed (external reconciliation): a refund is owed")
-        self.message_user(
-            request,
-            f"{done} action(s) marked not executed: retry their refunds under Refund reconciliations.",
-            messages.SUCCESS,
-        )
-        return None
+        return self._reconcile(request, queryset, executed=False)
 
 
 class UpstreamServerForm(forms.ModelForm):
@@ -386,19 +349,8 @@ class UpstreamServerForm(forms.ModelForm):
 
     class Meta:
         model = UpstreamServer
-        fields = [
-            "slug",
-            "name",
-            "url",
-            "transport",
-            "connect_timeout",
-            "read_timeout",
-            "enabled",
-            "required",
-            "default_category",
-            "tool_prefix",
-            "credentials_required",
-        ]
+        # The settings the service changes; tenant_ids through tenant_ids_text, one tenant a line.
+        fields = ["slug", *(name for name in UPSTREAM_EDITABLE if name != "tenant_ids")]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

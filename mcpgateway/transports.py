@@ -488,6 +488,19 @@ def _unsupported_version(request: HttpRequest, message: Any) -> HttpResponse | N
     return _json(_rpc_error(rid if valid_id(rid) else None, err), 400)
 
 
+def _single_message(request: HttpRequest) -> Any:
+    """The body's one JSON-RPC message, or the response refusing it: a body that is not JSON or is out
+    of bounds, a batch (not supported), or an ``MCP-Protocol-Version`` not served (``_unsupported_version``)."""
+    try:
+        message = _read_message(request)
+    except RpcError as err:
+        return _json(_rpc_error(None, err), err.http_status)
+    if isinstance(message, list):
+        return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "Batches are not supported.")), 400)
+    refused = _unsupported_version(request, message)
+    return message if refused is None else refused
+
+
 @csrf_exempt
 def mcp_streamable(request: HttpRequest) -> HttpResponse:
     """POST /mcp (and GET: 405, DELETE: end the session)."""
@@ -510,14 +523,9 @@ def mcp_streamable(request: HttpRequest) -> HttpResponse:
         return HttpResponse(status=204 if ended else 404)
 
     stateless = request.headers.get("MCP-Protocol-Version") == STATELESS_VERSION
-    try:
-        message = _read_message(request)
-    except RpcError as err:
-        return _json(_rpc_error(None, err), err.http_status)
-    if isinstance(message, list):
-        return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "Batches are not supported.")), 400)
-    if (refused := _unsupported_version(request, message)) is not None:
-        return refused
+    message = _single_message(request)
+    if isinstance(message, HttpResponse):
+        return message
     ex = Exchange(request, "mcp", "/mcp", principal, stateless, STATELESS_VERSION if stateless else "")
 
     if stateless:
@@ -603,14 +611,9 @@ def mcp_public(request: HttpRequest) -> HttpResponse:
     except InvalidAPIKey as err:
         return _http_error(request, err)
     stateless = request.headers.get("MCP-Protocol-Version") == STATELESS_VERSION
-    try:
-        message = _read_message(request)
-    except RpcError as err:
-        return _json(_rpc_error(None, err), err.http_status)
-    if isinstance(message, list):
-        return _json(_rpc_error(None, RpcError(INVALID_REQUEST, "Batches are not supported.")), 400)
-    if (refused := _unsupported_version(request, message)) is not None:
-        return refused
+    message = _single_message(request)
+    if isinstance(message, HttpResponse):
+        return message
     ex = Exchange(request, "mcp_public", "/mcp/public", principal, stateless, "")
     methods = dict(PUBLIC_METHODS)
     if stateless:

@@ -41,6 +41,18 @@ from mcpgateway.upstream.client import UpstreamError
 OPTIONAL_KEY: list[dict[str, list[str]]] = [{"APIKeyHeader": []}, {"BearerAuth": []}, {}]
 
 
+def catalog_schema(operation_id: str, summary: str, response: Any, *errors: int, query: Any = None) -> Any:
+    """The schema of a tool catalog page: tag ``mcp``, a key optional (401 where TOOL_CATALOG_REQUIRES_KEY)."""
+    return extend_schema(
+        operation_id=operation_id,
+        tags=["mcp"],
+        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
+        parameters=None if query is None else [query],
+        responses={200: response, **error_responses(401, *errors)},
+        summary=summary,
+    )
+
+
 class CatalogView(APIView):
     """Tool catalogs are public, except on production-like deployments (TOOL_CATALOG_REQUIRES_KEY)."""
 
@@ -61,13 +73,12 @@ def _manifest(category: str | None) -> dict[str, Any]:
 
 
 class ToolManifestView(CatalogView):
-    @extend_schema(
-        operation_id="mcp_tools_manifest",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        parameters=[ToolCategoryQuery],
-        responses={200: ToolManifestResponse, **error_responses(401, 422)},
-        summary="The tool manifest (authoritative for callable tools; mirrors tools/list)",
+    @catalog_schema(
+        "mcp_tools_manifest",
+        "The tool manifest (authoritative for callable tools; mirrors tools/list)",
+        ToolManifestResponse,
+        422,
+        query=ToolCategoryQuery,
     )
     def get(self, request: Request) -> Response:
         self.check_catalog_access(request)
@@ -76,27 +87,19 @@ class ToolManifestView(CatalogView):
 
 
 class WellKnownToolManifestView(ToolManifestView):
-    @extend_schema(
-        operation_id="mcp_tools_manifest_well_known",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        parameters=[ToolCategoryQuery],
-        responses={200: ToolManifestResponse, **error_responses(401, 422)},
-        summary="The tool manifest at its well-known address",
+    @catalog_schema(
+        "mcp_tools_manifest_well_known",
+        "The tool manifest at its well-known address",
+        ToolManifestResponse,
+        422,
+        query=ToolCategoryQuery,
     )
     def get(self, request: Request) -> Response:
         return super().get(request)
 
 
 class ToolListView(CatalogView):
-    @extend_schema(
-        operation_id="mcp_tools_list",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        parameters=[ToolPageQuery],
-        responses={200: ToolPageResponse, **error_responses(401, 422)},
-        summary="Paginated tool list with schemas",
-    )
+    @catalog_schema("mcp_tools_list", "Paginated tool list with schemas", ToolPageResponse, 422, query=ToolPageQuery)
     def get(self, request: Request) -> Response:
         self.check_catalog_access(request)
         params = parse_query(request, ToolPageQuery)
@@ -113,13 +116,7 @@ class ToolListView(CatalogView):
 
 
 class ToolDetailView(CatalogView):
-    @extend_schema(
-        operation_id="mcp_tools_retrieve",
-        tags=["mcp"],
-        auth=OPTIONAL_KEY,  # type: ignore[arg-type]
-        responses={200: ToolDefinition, **error_responses(401, 404)},
-        summary="One tool's full definition",
-    )
+    @catalog_schema("mcp_tools_retrieve", "One tool's full definition", ToolDefinition, 404)
     def get(self, request: Request, service_id: str) -> Response:
         self.check_catalog_access(request)
         tool = services.tool_get(service_id)
@@ -206,6 +203,19 @@ UPSTREAMS = ["upstreams"]
 EXTENSION = {"x-tollgate-extension": True}
 
 
+def upstreams_schema(operation_id: str, summary: str, responses: dict[int, Any], *errors: int, **more: Any) -> Any:
+    """The schema of an operation on upstream servers: an extension of the spec, tag ``upstreams``, operator
+    key only (401, 403), then ``errors``."""
+    return extend_schema(
+        operation_id=operation_id,
+        tags=UPSTREAMS,
+        extensions=EXTENSION,
+        responses={**responses, **error_responses(401, 403, *errors)},
+        summary=summary,
+        **more,
+    )
+
+
 def _operator(request: Request) -> str:
     """The operator key's id, or ``OperatorKeyRequired``: servers and their credentials are the operator's."""
     caller = principal(request)
@@ -239,25 +249,19 @@ def _server(slug: str) -> UpstreamServer:
 
 
 class UpstreamServerListView(APIView):
-    @extend_schema(
-        operation_id="upstreams_list",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
-        responses={200: UpstreamServerListResponse, **error_responses(401, 403)},
-        summary="Upstream MCP servers (operator key only)",
-    )
+    @upstreams_schema("upstreams_list", "Upstream MCP servers (operator key only)", {200: UpstreamServerListResponse})
     def get(self, request: Request) -> Response:
         _operator(request)
         servers = UpstreamServer.objects.order_by("slug")
         return Response(UpstreamServerListResponse({"items": [_server_data(s) for s in servers]}).data)
 
-    @extend_schema(
-        operation_id="upstreams_create",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
+    @upstreams_schema(
+        "upstreams_create",
+        "Register an upstream MCP server (operator key only); its tools come with its first sync",
+        {201: UpstreamServerResponse},
+        409,
+        422,
         request=UpstreamServerCreateRequest,
-        responses={201: UpstreamServerResponse, **error_responses(401, 403, 409, 422)},
-        summary="Register an upstream MCP server (operator key only); its tools come with its first sync",
     )
     def post(self, request: Request) -> Response:
         actor = _operator(request)
@@ -269,24 +273,21 @@ class UpstreamServerListView(APIView):
 
 
 class UpstreamServerDetailView(APIView):
-    @extend_schema(
-        operation_id="upstreams_get",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
-        responses={200: UpstreamServerResponse, **error_responses(401, 403, 404)},
-        summary="One upstream MCP server (operator key only)",
+    @upstreams_schema(
+        "upstreams_get", "One upstream MCP server (operator key only)", {200: UpstreamServerResponse}, 404
     )
     def get(self, request: Request, slug: str) -> Response:
         _operator(request)
         return Response(UpstreamServerResponse(_server_data(_server(slug))).data)
 
-    @extend_schema(
-        operation_id="upstreams_update",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
+    @upstreams_schema(
+        "upstreams_update",
+        "Change an upstream server's settings (operator key only); its stored tools keep their names",
+        {200: UpstreamServerResponse},
+        404,
+        409,
+        422,
         request=UpstreamServerUpdateRequest,
-        responses={200: UpstreamServerResponse, **error_responses(401, 403, 404, 409, 422)},
-        summary="Change an upstream server's settings (operator key only); its stored tools keep their names",
     )
     def patch(self, request: Request, slug: str) -> Response:
         actor = _operator(request)
@@ -296,13 +297,13 @@ class UpstreamServerDetailView(APIView):
 
 
 class UpstreamCredentialView(APIView):
-    @extend_schema(
-        operation_id="upstreams_credentials_set",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
+    @upstreams_schema(
+        "upstreams_credentials_set",
+        "Set the credentials sent to a server, its own or one tenant's (write-only; operator key only)",
+        {204: None},
+        404,
+        422,
         request=UpstreamCredentialRequest,
-        responses={204: None, **error_responses(401, 403, 404, 422)},
-        summary="Set the credentials sent to a server, its own or one tenant's (write-only; operator key only)",
     )
     def put(self, request: Request, slug: str) -> Response:
         actor = _operator(request)
@@ -317,13 +318,13 @@ class UpstreamCredentialView(APIView):
         )
         return Response(status=204)
 
-    @extend_schema(
-        operation_id="upstreams_credentials_clear",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
+    @upstreams_schema(
+        "upstreams_credentials_clear",
+        "Remove a server's own credentials, or one tenant's (operator key only)",
+        {204: None},
+        404,
+        422,
         parameters=[UpstreamCredentialClearQuery],
-        responses={204: None, **error_responses(401, 403, 404, 422)},
-        summary="Remove a server's own credentials, or one tenant's (operator key only)",
     )
     def delete(self, request: Request, slug: str) -> Response:
         actor = _operator(request)
@@ -335,13 +336,13 @@ class UpstreamCredentialView(APIView):
 
 
 class UpstreamSyncView(APIView):
-    @extend_schema(
-        operation_id="upstreams_sync",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
+    @upstreams_schema(
+        "upstreams_sync",
+        "Sync a server's tools: added, changed, disabled (no longer listed) and refused (name taken)",
+        {200: UpstreamSyncResponse},
+        404,
+        502,
         request=None,
-        responses={200: UpstreamSyncResponse, **error_responses(401, 403, 404, 502)},
-        summary="Sync a server's tools: added, changed, disabled (no longer listed) and refused (name taken)",
     )
     def post(self, request: Request, slug: str) -> Response:
         actor = _operator(request)
@@ -364,13 +365,12 @@ class UpstreamSyncView(APIView):
 
 
 class UpstreamTestView(APIView):
-    @extend_schema(
-        operation_id="upstreams_test",
-        tags=UPSTREAMS,
-        extensions=EXTENSION,
+    @upstreams_schema(
+        "upstreams_test",
+        "Test the connection to a server with its own credentials (operator key only)",
+        {200: UpstreamProbeResponse},
+        404,
         request=None,
-        responses={200: UpstreamProbeResponse, **error_responses(401, 403, 404)},
-        summary="Test the connection to a server with its own credentials (operator key only)",
     )
     def post(self, request: Request, slug: str) -> Response:
         _operator(request)

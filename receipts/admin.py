@@ -14,7 +14,7 @@ from django.utils.html import format_html, format_html_join
 from rest_framework.renderers import JSONRenderer
 
 from billing.admin import credits_cell, money_display
-from common.console import changelist_link, confirmation_page, console_actor, console_log, has_perm
+from common.console import ReadOnlyAdmin, changelist_link, confirmation_page, console_actor, console_log, has_perm
 from common.errors import ApplicationError
 from common.listing import short_id_column
 from receipts import selectors, services
@@ -22,8 +22,19 @@ from receipts.models import Outcome, Receipt, RefundReconciliation
 from receipts.serializers import EvidenceBundleResponse
 
 
+class ReconciliationAdmin(ReadOnlyAdmin):
+    """A read-only page whose one change is an external reconciliation action, under ``receipts.reconcile``.
+
+    Receipts are signed and immutable, actions are the gateway's record, and an owed refund changes only
+    through its retry action: none of them is added, changed or deleted on its page.
+    """
+
+    def has_reconcile_permission(self, request: HttpRequest) -> bool:
+        return has_perm(request, "receipts.reconcile")
+
+
 @admin.register(Receipt)
-class ReceiptAdmin(admin.ModelAdmin):
+class ReceiptAdmin(ReconciliationAdmin):
     list_display = ["receipt_short", "created_at", "wallet_short", "tool", "outcome", "credits_col"]
     receipt_short = short_id_column("receipt_id", "receipt")
     wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
@@ -98,18 +109,6 @@ class ReceiptAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return ["downloads", "related", *[f.name for f in Receipt._meta.fields]]
 
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # receipts are signed and immutable; the reconciliation action has its own permission
-
-    def has_reconcile_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "receipts.reconcile")
-
     @admin.action(
         description="External reconciliation: the call was NOT executed (refund owed)…", permissions=["reconcile"]
     )
@@ -146,7 +145,7 @@ class ReceiptAdmin(admin.ModelAdmin):
 
 
 @admin.register(RefundReconciliation)
-class RefundReconciliationAdmin(admin.ModelAdmin):
+class RefundReconciliationAdmin(ReconciliationAdmin):
     list_display = ["receipt_short", "amount_col", "status", "origin", "attempts", "last_error", "created_at"]
     receipt_short = short_id_column("receipt_id", "receipt")
 
@@ -161,18 +160,6 @@ class RefundReconciliationAdmin(admin.ModelAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return [f.name for f in RefundReconciliation._meta.fields]
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False  # changed only by the retry action, which has its own permission
-
-    def has_reconcile_permission(self, request: HttpRequest) -> bool:
-        return has_perm(request, "receipts.reconcile")
 
     @admin.action(description="Retry: post the owed refund (at most once)…", permissions=["reconcile"])
     def retry_selected(self, request: HttpRequest, queryset: QuerySet[RefundReconciliation]) -> HttpResponse | None:

@@ -5,33 +5,18 @@ verification from the console (``audit.verify_chain``, granted to the Operator g
 import django.contrib.postgres.indexes
 from django.db import migrations
 
+from common.migration_helpers import group_permissions_add, group_permissions_remove
+
 APP = 'audit'
 GRANTS = {'Operator': ['verify_chain']}
 
 
 def grant(apps, schema_editor):
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after migrate; the groups need them now.
-    app_config = apps.get_app_config(APP)
-    app_config.models_module = True
-    create_permissions(app_config, apps=apps, verbosity=0)
-    app_config.models_module = None
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.add(*Permission.objects.filter(content_type__app_label=APP, codename__in=codenames))
+    group_permissions_add(apps, APP, GRANTS)
 
 
 def revoke(apps, schema_editor):
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.remove(*Permission.objects.filter(content_type__app_label=APP, codename__in=codenames))
+    group_permissions_remove(apps, APP, GRANTS)
 
 
 class Migration(migrations.Migration):

@@ -7,6 +7,8 @@ The console's groups (mcpgateway 0002) get the new permissions: the Operator vie
 
 from django.db import migrations, models
 
+from common.migration_helpers import group_permissions_add, group_permissions_remove
+
 GRANTS = {
     "Operator": ["view_loginthrottle", "unlock_login"],
     "Read-only auditor": ["view_loginthrottle"],
@@ -14,32 +16,11 @@ GRANTS = {
 
 
 def grant(apps, schema_editor):
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after migrate; the groups need them now.
-    app_config = apps.get_app_config("billing")
-    app_config.models_module = True
-    create_permissions(app_config, apps=apps, verbosity=0)
-    app_config.models_module = None
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.add(
-                *Permission.objects.filter(content_type__app_label="billing", codename__in=codenames)
-            )
+    group_permissions_add(apps, "billing", GRANTS)
 
 
 def revoke(apps, schema_editor):
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.remove(
-                *Permission.objects.filter(content_type__app_label="billing", codename__in=codenames)
-            )
+    group_permissions_remove(apps, "billing", GRANTS)
 
 
 class Migration(migrations.Migration):

@@ -5,38 +5,15 @@ rows stay. Its content type moves with it, and so every permission on it (``view
 
 from django.db import migrations
 
-
-def _move(apps, source: str, target: str) -> None:
-    ContentType = apps.get_model("contenttypes", "ContentType")
-    Permission = apps.get_model("auth", "Permission")
-    Group = apps.get_model("auth", "Group")
-    User = apps.get_model("auth", "User")
-    old = ContentType.objects.filter(app_label=source, model="loginthrottle").first()
-    if old is None:  # a database that never had the permissions: post_migrate creates them
-        return
-    new = ContentType.objects.filter(app_label=target, model="loginthrottle").first()
-    if new is None:
-        old.app_label = target
-        old.save(update_fields=["app_label"])
-        return
-    # Both exist (a post_migrate ran in between): carry each grant over, then drop the old type.
-    for permission in Permission.objects.filter(content_type=old):
-        moved, _ = Permission.objects.get_or_create(
-            content_type=new, codename=permission.codename, defaults={"name": permission.name}
-        )
-        for group in Group.objects.filter(permissions=permission):
-            group.permissions.add(moved)
-        for user in User.objects.filter(user_permissions=permission):
-            user.user_permissions.add(moved)
-    old.delete()
+from common.migration_helpers import content_types_move
 
 
 def to_access(apps, schema_editor):
-    _move(apps, "billing", "access")
+    content_types_move(apps, models=("loginthrottle",), source="billing", target="access")
 
 
 def to_billing(apps, schema_editor):
-    _move(apps, "access", "billing")
+    content_types_move(apps, models=("loginthrottle",), source="access", target="billing")
 
 
 class Migration(migrations.Migration):

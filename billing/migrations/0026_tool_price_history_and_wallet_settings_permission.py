@@ -5,33 +5,18 @@ Finance groups of mcpgateway 0002) and the tool price history (``billing.ToolPri
 import django.utils.timezone
 from django.db import migrations, models
 
+from common.migration_helpers import group_permissions_add, group_permissions_remove
+
 APP = 'billing'
 GRANTS = {'Operator': ['change_wallet_settings', 'view_toolpricechange'], 'Finance': ['change_wallet_settings', 'view_toolpricechange'], 'Read-only auditor': ['view_toolpricechange']}
 
 
 def grant(apps, schema_editor):
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after migrate; the groups need them now.
-    app_config = apps.get_app_config(APP)
-    app_config.models_module = True
-    create_permissions(app_config, apps=apps, verbosity=0)
-    app_config.models_module = None
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.add(*Permission.objects.filter(content_type__app_label=APP, codename__in=codenames))
+    group_permissions_add(apps, APP, GRANTS)
 
 
 def revoke(apps, schema_editor):
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.remove(*Permission.objects.filter(content_type__app_label=APP, codename__in=codenames))
+    group_permissions_remove(apps, APP, GRANTS)
 
 
 class Migration(migrations.Migration):

@@ -193,51 +193,41 @@ def _charge_events(
 ) -> tuple[LateEvent, LateEvent | None]:
     """The ledger.charge event (and ledger.refill with ``refill``), as ``ledger_audit`` writes them."""
 
-    def fields(kind: str, detail: dict[str, Any]) -> EventFields:
-        return {
-            "event": f"ledger.{kind}",
-            "ok": True,
-            "tenant_id": tenant_id,
-            "wallet_id": wallet_id,
-            "key_id": actor_key_id or None,
-            "endpoint": CHARGE_ENDPOINT,
-            "request_id": correlation_id or None,
-            "detail": detail,
-        }
-
-    refill_event = None
-    if refill:  # prepared first: it is appended first
-        kind = LedgerKind.REFILL.value
-        refill_event = late_event_prepare(
-            late=("amount", "balance_after", "counterparty"),
-            **fields(
-                kind,
-                ledger_event_detail(
-                    entry_id=ids[5],
-                    transaction_id=ids[3],
-                    kind=kind,
-                    amount=_LATE,
-                    balance_after=_LATE,
-                    counterparty=_LATE,
-                ),
-            ),
-        )
-    kind = LedgerKind.CHARGE.value
-    charge_event = late_event_prepare(
-        late=("amount", "balance_after"),
-        **fields(
-            kind,
-            ledger_event_detail(
-                entry_id=ids[1],
-                transaction_id=ids[0],
+    def event(kind: str, *, late: tuple[str, ...], entry_id: str, transaction_id: str, **detail: Any) -> LateEvent:
+        """The ``ledger.<kind>`` event of one entry: ``billing_charge`` fills in its amount and balance after,
+        and each key of ``late``."""
+        return late_event_prepare(
+            late=("amount", "balance_after", *late),
+            event=f"ledger.{kind}",
+            ok=True,
+            tenant_id=tenant_id,
+            wallet_id=wallet_id,
+            key_id=actor_key_id or None,
+            endpoint=CHARGE_ENDPOINT,
+            request_id=correlation_id or None,
+            detail=ledger_event_detail(
+                entry_id=entry_id,
+                transaction_id=transaction_id,
                 kind=kind,
                 amount=_LATE,
                 balance_after=_LATE,
-                counterparty=SystemAccount.REVENUE.value,
-                service_category=service_category,
-                request_path=request_path,
+                **detail,
             ),
-        ),
+        )
+
+    refill_event = None
+    if refill:  # prepared first: it is appended first
+        refill_event = event(
+            LedgerKind.REFILL.value, late=("counterparty",), entry_id=ids[5], transaction_id=ids[3], counterparty=_LATE
+        )
+    charge_event = event(
+        LedgerKind.CHARGE.value,
+        late=(),
+        entry_id=ids[1],
+        transaction_id=ids[0],
+        counterparty=SystemAccount.REVENUE.value,
+        service_category=service_category,
+        request_path=request_path,
     )
     return charge_event, refill_event
 

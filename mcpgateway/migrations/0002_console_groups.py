@@ -9,6 +9,8 @@ creating an operator (full-access) key, billing.create_operator_key, is in no gr
 
 from django.db import migrations
 
+from common.migration_helpers import permissions_create
+
 APPS = ("audit", "billing", "permits", "receipts", "mcpgateway")
 
 # label -> (every view permission of these apps, extra permissions as "app.codename")
@@ -65,13 +67,8 @@ GROUPS = {
 
 
 def create_groups(apps, schema_editor):
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after migrate; the groups need them now.
     for app_config in apps.get_app_configs():
-        app_config.models_module = True
-        create_permissions(app_config, apps=apps, verbosity=0)
-        app_config.models_module = None
+        permissions_create(apps, app_config.label)
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")
     for name, (view_apps, extra) in GROUPS.items():

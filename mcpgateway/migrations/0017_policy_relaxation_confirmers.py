@@ -9,6 +9,8 @@ auditor* see the proposals. A superuser holds every permission but still cannot 
 
 from django.db import migrations
 
+from common.migration_helpers import group_permissions_add, group_permissions_remove
+
 GRANTS = {
     "Approver admin": ["view_policychangeproposal", "confirm_policy_relaxation"],
     "Operator": ["view_policychangeproposal"],
@@ -17,32 +19,11 @@ GRANTS = {
 
 
 def grant(apps, schema_editor):
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after migrate; the groups need them now.
-    app_config = apps.get_app_config("permits")
-    app_config.models_module = True
-    create_permissions(app_config, apps=apps, verbosity=0)
-    app_config.models_module = None
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.add(
-                *Permission.objects.filter(content_type__app_label="permits", codename__in=codenames)
-            )
+    group_permissions_add(apps, "permits", GRANTS)
 
 
 def revoke(apps, schema_editor):
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.remove(
-                *Permission.objects.filter(content_type__app_label="permits", codename__in=codenames)
-            )
+    group_permissions_remove(apps, "permits", GRANTS)
 
 
 class Migration(migrations.Migration):

@@ -6,6 +6,8 @@ webhook and its write-only secret) and see the webhook deliveries; *Read-only au
 
 from django.db import migrations
 
+from common.migration_helpers import group_permissions_add, group_permissions_remove
+
 GRANTS = {
     "Approver admin": [
         "view_tenantnotification",
@@ -24,32 +26,11 @@ GRANTS = {
 
 
 def grant(apps, schema_editor):
-    from django.contrib.auth.management import create_permissions
-
-    # Permissions are normally created after migrate; the groups need them now.
-    app_config = apps.get_app_config("permits")
-    app_config.models_module = True
-    create_permissions(app_config, apps=apps, verbosity=0)
-    app_config.models_module = None
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.add(
-                *Permission.objects.filter(content_type__app_label="permits", codename__in=codenames)
-            )
+    group_permissions_add(apps, "permits", GRANTS)
 
 
 def revoke(apps, schema_editor):
-    Group = apps.get_model("auth", "Group")
-    Permission = apps.get_model("auth", "Permission")
-    for name, codenames in GRANTS.items():
-        group = Group.objects.filter(name=name).first()
-        if group is not None:
-            group.permissions.remove(
-                *Permission.objects.filter(content_type__app_label="permits", codename__in=codenames)
-            )
+    group_permissions_remove(apps, "permits", GRANTS)
 
 
 class Migration(migrations.Migration):

@@ -135,7 +135,8 @@ def upstream_check_open(*, server: UpstreamServer, tenant_id: str) -> None:
 
 # --- Writes ---------------------------------------------------------------------------------
 
-_EDITABLE = (
+# What may change on a server once it exists (through the API or the console); its slug never does.
+UPSTREAM_EDITABLE = (
     "name",
     "url",
     "transport",
@@ -183,7 +184,7 @@ def upstream_server_create(*, slug: str, name: str, url: str, actor: str, **valu
     Refuses a slug or a tool prefix another server has (``UpstreamServerConflict``): the unique
     constraints decide, so two concurrent creations cannot both take one.
     """
-    unknown = set(values) - set(_EDITABLE)
+    unknown = set(values) - set(UPSTREAM_EDITABLE)
     if unknown:
         raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
     upstream_server_validate({"url": url, **values})
@@ -209,13 +210,11 @@ def upstream_server_update(*, server_id: str, actor: str, **changes: Any) -> Ups
     stored is renamed). Any change moves the version of its tools (``gateway_tool_version``), so
     calls decided on the old row are decided again, and its client is replaced on the next call.
     """
-    unknown = set(changes) - set(_EDITABLE)
+    unknown = set(changes) - set(UPSTREAM_EDITABLE)
     if unknown:
         raise UpstreamServerInvalid(*((name, "unknown field") for name in sorted(unknown)))
     upstream_server_validate(changes)
-    server = UpstreamServer.objects.select_for_update(no_key=True).filter(server_id=server_id).first()
-    if server is None:
-        raise UpstreamServerNotFound()
+    server = _server_locked(server_id)
     before = _public(server)
     for name, value in changes.items():
         setattr(server, name, value)
@@ -385,9 +384,7 @@ def upstream_credential_set(
     """
     _credential_headers(kind, secret)  # refuse a malformed secret before anything is stored
     secret = {name: secret[name] for name in CREDENTIAL_FIELDS.get(kind, ()) if secret.get(name) is not None}
-    server = UpstreamServer.objects.select_for_update(no_key=True).filter(server_id=server_id).first()
-    if server is None:
-        raise UpstreamServerNotFound()
+    server = _server_locked(server_id)
     blob = secret_encrypt({"kind": kind, **secret})
     credential = UpstreamCredential.objects.filter(server=server, tenant_id=tenant_id).first()
     if credential is None:
@@ -396,34 +393,39 @@ def upstream_credential_set(
     credential.secret = blob
     credential.set_at = timezone.now()
     credential.save()
-    server.credentials_version += 1
-    server.save(update_fields=["credentials_version", "updated_at"])
-    audit_record(
-        event="upstream_credential.set",
-        ok=True,
-        tenant_id=tenant_id,
-        detail={"server_id": server_id, "tenant_id": tenant_id, "kind": kind, "actor": actor},
-    )
+    _credentials_changed(server, "upstream_credential.set", tenant_id=tenant_id, kind=kind, actor=actor)
     return credential
 
 
 @transaction.atomic(durable=True)
 def upstream_credential_clear(*, server_id: str, tenant_id: str | None, actor: str) -> bool:
     """Remove the credentials of ``server_id`` for ``tenant_id`` (None: the server's own); audited."""
+    server = _server_locked(server_id)
+    deleted, _ = UpstreamCredential.objects.filter(server=server, tenant_id=tenant_id).delete()
+    if deleted:
+        _credentials_changed(server, "upstream_credential.cleared", tenant_id=tenant_id, actor=actor)
+    return bool(deleted)
+
+
+def _server_locked(server_id: str) -> UpstreamServer:
+    """The server's row under a lock that still lets its tools reference it, or ``UpstreamServerNotFound``."""
     server = UpstreamServer.objects.select_for_update(no_key=True).filter(server_id=server_id).first()
     if server is None:
         raise UpstreamServerNotFound()
-    deleted, _ = UpstreamCredential.objects.filter(server=server, tenant_id=tenant_id).delete()
-    if deleted:
-        server.credentials_version += 1
-        server.save(update_fields=["credentials_version", "updated_at"])
-        audit_record(
-            event="upstream_credential.cleared",
-            ok=True,
-            tenant_id=tenant_id,
-            detail={"server_id": server_id, "tenant_id": tenant_id, "actor": actor},
-        )
-    return bool(deleted)
+    return server
+
+
+def _credentials_changed(server: UpstreamServer, event: str, *, tenant_id: str | None, **detail: Any) -> None:
+    """Move the server's ``credentials_version`` (caller holds its row lock), so that every process replaces
+    its client and cached headers at its next call, and audit the change (never the secret)."""
+    server.credentials_version += 1
+    server.save(update_fields=["credentials_version", "updated_at"])
+    audit_record(
+        event=event,
+        ok=True,
+        tenant_id=tenant_id,
+        detail={"server_id": server.server_id, "tenant_id": tenant_id, **detail},
+    )
 
 
 @dataclass(frozen=True)

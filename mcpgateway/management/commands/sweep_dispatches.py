@@ -5,14 +5,12 @@ Each sweep also deletes ended and expired MCP sessions (``MCP_SESSION_TTL_SECOND
 
 from __future__ import annotations
 
-import signal
-import time
 from datetime import timedelta
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.db import close_old_connections
 
+from common.worker import rounds_run
 from mcpgateway.services import action_sweep, mcp_sessions_purge, sweep_threshold
 
 
@@ -27,25 +25,13 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         older = timedelta(seconds=options["older_than"]) if options["older_than"] is not None else None
         self.stdout.write(f"sweeping claims older than {(older or sweep_threshold()).total_seconds():.0f}s")
-        stop = False
 
-        def _stop(*_: Any) -> None:
-            nonlocal stop
-            stop = True
-
-        signal.signal(signal.SIGTERM, _stop)
-        while True:
-            close_old_connections()
+        def sweep() -> None:
             swept = action_sweep(older_than=older)
             if swept:
                 self.stdout.write(f"delivery_uncertain: {', '.join(swept)}")
             purged = mcp_sessions_purge()
             if purged:
                 self.stdout.write(f"MCP sessions ended or expired, deleted: {purged}")
-            if not options["loop"] or stop:
-                break
-            deadline = time.monotonic() + options["interval"]
-            while time.monotonic() < deadline and not stop:
-                time.sleep(0.2)
-            if stop:
-                break
+
+        rounds_run(sweep, loop=options["loop"], interval=options["interval"])
