@@ -474,23 +474,7 @@ class UpstreamClient:
 
     def list_tools(self) -> list[dict[str, Any]]:
         """All tools the upstream lists, following ``nextCursor``; raises ``UpstreamError`` on any failure."""
-        tools: list[dict[str, Any]] = []
-        cursor: str | None = None
-        seen: set[str] = set()
-        for _ in range(_MAX_LIST_PAGES):
-            result = self._safe_request("tools/list", {"cursor": cursor} if cursor is not None else None)
-            page = result.get("tools")
-            if not isinstance(page, list) or not all(isinstance(tool, dict) for tool in page):
-                raise UpstreamError("tools/list: result.tools is not a list of objects")
-            tools.extend(page)
-            next_cursor = result.get("nextCursor")
-            if next_cursor is None:
-                return tools
-            if not isinstance(next_cursor, str) or next_cursor in seen:
-                raise UpstreamError("tools/list: invalid or repeated nextCursor")
-            seen.add(next_cursor)
-            cursor = next_cursor
-        raise UpstreamError(f"tools/list: more than {_MAX_LIST_PAGES} pages")
+        return _all_tools(self._safe_request)
 
     def call_tool(
         self,
@@ -553,12 +537,8 @@ class UpstreamClient:
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
 
         started = time.monotonic()
-        if send_by is not None and started > send_by:
-            return CallResult(
-                kind="not_sent",
-                reason=f"not sent: the session was ready {started - send_by:.1f} s after the call's send deadline",
-                request_id=rid,
-            )
+        if (late := _past_send_by(started, send_by, rid)) is not None:
+            return late
         try:
             response = self._pool.request(head, body, self._deadline(started), close=self._request_close)
         except RequestNotSent as exc:
@@ -914,6 +894,41 @@ if hasattr(os, "register_at_fork"):
     # A client created before a fork (gunicorn --preload) must not share its sockets with the
     # children: two processes reading one connection would take each other's responses.
     os.register_at_fork(after_in_child=_forget_inherited_connections)
+
+
+def _all_tools(request: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every page of ``tools/list`` through ``request(method, params)``, following ``nextCursor``.
+
+    Raises ``UpstreamError`` for a page that is not a list of tools, a cursor that repeats, or too many pages.
+    """
+    tools: list[dict[str, Any]] = []
+    cursor: str | None = None
+    seen: set[str] = set()
+    for _ in range(_MAX_LIST_PAGES):
+        result = request("tools/list", {"cursor": cursor} if cursor is not None else None)
+        page = result.get("tools")
+        if not isinstance(page, list) or not all(isinstance(tool, dict) for tool in page):
+            raise UpstreamError("tools/list: result.tools is not a list of objects")
+        tools.extend(page)
+        next_cursor = result.get("nextCursor")
+        if next_cursor is None:
+            return tools
+        if not isinstance(next_cursor, str) or next_cursor in seen:
+            raise UpstreamError("tools/list: invalid or repeated nextCursor")
+        seen.add(next_cursor)
+        cursor = next_cursor
+    raise UpstreamError(f"tools/list: more than {_MAX_LIST_PAGES} pages")
+
+
+def _past_send_by(started: float, send_by: float | None, rid: str | int) -> CallResult | None:
+    """The ``not_sent`` result of a call whose session was ready after its send deadline, else None."""
+    if send_by is None or started <= send_by:
+        return None
+    return CallResult(
+        kind="not_sent",
+        reason=f"not sent: the session was ready {started - send_by:.1f} s after the call's send deadline",
+        request_id=rid,
+    )
 
 
 def _classify_result(

@@ -47,8 +47,10 @@ from mcpgateway.upstream.client import (
     CallResult,
     UpstreamError,
     UpstreamSession,
+    _all_tools,
     _classify_result,
     _dict_or_empty,
+    _past_send_by,
 )
 from mcpgateway.upstream.http import (
     RequestNotSent,
@@ -79,7 +81,6 @@ from mcpgateway.upstream.validators import _output_validator
 LEGACY_PROTOCOL_VERSION: Final = "2024-11-05"
 """The revision of the HTTP+SSE transport, offered in ``initialize``."""
 ACCEPTED_VERSIONS: Final = (LEGACY_PROTOCOL_VERSION, *SUPPORTED_PROTOCOL_VERSIONS)
-_MAX_LIST_PAGES: Final = 100
 _OWN_HEADERS: Final = frozenset({"accept", "content-length", "content-type", "idempotency-key", "transfer-encoding"})
 
 
@@ -348,23 +349,7 @@ class LegacySseClient:
         """All tools the upstream lists, following ``nextCursor`` in one session; ``UpstreamError`` on any failure."""
         session = self._open()
         try:
-            tools: list[dict[str, Any]] = []
-            cursor: str | None = None
-            seen: set[str] = set()
-            for _ in range(_MAX_LIST_PAGES):
-                result = session.request("tools/list", {"cursor": cursor} if cursor is not None else None)
-                page = result.get("tools")
-                if not isinstance(page, list) or not all(isinstance(tool, dict) for tool in page):
-                    raise UpstreamError("tools/list: result.tools is not a list of objects")
-                tools.extend(page)
-                next_cursor = result.get("nextCursor")
-                if next_cursor is None:
-                    return tools
-                if not isinstance(next_cursor, str) or next_cursor in seen:
-                    raise UpstreamError("tools/list: invalid or repeated nextCursor")
-                seen.add(next_cursor)
-                cursor = next_cursor
-            raise UpstreamError(f"tools/list: more than {_MAX_LIST_PAGES} pages")
+            return _all_tools(session.request)
         finally:
             session.close()
 
@@ -425,12 +410,8 @@ class LegacySseClient:
         except Exception as exc:
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
         started = time.monotonic()
-        if send_by is not None and started > send_by:
-            return CallResult(
-                kind="not_sent",
-                reason=f"not sent: the session was ready {started - send_by:.1f} s after the call's send deadline",
-                request_id=rid,
-            )
+        if (late := _past_send_by(started, send_by, rid)) is not None:
+            return late
         session.answer_by(self._deadline(started))
         hasher = hashlib.sha256()
 
