@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import queue
 import threading
 from collections.abc import Iterator
@@ -197,3 +198,22 @@ def test_a_call_past_its_send_deadline_is_not_sent() -> None:
         result = client.call_tool("charge", {"amount": 1}, idempotency_key="k", send_by=0.0)
         assert result.kind == "not_sent"
     assert script.calls == 0
+
+
+def test_a_forked_child_does_not_use_the_parents_kept_alive_connections() -> None:
+    script = Scripted()
+    with scripted_sse(script) as url, _client(url) as client:
+        assert client.call_tool("charge", {}, idempotency_key="k-parent").kind == "success"
+        assert client._pool._idle  # the POST connection, kept alive
+        pid = os.fork()
+        if pid == 0:  # the child: never return into pytest
+            code = 1
+            try:
+                if not client._pool._idle:
+                    code = 0 if client.call_tool("charge", {}, idempotency_key="k-child").kind == "success" else 2
+            finally:
+                os._exit(code)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        assert client.call_tool("charge", {}, idempotency_key="k-parent-2").kind == "success"
+    assert script.calls == 3

@@ -32,9 +32,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import ssl
-import threading
 import time
+import weakref
 from collections.abc import Iterator, Mapping
 from types import TracebackType
 from typing import Any, Final
@@ -289,7 +290,7 @@ class LegacySseClient:
         self._common = "".join(f"{_check_header(name, value)}\r\n" for name, value in fixed.values())
         self._authorization = ""
         self._session: UpstreamSession | None = None
-        self._lock = threading.Lock()
+        _clients.add(self)
 
     def __enter__(self) -> LegacySseClient:
         return self
@@ -472,3 +473,17 @@ def _error_in(body: bytes, rid: str | int) -> dict[str, Any] | None:
         return None
     error = message.get("error")
     return error if isinstance(error, dict) else None
+
+
+_clients: weakref.WeakSet[LegacySseClient] = weakref.WeakSet()
+
+
+def _forget_inherited_connections() -> None:
+    # A client created before a fork (gunicorn --preload) must not share its kept-alive POST
+    # connections with the children (``UpstreamClient`` does the same for its own).
+    for client in list(_clients):
+        client._pool.after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_inherited_connections)
