@@ -134,7 +134,7 @@ class UpstreamServerUpdateRequest(serializers.Serializer):
     default_category = serializers.ChoiceField(choices=ServiceCategory.choices, required=False)
     tool_prefix = serializers.RegexField(r"^[A-Za-z0-9_-]*$", max_length=64, allow_blank=True, required=False)
     tenant_ids = serializers.ListField(
-        child=serializers.CharField(max_length=40), allow_null=True, required=False, max_length=10_000
+        child=serializers.CharField(max_length=40), allow_null=True, required=False, max_length=1000
     )
     credentials_required = serializers.BooleanField(required=False)
 

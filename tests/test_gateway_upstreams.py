@@ -426,6 +426,9 @@ def test_operator_api_manages_servers_and_write_only_credentials(operator_client
     bad = operator_client.patch("/v1/upstreams/pay", {"read_timeout": 0, "tool_prefix": "a.b"}, format="json")
     assert bad.status_code == 422
     assert {tuple(e["loc"]) for e in bad.json()["detail"]} == {("body", "read_timeout"), ("body", "tool_prefix")}
+    # At most 1,000 tenant ids (null opens a server to all): a body the schema allows stays under the 1 MiB limit.
+    many = operator_client.patch("/v1/upstreams/pay", {"tenant_ids": [f"t{i}" for i in range(1001)]}, format="json")
+    assert many.status_code == 422, many.content
     assert operator_client.get("/v1/upstreams/nope").status_code == 404
     # An agent's or a sponsor's key may not read or change servers.
     for client in (tenant.agent_client, tenant.sponsor_client):
