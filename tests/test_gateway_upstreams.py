@@ -721,6 +721,38 @@ def test_the_token_is_fetched_outside_any_transaction(fleet: Fleet, monkeypatch:
     assert seen == [False, False]
 
 
+def test_concurrent_calls_share_one_failed_fetch(fleet: Fleet) -> None:
+    from common.cache import clear_all
+
+    callers = [setup_caller(fleet.acme, balance=100) for _ in range(4)]
+    start = _balance(fleet.acme)
+    clear_all()
+    fleet.tokens.clients[OPS_CLIENT] = "rotated-at-the-provider"
+    fleet.tokens.gate.clear()
+    answers: list[Any] = []
+
+    def call(caller: Any) -> None:
+        try:
+            answers.append(caller.invoke("ops.quick", {}))
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=call, args=(caller,)) for caller in callers]
+    for thread in threads:
+        thread.start()
+    wait_for(lambda: len(fleet.tokens.forms) == 2)  # the sync's request, then the calls' first
+    threading.Event().wait(0.5)  # room for the others to queue behind it
+    fleet.tokens.gate.set()
+    for thread in threads:
+        thread.join(60)
+    assert [a.json()["detail"]["oauth_error"] for a in answers] == ["invalid_client"] * 4
+    assert len(fleet.tokens.forms) == 2  # the callers that waited for the failed fetch did not fetch again
+    assert _balance(fleet.acme) == start
+    # The next call, after that fetch, asks again (nothing is remembered past it).
+    assert callers[0].invoke("ops.quick", {}).status_code == 502
+    assert len(fleet.tokens.forms) == 3
+
+
 def test_a_tenants_own_client_credentials_replace_the_servers_for_its_calls(fleet: Fleet) -> None:
     acme, globex = setup_caller(fleet.acme, balance=100), setup_caller(fleet.globex, balance=100)
     upstream_credential_set(

@@ -175,6 +175,10 @@ class TokenCache:
     def __init__(self, name: str, *, max_entries: int = 10_000) -> None:
         self._tokens: BoundedCache[Any, AccessToken] = BoundedCache(name, max_entries=max_entries)
         self._locks: BoundedCache[Any, threading.Lock] = BoundedCache(f"{name}.locks", max_entries=max_entries)
+        # The last failed fetch of a key (when it ended, why): callers that waited for it share its failure.
+        self._failures: BoundedCache[Any, tuple[float, TokenUnavailable]] = BoundedCache(
+            f"{name}.failures", max_entries=max_entries
+        )
         self._locks_lock = threading.Lock()
 
     def _usable(self, key: Any, margin: float) -> AccessToken | None:
@@ -188,11 +192,13 @@ class TokenCache:
 
         Usable: more than ``margin`` seconds before its expiry. A token just fetched is returned even
         when its whole life is shorter than the margin (it is then fetched again by the next caller).
-        ``fetch``'s ``TokenUnavailable`` reaches every caller that waited for it, and nothing is cached.
+        ``fetch``'s ``TokenUnavailable`` reaches every caller that waited for that fetch (they do not
+        fetch again one after another); no token is cached, and the next caller fetches again.
         """
         token = self._usable(key, margin)
         if token is not None:
             return token
+        waiting_since = time.monotonic()
         with self._locks_lock:
             lock = self._locks.get(key)
             if lock is None:
@@ -202,7 +208,15 @@ class TokenCache:
             token = self._usable(key, margin)  # another caller fetched it while this one waited
             if token is not None:
                 return token
-            token = fetch()
+            failed = self._failures.get(key)
+            if failed is not None and failed[0] >= waiting_since:
+                earlier = failed[1]  # the fetch this caller waited for failed: the same failure, raised anew
+                raise TokenUnavailable(earlier.reason, failure=earlier.failure, oauth_error=earlier.oauth_error)
+            try:
+                token = fetch()
+            except TokenUnavailable as exc:
+                self._failures.set(key, (time.monotonic(), exc))
+                raise
             self._tokens.set(key, token)
             return token
 
