@@ -13,7 +13,7 @@ from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 
 from access import login_throttle, services
 from access.models import APIKey, APIKeyStatus, KeyRotationLog, LoginThrottle
@@ -21,12 +21,12 @@ from access.wallets import wallet_directory
 from common.console import (
     ReadOnlyAdmin,
     ServiceSavedAdmin,
-    confirmation_page,
     console_actor,
     console_failure,
     console_log,
+    console_page,
     has_perm,
-    revocation_reason_form,
+    revocation_page,
 )
 from common.errors import ApplicationError
 from common.listing import short_id_column
@@ -220,11 +220,7 @@ class APIKeyAdmin(ServiceSavedAdmin):
         return HttpResponseRedirect(reverse("admin:access_apikey_secret", args=[obj.pk]))
 
     def get_urls(self) -> list[Any]:
-        reveal = path(
-            "<str:key_id>/secret/",
-            self.admin_site.admin_view(self.secret_view),
-            name="access_apikey_secret",
-        )
+        reveal = console_page(self, "<str:key_id>/secret/", self.secret_view, "access_apikey_secret")
         return [reveal, *super().get_urls()]
 
     def secret_view(self, request: HttpRequest, key_id: str) -> HttpResponse:
@@ -259,7 +255,7 @@ class APIKeyAdmin(ServiceSavedAdmin):
             self.message_user(request, "Select exactly one active wallet key to rotate.", messages.ERROR)
             return None
         key = keys[0]
-        page = confirmation_page(
+        page, reason = revocation_page(
             self,
             request,
             queryset.filter(pk=key.pk),
@@ -270,13 +266,11 @@ class APIKeyAdmin(ServiceSavedAdmin):
             headings=KEY_HEADINGS,
             row=key_row,
             confirm_label="Yes, rotate it",
-            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
         wallet = key.wallet
         assert wallet is not None
-        reason = form.cleaned_data["reason"]
         try:
             issued = services.api_key_rotate(
                 wallet=wallet, key_id=key.key_id, revoke_old=True, reason=reason, actor=console_actor(request)
@@ -291,7 +285,7 @@ class APIKeyAdmin(ServiceSavedAdmin):
 
     @admin.action(description="Revoke selected keys…", permissions=["revoke_key"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[APIKey]) -> HttpResponse | None:
-        page = confirmation_page(
+        page, reason = revocation_page(
             self,
             request,
             queryset.filter(status=APIKeyStatus.ACTIVE).order_by("key_id"),
@@ -301,11 +295,9 @@ class APIKeyAdmin(ServiceSavedAdmin):
             headings=KEY_HEADINGS,
             row=key_row,
             confirm_label="Yes, revoke them",
-            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
-        reason = form.cleaned_data["reason"]
         count = 0
         for key in queryset.filter(status=APIKeyStatus.ACTIVE):
             if key.wallet is None:

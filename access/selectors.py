@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import functools
 import hmac
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from django.db.models import QuerySet
@@ -147,3 +149,15 @@ def key_logs_of_wallet(wallet: KeyWallet) -> QuerySet[KeyRotationLog]:
     return KeyRotationLog.objects.filter(wallet_id=wallet.wallet_id, tenant_id=wallet.tenant_id).order_by(
         "-created_at", "-id"
     )
+
+
+def api_key_file_active(*, path: Path, field: str) -> bool:
+    """Whether the JSON credentials file at ``path`` (a bootstrap command's, from an earlier run) holds under
+    ``field`` the secret of a key that is still active. False when the file is unreadable or the database
+    was reset since."""
+    try:
+        secret = json.loads(path.read_text())[field]
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+    key_id = parse_secret(secret) if isinstance(secret, str) else None
+    return key_id is not None and APIKey.objects.filter(key_id=key_id, status=APIKeyStatus.ACTIVE).exists()

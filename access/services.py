@@ -85,14 +85,13 @@ def _api_key_create(*, wallet: KeyWallet, name: str, actor_key_id: str, actor: s
         key_id=issued.key.key_id,
         actor_key_id=actor_key_id,
     )
-    audit_record(
-        event="api_key.created",
-        ok=True,
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
-        key_id=actor_key_id or None,
+    _key_audit(
+        "created",
+        wallet=wallet,
+        actor_key_id=actor_key_id,
         endpoint="/v1/api-keys",
-        detail={"new_key_id": issued.key.key_id, **({"actor": actor} if actor else {})},
+        actor=actor,
+        new_key_id=issued.key.key_id,
     )
     return issued
 
@@ -101,11 +100,7 @@ def _api_key_create(*, wallet: KeyWallet, name: str, actor_key_id: str, actor: s
 def operator_key_create(*, name: str = "operator", actor: str = "") -> IssuedKey:
     """Create an operator key (no wallet). Only ``manage.py`` and the admin console call this."""
     issued = _new_key(wallet=None, name=name)
-    audit_record(
-        event="api_key.operator_created",
-        ok=True,
-        detail={"new_key_id": issued.key.key_id, **({"actor": actor} if actor else {})},
-    )
+    _key_audit("operator_created", actor=actor, new_key_id=issued.key.key_id)
     return issued
 
 
@@ -116,11 +111,7 @@ def operator_key_revoke(*, key_id: str, reason: str = "operator_console", actor:
     if key is None:
         raise NotFound("No such operator key.", key_id=key_id)
     if _revoke(key, reason):
-        audit_record(
-            event="api_key.operator_revoked",
-            ok=True,
-            detail={"revoked_key_id": key.key_id, "reason": reason, **({"actor": actor} if actor else {})},
-        )
+        _key_audit("operator_revoked", actor=actor, revoked_key_id=key.key_id, reason=reason)
     return key
 
 
@@ -154,18 +145,15 @@ def _audit_key_limit(
     refused: APIKeyLimitReached, wallet: KeyWallet, *, actor_key_id: str, actor: str, endpoint: str | None
 ) -> None:
     """The refusal of a key beyond the cap, on the wallet's chain (its own transaction: the refused one rolled back)."""
-    audit_record(
-        event="api_key.limit_reached",
+    _key_audit(
+        "limit_reached",
         ok=False,
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
-        key_id=actor_key_id or None,
+        wallet=wallet,
+        actor_key_id=actor_key_id,
         endpoint=endpoint,
-        detail={
-            "limit": refused.extra["limit"],
-            "active_keys": refused.extra["active_keys"],
-            **({"actor": actor} if actor else {}),
-        },
+        actor=actor,
+        limit=refused.extra["limit"],
+        active_keys=refused.extra["active_keys"],
     )
 
 
@@ -316,14 +304,16 @@ def _record_revocation(
         message=message,
         detail={"key_id": key.key_id, "reason": reason},
     )
-    audit_record(
-        event="api_key.revoked",
-        ok=True,
+    _key_audit(
+        "revoked",
         tenant_id=tenant_id,
         wallet_id=wallet_id,
-        key_id=actor_key_id or None,
+        actor_key_id=actor_key_id,
         endpoint=endpoint,
-        detail={"revoked_key_id": key.key_id, "reason": reason, **detail, **({"actor": actor} if actor else {})},
+        actor=actor,
+        revoked_key_id=key.key_id,
+        reason=reason,
+        **detail,
     )
 
 
@@ -409,20 +399,16 @@ def _api_key_rotate(
             message=f"API key {old.key_id} was revoked by rotation to {issued.key.key_id}.",
             detail={"key_id": old.key_id, "new_key_id": issued.key.key_id, "reason": reason},
         )
-    audit_record(
-        event="api_key.rotated",
-        ok=True,
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
-        key_id=actor_key_id or None,
+    _key_audit(
+        "rotated",
+        wallet=wallet,
+        actor_key_id=actor_key_id,
         endpoint=None if actor else "/v1/api-keys/rotate",  # the console passes its actor, the API its key
-        detail={
-            "old_key_id": old.key_id,
-            "new_key_id": issued.key.key_id,
-            "old_revoked": revoke_old,
-            "reason": reason,
-            **({"actor": actor} if actor else {}),
-        },
+        actor=actor,
+        old_key_id=old.key_id,
+        new_key_id=issued.key.key_id,
+        old_revoked=revoke_old,
+        reason=reason,
     )
     return issued
 
@@ -496,13 +482,40 @@ def api_key_emergency_revoke(
         message=f"All {len(revoked)} active API keys of the wallet and the wallets below it were revoked ({reason}).",
         detail={"key_ids": revoked, "reason": reason},
     )
-    audit_record(
-        event="api_key.emergency_revoked",
-        ok=True,
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
-        key_id=actor_key_id or None,
+    _key_audit(
+        "emergency_revoked",
+        wallet=wallet,
+        actor_key_id=actor_key_id,
         endpoint="/v1/api-keys/emergency-revoke",
-        detail={"revoked_key_ids": revoked, "reason": reason, **({"actor": actor} if actor else {})},
+        actor=actor,
+        revoked_key_ids=revoked,
+        reason=reason,
     )
     return revoked
+
+
+def _key_audit(
+    event: str,
+    *,
+    ok: bool = True,
+    wallet: KeyWallet | None = None,
+    tenant_id: str | None = None,
+    wallet_id: str | None = None,
+    actor_key_id: str = "",
+    endpoint: str | None = None,
+    actor: str = "",
+    **detail: Any,
+) -> None:
+    """Audit ``api_key.<event>`` on the chain of the key's tenant (``wallet``'s, or ``tenant_id``; the system
+    chain for an operator key): the acting key as ``key_id``, the console's ``actor`` in the detail."""
+    if wallet is not None:
+        tenant_id, wallet_id = wallet.tenant_id, wallet.wallet_id
+    audit_record(
+        event=f"api_key.{event}",
+        ok=ok,
+        tenant_id=tenant_id,
+        wallet_id=wallet_id,
+        key_id=actor_key_id or None,
+        endpoint=endpoint,
+        detail={**detail, **({"actor": actor} if actor else {})},
+    )

@@ -294,3 +294,50 @@ def verify_chain_rows(
 def chain_hash(prev_hash: str, payload: bytes) -> str:
     """SHA-256 over the previous hash (32 raw bytes) followed by the canonical event bytes."""
     return hashlib.sha256(bytes.fromhex(prev_hash) + payload).hexdigest()
+
+
+# Approvals in the signed record (docs/audit-chain.md, "Approvals"). A permit minted from an approved
+# request names its approval in its own statement (``approval``: approval id, request id, approver,
+# decision time, terms digest); the approval is a signed ``permit_approval`` statement of its own.
+# client/tollgate_client/verify.py holds a copy of these two functions for the standalone verifier.
+APPROVAL_TYPE = "permit_approval"
+# What the permit's ``approval`` member restates from the approval statement, each compared.
+APPROVAL_REFERENCE_FIELDS = ("approval_id", "request_id", "approver", "decided_at", "terms_digest")
+# What the approval statement says of the permit, each compared with the permit's statement.
+APPROVAL_PERMIT_FIELDS = ("permit_id", "tenant_id", "wallet_id")
+
+
+def permit_terms_digest(permit_statement: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical bytes of the terms a permit is issued with: its statement without
+    ``kid`` and ``approval`` (tools, allowance, calls, expiry, wallet, subject key, issuer, ids and any
+    field a later version adds), the digest an approval signs."""
+    terms = {name: value for name, value in permit_statement.items() if name not in ("kid", "approval")}
+    return hashlib.sha256(canonical_bytes_fast(terms)).hexdigest()
+
+
+def approval_link_problem(permit_statement: Mapping[str, Any], approval_statement: Any) -> str | None:
+    """Why ``approval_statement`` is not the approval ``permit_statement`` names, or None.
+
+    Both signatures are checked by the caller. The approval must approve, name this permit, its tenant
+    and wallet, say what the permit's ``approval`` member restates, and sign the digest of exactly the
+    permit's terms. Reasons: ``approval_not_named``, ``approval_not_an_object``, ``approval_type_mismatch``,
+    ``approval_not_approved``, ``approval_mismatch:<field>``, ``approval_terms_digest_mismatch``.
+    """
+    reference = permit_statement.get("approval")
+    if not isinstance(reference, Mapping):
+        return "approval_not_named"
+    if not isinstance(approval_statement, Mapping):
+        return "approval_not_an_object"
+    if approval_statement.get("type") != APPROVAL_TYPE:
+        return "approval_type_mismatch"
+    if approval_statement.get("decision") != "approved":
+        return "approval_not_approved"
+    for name in APPROVAL_PERMIT_FIELDS:
+        if approval_statement.get(name) != permit_statement.get(name):
+            return f"approval_mismatch:{name}"
+    for name in APPROVAL_REFERENCE_FIELDS:
+        if reference.get(name) != approval_statement.get(name):
+            return f"approval_mismatch:{name}"
+    if approval_statement.get("terms_digest") != permit_terms_digest(permit_statement):
+        return "approval_terms_digest_mismatch"
+    return None

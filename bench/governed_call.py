@@ -13,6 +13,15 @@ key and a permit, then measures at concurrency 1 and 8:
 * the same ``tools/call`` sent directly to the upstream (the in-run reference);
 * at concurrency 8, the governed call spread over 8 agent wallets of one tenant (each
   worker its own wallet, key and permit): calls on one wallet serialize on its row lock;
+* at concurrency 8, the governed call spread over three upstream servers (the demo upstream
+  three times, in three processes: the server ``default`` and two records with the tool
+  prefixes ``s2`` and ``s3``), the load generator cycling ``math.add``, ``s2.math.add`` and
+  ``s3.math.add``, against the one-server call, in alternating windows (target: throughput
+  within 10 % of one server, as a ratio);
+* at concurrency 8, the governed call with tracing on (a second gunicorn instance with
+  ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at a local OTLP/HTTP sink process that reads and
+  discards every export) against tracing off (the first instance), in alternating windows;
+  the gateway party counts both instances (the idle one adds about nothing);
 * with ``--history N``, at concurrency 8, the measured wallet after N earlier calls copied
   into its tenant's tables, against an agent wallet of a second tenant without history,
   in alternating windows (history, fresh, fresh, history, ``--seconds`` each case in all)
@@ -39,6 +48,7 @@ priced at 0.0001 credits so the velocity freeze does not trigger.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import platform
@@ -136,10 +146,57 @@ MCP_HEADERS = {
 }
 
 
-def tools_call(headers: dict[str, str], meta: dict[str, Any]) -> loadgen.Request:
-    """``tools/call`` of ``math.add`` as ``POST /mcp`` (the gateway's path and the upstream's alike)."""
-    body = json.dumps(call_body("math.add", {"a": 1, "b": 2}, meta), separators=(",", ":")).encode()
-    return loadgen.Request("POST", "/mcp", headers, body)
+def tools_call(headers: dict[str, str], meta: dict[str, Any], tool: str = "math.add") -> loadgen.Request:
+    """``tools/call`` of ``tool`` (the demo's ``math.add``, under a server's prefix or none) as ``POST /mcp``
+    (the gateway's path and the upstream's alike)."""
+    body = json.dumps(call_body(tool, {"a": 1, "b": 2}, meta), separators=(",", ":")).encode()
+    return loadgen.Request("POST", "/mcp", {**headers, "Mcp-Name": tool} if tool != "math.add" else headers, body)
+
+
+# The three-server case: the server ``default`` (UPSTREAM_MCP_URL, no prefix) and two records with prefixes.
+EXTRA_SERVERS = ("s2", "s3")
+THREE_SERVER_TOOLS = ("math.add", *(f"{prefix}.math.add" for prefix in EXTRA_SERVERS))
+
+
+def start_upstream(port: int, env: dict[str, str], procs: list[subprocess.Popen[bytes]]) -> int:
+    """Start one demo upstream process on ``port`` (appended to ``procs``); returns its pid once it answers."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mcpgateway.demo_upstream", "--port", str(port), "--stateless"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    procs.append(proc)
+    wait_http(f"http://127.0.0.1:{port}/stats")
+    return proc.pid
+
+
+SINK = """
+import sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+class Sink(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length", "0")))
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-protobuf")
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def do_GET(self):
+        self.send_response(200)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+ThreadingHTTPServer(("127.0.0.1", int(sys.argv[1])), Sink).serve_forever()
+"""
+"""A local OTLP/HTTP receiver that reads and discards every export (the traced case's collector)."""
 
 
 def has_result(response: loadgen.Response) -> bool:
@@ -167,22 +224,20 @@ def provision(env: dict[str, str], upstream_port: int, procs: list[subprocess.Po
     manage = [sys.executable, "manage.py"]
     subprocess.run([*manage, "migrate", "-v", "0"], cwd=ROOT, env=env, check=True)
     subprocess.run([*manage, "ensure_signing_key"], cwd=ROOT, env=env, check=True, capture_output=True)
-    procs.append(
-        subprocess.Popen(
-            [sys.executable, "-m", "mcpgateway.demo_upstream", "--port", str(upstream_port), "--stateless"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-    )
-    wait_http(f"http://127.0.0.1:{upstream_port}/stats")
+    start_upstream(upstream_port, env, procs)
     subprocess.run([*manage, "sync_tools"], cwd=ROOT, env=env, check=True, capture_output=True)
     subprocess.run([*manage, "set_tool_price", "math.add", "0.0001"], cwd=ROOT, env=env, check=True)
     setup = subprocess.run(
         [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
     )
     return dict(json.loads(setup.stdout.strip().splitlines()[-1]))
+
+
+def _rate_ratio(results: dict[str, Any], case: str, reference: str) -> float | None:
+    """calls/s of ``case`` over ``reference``'s (None when either is missing or the reference is 0)."""
+    if case not in results or reference not in results or not results[reference]["calls_per_s"]:
+        return None
+    return round(results[case]["calls_per_s"] / results[reference]["calls_per_s"], 3)
 
 
 def _columns(conn: Any, table: str) -> list[str]:
@@ -281,7 +336,8 @@ def main() -> int:
 
     admin_dsn, dsn = database_url("bench_governed_call")
     db_url = to_url(dsn)
-    upstream_port, gateway_port = free_port(), free_port()
+    upstream_port, gateway_port, traced_port, sink_port = free_port(), free_port(), free_port(), free_port()
+    extra_ports = {prefix: free_port() for prefix in EXTRA_SERVERS}
     env = {
         **os.environ,
         "DATABASE_URL": db_url,
@@ -296,24 +352,46 @@ def main() -> int:
     try:
         creds = provision(env, upstream_port, procs)
         spread = creds["spread"]  # 8 agent wallets of the same tenant, each with its key and permit
-        procs.append(
-            subprocess.Popen(
+        upstream_pids = [procs[0].pid]  # provision() started the first upstream
+        # The three-server case: two more demo upstreams, recorded as servers with a tool prefix each.
+        upstream_pids += [start_upstream(port, env, procs) for port in extra_ports.values()]
+        urls = {prefix: f"http://127.0.0.1:{port}/mcp" for prefix, port in extra_ports.items()}
+        subprocess.run(
+            [sys.executable, "manage.py", "shell", "-c", SERVERS],
+            cwd=ROOT,
+            env={**env, "BENCH_SERVERS": json.dumps(urls)},
+            check=True,
+            capture_output=True,
+        )
+
+        def gunicorn(port: int, extra_env: dict[str, str]) -> subprocess.Popen[bytes]:
+            proc = subprocess.Popen(
                 [
                     sys.executable, "-m", "gunicorn", "-c", "python:config.gunicorn", "config.wsgi:application",
-                    "--bind", f"127.0.0.1:{gateway_port}",
+                    "--bind", f"127.0.0.1:{port}",
                     "--workers", str(args.workers), "--threads", str(args.threads), "--log-level", "warning",
                 ],
                 cwd=ROOT,
-                env=env,
-            )
-        )  # fmt: skip
-        wait_http(f"http://127.0.0.1:{gateway_port}/health")
+                # Each instance its own metrics directory (config/gunicorn.py makes one when unset).
+                env={**{k: v for k, v in env.items() if k != "PROMETHEUS_MULTIPROC_DIR"}, **extra_env},
+            )  # fmt: skip
+            procs.append(proc)
+            wait_http(f"http://127.0.0.1:{port}/health")
+            return proc
+
+        # The traced instance's collector: reads and discards every export.
+        procs.append(subprocess.Popen([sys.executable, "-c", SINK, str(sink_port)], cwd=ROOT))
+        wait_http(f"http://127.0.0.1:{sink_port}/")
+        gateway = gunicorn(gateway_port, {})
+        traced = gunicorn(traced_port, {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{sink_port}"})
         # Every party's CPU is measured in every case, the references' too: an idle party shows as ~0.
         parties: dict[str, loadgen.CpuMeter | None] = {
-            "gateway": loadgen.ProcessTree(procs[-1].pid),
+            "gateway": loadgen.ProcessTree(gateway.pid),
             "postgres": loadgen.postgres_meter(dsn),
-            "upstream": loadgen.ProcessTree(procs[0].pid),  # provision() started it first
+            "upstream": loadgen.ProcessTree(upstream_pids[0]),
         }
+        three_parties = {**parties, "upstream": loadgen.ProcessTrees(upstream_pids)}
+        both_parties = {**parties, "gateway": loadgen.ProcessTrees([gateway.pid, traced.pid])}
 
         gateway_headers = {**MCP_HEADERS, "X-API-Key": creds["secret"]}
         spread_headers = [{**MCP_HEADERS, "X-API-Key": w["secret"]} for w in spread]
@@ -330,6 +408,14 @@ def main() -> int:
             meta = {"permit_id": creds["fresh"]["permit_id"], "idempotency_key": uuid.uuid4().hex}
             return tools_call(fresh_headers, meta)
 
+        turns = itertools.count()
+
+        def governed_three(index: int) -> loadgen.Request:
+            tool = THREE_SERVER_TOOLS[next(turns) % len(THREE_SERVER_TOOLS)]  # the servers in turn
+            return tools_call(
+                gateway_headers, {"permit_id": creds["permit_id"], "idempotency_key": uuid.uuid4().hex}, tool
+            )
+
         def governed_spread(index: int) -> loadgen.Request:
             wallet = spread[index % len(spread)]  # each worker its own wallet, key and permit
             meta = {"permit_id": wallet["permit_id"], "idempotency_key": uuid.uuid4().hex}
@@ -338,11 +424,41 @@ def main() -> int:
         # Warm up both paths (connections, caches, the workers' first requests).
         run_load(gateway_port, governed, 4, 2)
         run_load(upstream_port, direct, 4, 1)
+        run_load(gateway_port, governed_three, 4, 2)
+        run_load(traced_port, governed, 4, 2)
         results = {}
         for c in (1, 8):
             results[f"direct_c{c}"] = run_load(upstream_port, direct, c, args.seconds, parties)
             results[f"governed_c{c}"] = run_load(gateway_port, governed, c, args.seconds, parties)
         results["governed_spread_c8"] = run_load(gateway_port, governed_spread, 8, args.seconds, parties)
+
+        def alternating(
+            cases: dict[str, Callable[[int], loadgen.Request]],
+            meters: dict[str, loadgen.CpuMeter | None],
+            ports: dict[str, int] | None = None,
+        ) -> None:
+            """``cases`` at concurrency 8 in alternating windows (the gateway's port unless ``ports`` says)."""
+            results.update(
+                loadgen.run_alternating(
+                    "127.0.0.1",
+                    gateway_port,
+                    cases,
+                    has_result,
+                    concurrency=8,
+                    seconds=args.seconds,
+                    parties=meters,
+                    ports=ports,
+                )
+            )
+
+        # Three upstream servers against one; the upstream party is all three.
+        alternating({"governed_one_server_c8": governed, "governed_three_servers_c8": governed_three}, three_parties)
+        # Tracing on (the second instance, exporting to the sink) against off.
+        alternating(
+            {"governed_untraced_c8": governed, "governed_traced_c8": governed},
+            both_parties,
+            {"governed_traced_c8": traced_port},
+        )
         history: dict[str, Any] = {}
         if args.history:
             # The long-history case: the same wallet and tenant after ``--history`` earlier calls.
@@ -353,17 +469,7 @@ def main() -> int:
             # Against a wallet of a tenant without history, in alternating windows (history, fresh,
             # fresh, history): the host's speed drifts within a run, and the fresh figure measured a
             # minute earlier is no reference then.
-            results.update(
-                loadgen.run_alternating(
-                    "127.0.0.1",
-                    gateway_port,
-                    {"governed_history_c8": governed, "governed_fresh_c8": governed_fresh},
-                    has_result,
-                    concurrency=8,
-                    seconds=args.seconds,
-                    parties=parties,
-                )
-            )
+            alternating({"governed_history_c8": governed, "governed_fresh_c8": governed_fresh}, parties)
         report = {
             "machine": f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}",
             "date": time.strftime("%Y-%m-%d"),
@@ -374,6 +480,8 @@ def main() -> int:
             "throughput_ratio_c8": round(
                 results["governed_c8"]["calls_per_s"] / results["direct_c8"]["calls_per_s"], 2
             ),
+            "three_servers_ratio_c8": _rate_ratio(results, "governed_three_servers_c8", "governed_one_server_c8"),
+            "traced_ratio_c8": _rate_ratio(results, "governed_traced_c8", "governed_untraced_c8"),
             "history": history,
             "history_ratio_c8": (
                 round(results["governed_history_c8"]["calls_per_s"] / results["governed_fresh_c8"]["calls_per_s"], 3)
@@ -386,6 +494,8 @@ def main() -> int:
                 "governed_c1_p50_ms": 6,
                 "gateway_cpu_ms_per_call": 3,
                 "history_ratio_c8_min": 0.9,
+                "three_servers_ratio_c8_min": 0.9,
+                "traced_ratio_c8_min": 0.9,
             },
         }
         print("| path | concurrency | calls/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
@@ -394,16 +504,18 @@ def main() -> int:
             print("| " + " | ".join(str(c) for c in cells) + " |")
         print(f"\np50 overhead ratio at c=1 (governed / direct): {report['overhead_ratio_p50_c1']}")
         print(f"throughput ratio at c=8 (governed / direct): {report['throughput_ratio_c8']}")
+        print(f"throughput ratio at c=8 (three servers / one): {report['three_servers_ratio_c8']}")
+        print(f"throughput ratio at c=8 (tracing on / off): {report['traced_ratio_c8']}")
         print("\n" + loadgen.cpu_table(results))
         loadgen.report_errors(results)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n")
         return 0
     finally:
-        for p in procs:
+        # Last started, first stopped: the traced gateway flushes its spans while the sink still listens.
+        for p in reversed(procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
-        for p in procs:
             try:
                 p.wait(15)
             except subprocess.TimeoutExpired:
@@ -412,6 +524,21 @@ def main() -> int:
 
         with psycopg.connect(admin_dsn, autocommit=True) as conn:
             conn.execute('DROP DATABASE IF EXISTS "bench_governed_call" WITH (FORCE)')
+
+
+SERVERS = """
+import json, os
+from decimal import Decimal
+from billing.services import tool_price_set
+from mcpgateway.models import UpstreamServer
+from mcpgateway.services.upstreams import upstream_server_create, upstream_server_sync
+for prefix, url in json.loads(os.environ["BENCH_SERVERS"]).items():
+    server = upstream_server_create(slug=prefix, name=prefix, url=url, tool_prefix=prefix, actor="bench")
+    report = upstream_server_sync(server=UpstreamServer.objects.get(pk=server.pk), actor="bench")
+    for name in report.created:
+        tool_price_set(tool=name, credits=Decimal("0.0001"))
+"""
+"""Two more upstream servers (``BENCH_SERVERS``: prefix -> URL), their tools synced and priced as ``math.add``."""
 
 
 SETUP = """

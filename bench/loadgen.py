@@ -330,7 +330,21 @@ class PostgresServer:
         return out
 
 
-CpuMeter = ProcessTree | PostgresServer
+class ProcessTrees:
+    """Several servers counted as one party (three upstream processes; two gateways of which one is idle)."""
+
+    def __init__(self, pids: list[int]) -> None:
+        self.trees = [ProcessTree(pid) for pid in pids]
+
+    def read(self, stats: Mapping[int, ProcStat] | None = None) -> dict[int, float]:
+        stats = _proc_stats() if stats is None else stats
+        out: dict[int, float] = {}
+        for tree in self.trees:
+            out |= tree.read(stats)
+        return out
+
+
+CpuMeter = ProcessTree | ProcessTrees | PostgresServer
 
 
 def postgres_pid(dsn: str) -> int | None:
@@ -452,18 +466,26 @@ def run_alternating(
     seconds: float,
     parties: Mapping[str, CpuMeter | None] | None = None,
     rounds: int = 2,
+    ports: Mapping[str, int] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each of ``cases`` (``{label: make_request}``) for ``seconds`` in all, in ``rounds`` windows taken in
     turn, the order reversed every round (A B, B A, ...), so that a change of the machine's speed during
     the measurement (a shared host's) weighs on every case alike; each case's figures are those of its
-    windows together, as :func:`run` gives them for one window."""
+    windows together, as :func:`run` gives them for one window. ``ports``: a case's own port, when the
+    cases are served by different servers (``port`` for the others)."""
     windows: dict[str, list[tuple[dict[str, Any], list[float]]]] = {label: [] for label in cases}
     order = list(cases)
     for round_ in range(rounds):
         for label in order if round_ % 2 == 0 else order[::-1]:
             windows[label].append(
                 _load(
-                    host, port, cases[label], check, concurrency=concurrency, seconds=seconds / rounds, parties=parties
+                    host,
+                    (ports or {}).get(label, port),
+                    cases[label],
+                    check,
+                    concurrency=concurrency,
+                    seconds=seconds / rounds,
+                    parties=parties,
                 )
             )
     return {label: _combined(runs) for label, runs in windows.items()}

@@ -21,7 +21,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.defaultfilters import pluralize
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from access import services as key_services
@@ -45,8 +45,9 @@ from common.console import (
     console_actor,
     console_failure,
     console_log,
+    console_page,
     has_perm,
-    revocation_reason_form,
+    revocation_page,
 )
 from common.errors import ApplicationError, RequestValidationError
 from common.formatting import credits_phrase
@@ -333,11 +334,7 @@ class WalletAdmin(admin.ModelAdmin):
         return has_perm(request, "billing.change_wallet_settings")
 
     def get_urls(self) -> list[Any]:
-        settings_page = path(
-            "<path:object_id>/settings/",
-            self.admin_site.admin_view(self.settings_view),
-            name="billing_wallet_settings",
-        )
+        settings_page = console_page(self, "<path:object_id>/settings/", self.settings_view, "billing_wallet_settings")
         return [settings_page, *super().get_urls()]
 
     def settings_view(self, request: HttpRequest, object_id: str) -> HttpResponse:
@@ -555,7 +552,7 @@ class WalletAdmin(admin.ModelAdmin):
             ).count()
             return [wallet.wallet_id, wallet.wallet_type, wallet.name, str(keys)]
 
-        page = confirmation_page(
+        page, reason = revocation_page(
             self,
             request,
             queryset.order_by("path"),
@@ -566,11 +563,9 @@ class WalletAdmin(admin.ModelAdmin):
             headings=["Wallet", "Type", "Name", "Active keys in the subtree"],
             row=row,
             confirm_label="Yes, revoke them all",
-            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
-        reason = form.cleaned_data["reason"]
         revoked = 0
         for wallet in queryset.order_by("path"):
             keys = key_services.api_key_emergency_revoke(wallet=wallet, reason=reason, actor=console_actor(request))

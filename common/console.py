@@ -23,7 +23,7 @@ from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
 from django.http import HttpRequest, HttpResponse
 from django.template.response import TemplateResponse
-from django.urls import reverse
+from django.urls import URLPattern, path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
@@ -158,6 +158,12 @@ def confirmation_page(
     return TemplateResponse(request, "admin/confirm_action.html", context)
 
 
+def console_page(modeladmin: admin.ModelAdmin, route: str, view: Callable[..., Any], name: str) -> URLPattern:
+    """A page of its own on a model's console pages (for ``get_urls``, ahead of Django's), behind the
+    site's ``admin_view`` (active staff signed in, crafted requests refused, never cached)."""
+    return path(route, modeladmin.admin_site.admin_view(view), name=name)
+
+
 def console_actor(request: HttpRequest) -> str:
     """The actor every console change is audited with: ``admin:<username>``."""
     return f"admin:{request.user.get_username()}" if request.user.is_authenticated else "admin"
@@ -177,6 +183,16 @@ class RevocationReasonForm(forms.Form):
 def revocation_reason_form(request: HttpRequest) -> RevocationReasonForm:
     """The reason form of a revocation's confirmation page, bound on the confirming POST."""
     return RevocationReasonForm(request.POST if request.POST.get("post") == "yes" else None)
+
+
+def revocation_page(
+    modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Any], **page: Any
+) -> tuple[HttpResponse | None, str]:
+    """A revocation's confirmation page (``confirmation_page`` with ``page``), which asks for its reason:
+    ``(page, "")`` until it is confirmed with a valid reason, then ``(None, reason)``."""
+    form = revocation_reason_form(request)
+    response = confirmation_page(modeladmin, request, queryset, form=form, **page)
+    return (response, "") if response is not None else (None, form.cleaned_data["reason"])
 
 
 def console_log(request: HttpRequest, obj: Any, message: str) -> None:

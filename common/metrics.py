@@ -54,9 +54,26 @@ HTTP_REQUESTS = Counter(
 )
 UPSTREAM_LATENCY = Histogram(
     "tollgate_upstream_latency_seconds",
-    "Upstream tools/call latency in seconds, by result kind (all workers of this instance).",
-    ("kind",),
+    "Upstream tools/call latency in seconds, by upstream server (slug) and result kind (all workers of this instance).",
+    ("server", "kind"),
     buckets=UPSTREAM_BUCKETS,
+    registry=REGISTRY,
+)
+# The result kinds of an upstream tools/call that are the upstream's (or the way to it's) failure:
+# everything but an answer (``success``) and the tool's own error (``tool_error``, a normal answer).
+UPSTREAM_ERROR_CLASSES = ("not_sent", "http_error", "jsonrpc_error", "invalid_response", "uncertain")
+UPSTREAM_ERRORS = Counter(
+    "tollgate_upstream_errors",
+    "Upstream tools/call failures by upstream server (slug) and class (all workers of this instance).",
+    ("server", "class"),
+    registry=REGISTRY,
+)
+# Only with METRICS_TOOL_LABELS: one series per tool (docs/decisions.md, "Metrics and traces").
+UPSTREAM_TOOL_CALLS = Counter(
+    "tollgate_upstream_tool_calls",
+    "Upstream tools/call by server, tool and result kind; only with METRICS_TOOL_LABELS (all workers of this "
+    "instance).",
+    ("server", "tool", "kind"),
     registry=REGISTRY,
 )
 RATE_LIMIT_REFUSALS = Counter(
@@ -74,9 +91,15 @@ def multiprocess_dir() -> str:
     return os.environ.get(MULTIPROC_ENV, "")
 
 
-def observe_upstream(seconds: float, *, kind: str) -> None:
-    """Record one upstream ``tools/call``: its latency (seconds) and result kind (``CallResult.kind``)."""
-    UPSTREAM_LATENCY.labels(kind=kind).observe(max(0.0, seconds))
+def observe_upstream(seconds: float, *, kind: str, server: str, tool: str = "") -> None:
+    """Record one upstream ``tools/call`` to ``server`` (its slug; "" for no server record): its latency
+    (seconds) and result kind (``CallResult.kind``), a failure by class, and with ``METRICS_TOOL_LABELS``
+    the call by ``tool``. The labels are bounded: servers are operator records, kinds a fixed set."""
+    UPSTREAM_LATENCY.labels(server=server, kind=kind).observe(max(0.0, seconds))
+    if kind in UPSTREAM_ERROR_CLASSES:
+        UPSTREAM_ERRORS.labels(server=server, **{"class": kind}).inc()
+    if getattr(settings, "METRICS_TOOL_LABELS", False):
+        UPSTREAM_TOOL_CALLS.labels(server=server, tool=tool, kind=kind).inc()
 
 
 def count_refusal(kind: str) -> None:

@@ -28,6 +28,7 @@ TENANT_TABLES: dict[str, str] = {
     "billing_key_rotation_log": "tenant_id",
     "permits_permit": "tenant_id",
     "permits_permit_request": "tenant_id",
+    "permits_permit_approval": "tenant_id",
     "permits_quote": "tenant_id",
     "permits_policy_bundle": "tenant_id",
     "permits_tenant_approver": "tenant_id",

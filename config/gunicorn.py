@@ -9,6 +9,9 @@ zero with the instance (Prometheus reads that as a counter reset). Files of
 exited workers stay, so their counts are not lost; a worker that exits is
 marked dead for the client's live gauges.
 
+Each worker sets up its own trace exporter after the fork when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is
+set (``post_fork``; ``common.tracing``).
+
 Workers are gunicorn's gthread workers, taking each new connection where the
 fewest are open (``config.workers.BalancedThreadWorker``).
 
@@ -79,6 +82,17 @@ def pre_fork(server: Any, worker: Any) -> None:
     taken = {getattr(live, "board_slot", -1) for live in server.WORKERS.values()}
     worker.board_slot = next(slot for slot in range(ConnectionBoard.SLOTS) if slot not in taken)
     BOARD.write(worker.board_slot, -1)  # on the board once it serves (BalancedThreadWorker)
+
+
+def post_fork(server: Any, worker: Any) -> None:
+    """Traces, when ``OTEL_EXPORTER_OTLP_ENDPOINT`` is set: each worker its own exporter and batch thread.
+
+    After the fork, so that the ``BatchSpanProcessor``'s thread runs in the worker that fills its
+    queue (a thread started in the master would not survive the fork). ``common.tracing``.
+    """
+    from common.tracing import tracing_setup
+
+    tracing_setup()
 
 
 def child_exit(server: Any, worker: Any) -> None:

@@ -374,3 +374,6 @@ PREFLIGHT_FETCH_TIMEOUT = env.float("PREFLIGHT_FETCH_TIMEOUT", default=5.0)
 METRICS_SCRAPE_TOKEN = env.str("METRICS_SCRAPE_TOKEN", default="")
 if PRODUCTION and METRICS_SCRAPE_TOKEN and len(METRICS_SCRAPE_TOKEN) < 32:
     raise ImproperlyConfigured("refusing to start in production: METRICS_SCRAPE_TOKEN is shorter than 32 characters")
+# One more family, upstream calls by server and tool (one series per tool): off by default to keep the
+# cardinality bounded by the server records (docs/decisions.md, "Metrics and traces").
+METRICS_TOOL_LABELS = env.bool("METRICS_TOOL_LABELS", default=False)

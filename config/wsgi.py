@@ -16,4 +16,7 @@ django.setup(set_prefix=False)
 from django.conf import settings  # noqa: E402 - after setup
 from django.utils.module_loading import import_string  # noqa: E402
 
+from common.tracing import tracing_setup  # noqa: E402 - after setup
+
+tracing_setup()  # once per process: a no-op under gunicorn, whose post_fork did it (config/gunicorn.py)
 application = import_string(settings.GATEWAY_WSGI_APPLICATION)()

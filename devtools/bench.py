@@ -50,6 +50,8 @@ RECEIPT_VERIFICATIONS_PER_S = 5000
 TLOG_PROOF_MS = 5.0  # bench/tlog_proofs.py: one proof at 1,000,000 leaves
 CHARGE_C8_REQUESTS_PER_S = 1000
 HISTORY_RATIO_MIN = 0.9  # throughput after the long history / fresh, one wallet, concurrency 8
+THREE_SERVERS_RATIO_MIN = 0.9  # throughput over three upstream servers / one server, concurrency 8
+TRACED_RATIO_MIN = 0.9  # throughput with tracing on (OTLP to a local sink) / off, concurrency 8
 
 
 @dataclass
@@ -236,6 +238,22 @@ def cpu_table(cases: list[tuple[str, dict[str, Any] | None]], unit: str) -> list
     return lines
 
 
+def _ratio_row(
+    figure: str, cases: tuple[dict[str, Any], dict[str, Any]], reference: str, target: tuple[float, str]
+) -> Row:
+    """A throughput row whose target is a minimum ratio of ``cases`` (case, reference)."""
+    case, base = cases
+    minimum, of = target
+    ratio = case["calls_per_s"] / base["calls_per_s"] if base["calls_per_s"] else 0.0
+    return Row(
+        figure,
+        f"{_n(case['calls_per_s'], 1)} calls/s",
+        f"{reference}: {_n(base['calls_per_s'], 1)} calls/s",
+        f"{ratio:.2f}",
+        f">= {minimum:g} of {of}: {_met(ratio >= minimum, case, base)}",
+    )
+
+
 def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     r = f["results"]
     d1, g1, d8, g8 = r["direct_c1"], r["governed_c1"], r["direct_c8"], r["governed_c8"]
@@ -290,7 +308,6 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     history = r.get("governed_history_c8")
     fresh = r.get("governed_fresh_c8") or g8  # runs before the alternating reference: the wallet fresh
     if history is not None:
-        ratio = history["calls_per_s"] / fresh["calls_per_s"] if fresh["calls_per_s"] else 0.0
         earlier = f.get("history", {}).get("earlier_calls")
         reference = (
             "a wallet of a tenant without history, in alternating windows"
@@ -298,14 +315,44 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
             else "the same wallet fresh"
         )
         rows.append(
-            Row(
+            _ratio_row(
                 f"governed `tools/call` throughput, concurrency 8, after {_n(earlier)} earlier calls on the wallet",
-                f"{_n(history['calls_per_s'], 1)} calls/s",
-                f"{reference}: {_n(fresh['calls_per_s'], 1)} calls/s",
-                f"{ratio:.2f}",
-                f">= {HISTORY_RATIO_MIN:g} of fresh: {_met(ratio >= HISTORY_RATIO_MIN, history, fresh)}",
+                (history, fresh),
+                reference,
+                (HISTORY_RATIO_MIN, "fresh"),
             )
         )
+    one, three = r.get("governed_one_server_c8"), r.get("governed_three_servers_c8")
+    untraced, traced = r.get("governed_untraced_c8"), r.get("governed_traced_c8")
+    for case, base, figure, reference, target in (
+        (
+            three,
+            one,
+            "governed `tools/call` throughput, concurrency 8, cycling the tools of three upstream servers",
+            "one server, in alternating windows",
+            (THREE_SERVERS_RATIO_MIN, "one server"),
+        ),
+        (
+            traced,
+            untraced,
+            "governed `tools/call` throughput, concurrency 8, tracing on (OTLP/HTTP to a local sink)",
+            "tracing off, in alternating windows",
+            (TRACED_RATIO_MIN, "off"),
+        ),
+    ):
+        if case is not None and base is not None:
+            rows.append(_ratio_row(figure, (case, base), reference, target))
+    if untraced is not None and traced is not None:
+        on_cpu, off_cpu = traced.get("gateway_cpu_ms_per_call"), untraced.get("gateway_cpu_ms_per_call")
+        if on_cpu is not None and off_cpu is not None:
+            rows.append(
+                Row(
+                    "gateway CPU per governed call, concurrency 8, tracing on",
+                    f"{_n(on_cpu, 2)} ms",
+                    f"tracing off: {_n(off_cpu, 2)} ms",
+                    _ratio(on_cpu, off_cpu),
+                )
+            )
     runs_with_cpu = [("concurrency 1", g1), ("concurrency 8", g8)]
     if spread is not None:
         runs_with_cpu.append(("concurrency 8 over 8 wallets", spread))
@@ -330,6 +377,21 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
     ]
     if f.get("load_generator"):
         notes.append(f"Load generator: {f['load_generator']}.")
+    if three is not None:
+        notes.append(
+            "Three servers: the demo upstream in three processes, recorded as the server `default` and two "
+            "servers with the tool prefixes `s2` and `s3`; the load generator cycles `math.add`, `s2.math.add` "
+            "and `s3.math.add`, one wallet, against the same wallet calling one server, in alternating windows; "
+            "the upstream party is the three processes."
+        )
+    if traced is not None:
+        notes.append(
+            "Tracing: a second gunicorn instance with `OTEL_EXPORTER_OTLP_ENDPOINT` set, exporting every span "
+            "(a batch processor per worker) over OTLP/HTTP to a local sink process that reads and discards "
+            "them, against the first instance (tracing off: one flag tested per hook, no SDK loaded), in "
+            "alternating windows; the gateway party is both instances (the idle one adds about nothing), the "
+            "sink's own CPU is not counted."
+        )
     if f.get("history"):
         h = f["history"]
         notes.append(
@@ -347,6 +409,10 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
         ("governed, concurrency 1", g1),
         ("governed, concurrency 8", g8),
         ("governed, concurrency 8 over 8 wallets", spread),
+        ("governed, concurrency 8, one server (alternating with three)", one),
+        ("governed, concurrency 8, three servers", three),
+        ("governed, concurrency 8, tracing off (alternating with on)", untraced),
+        ("governed, concurrency 8, tracing on", traced),
         ("governed, concurrency 8 after the long history", history),
         ("governed, concurrency 8, a tenant without history (alternating with the above)", r.get("governed_fresh_c8")),
         ("direct upstream call (reference), concurrency 1", d1),

@@ -38,6 +38,7 @@ from access.authentication import resolve_credential
 from access.ratelimit import DeferredRefused
 from access.selectors import Principal
 from billing.models import ToolPrice
+from common import tracing
 from common.errors import (
     ApplicationError,
     InvalidAPIKey,
@@ -284,6 +285,7 @@ def _tools_call(ex: Exchange, params: dict[str, Any]) -> dict[str, Any]:
                 endpoint=ex.endpoint,
                 # The key's rate-limit charge, when the middleware deferred it to the claim (access.ratelimit).
                 deferred=getattr(ex.request, "_tollgate_rate", None),
+                trace_context=tracing.incoming_context(ex.request.headers),
             )
         )
     except RequestValidationError as err:

@@ -11,6 +11,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from access.authentication import AllowAnyone, NotAuthenticated, optional_principal, principal
+from common import tracing
 from common.errors import NotFound, OperatorKeyRequired, RequestValidationError, flatten_drf_errors
 from common.pagination import parse_body, parse_query
 from common.schema import error_responses
@@ -172,6 +173,7 @@ class ToolInvokeView(APIView):
                 quote_id=body["quote_id"],
                 transport="rest_invoke",
                 endpoint=f"/mcp/tools/{service_id}/invoke",
+                trace_context=tracing.incoming_context(request.headers),
             )
         )
         stored = answer.response

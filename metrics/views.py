@@ -9,17 +9,19 @@ Where each figure comes from:
 
 * PostgreSQL, at scrape time (exact across every process and node; each a
   counter because the rows behind it are immutable and only ever added):
-  governed actions by receipt outcome, actions swept by the sweeper, charges
-  and refunds posted to the revenue account (count and credits), and audit
-  appends (the sum of the chain heads' sequence numbers). Four aggregate
-  queries: one small group-by over receipts, one over the revenue side of the
-  ledger, one over the chain heads (one row per tenant) and one on the partial
-  index of claimed actions. The first two read every receipt and every
-  charge/refund entry, so their cost grows with history; scrape every 15 s or
-  more.
+  governed actions by receipt outcome and upstream server (its slug), actions
+  swept by the sweeper, charges and refunds posted to the revenue account
+  (count and credits), and audit appends (the sum of the chain heads' sequence
+  numbers). Five queries: the server records (id to slug), one small group-by
+  over receipts, one over the revenue side of the ledger, one over the chain
+  heads (one row per tenant) and one on the partial index of claimed actions.
+  The receipts and ledger group-bys read every receipt and every charge/refund
+  entry, so their cost grows with history; scrape every 15 s or more.
 * ``prometheus-client`` (:mod:`common.metrics`; summed over every gunicorn
   worker of the instance in its multiprocess mode): requests by route and
-  status, the upstream latency histogram, rate-limit refusals.
+  status, the upstream latency histogram and upstream failures by server and
+  class, rate-limit refusals; with ``METRICS_TOOL_LABELS``, upstream calls by
+  server and tool.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ from billing.models import LedgerEntry, LedgerKind, SystemAccount
 from common.errors import NotAuthenticated, OperatorKeyRequired
 from common.metrics import exposition, multiprocess_dir
 from common.schema import error_responses
-from mcpgateway.models import Action, ActionState
+from mcpgateway.models import Action, ActionState, UpstreamServer
 from metrics.middleware import scrape_token_matches
 from receipts.models import Outcome, Receipt
 
@@ -112,7 +114,8 @@ def render(families: Iterable[Family]) -> str:
 class BusinessTotals:
     """Exact totals over every process, read from the system of record."""
 
-    actions_by_outcome: dict[str, int]
+    # (outcome, server slug) -> count; "" for calls on no server (local tools, refusals: nothing was sent).
+    actions_by_outcome: dict[tuple[str, str], int]
     actions_in_flight: int
     swept_actions: int
     debits: int
@@ -123,16 +126,20 @@ class BusinessTotals:
 
 
 def business_totals() -> BusinessTotals:
-    """Four aggregate queries; see the module docstring for their cost."""
-    by_outcome: dict[str, int] = {o.value: 0 for o in Outcome}
+    """Five aggregate queries; see the module docstring for their cost."""
+    slugs = dict(UpstreamServer.objects.values_list("server_id", "slug"))
+    by_outcome: dict[tuple[str, str], int] = {(o.value, slug): 0 for o in Outcome for slug in ("", *slugs.values())}
     swept = 0
     rows = (
         Receipt.objects.order_by()
-        .values("outcome")
+        .values("outcome", "upstream_server_id")
         .annotate(n=Count("receipt_id"), swept=Count("receipt_id", filter=Q(reason_code=SWEPT_REASON)))
     )
     for row in rows:
-        by_outcome[row["outcome"]] = row["n"]
+        server_id = row["upstream_server_id"] or ""
+        # A server record deleted since keeps its calls under its id (as bounded as the records were).
+        key = (row["outcome"], slugs.get(server_id, server_id))
+        by_outcome[key] = by_outcome.get(key, 0) + row["n"]
         swept += row["swept"]
     in_flight = Action.objects.filter(state=ActionState.DISPATCH_CLAIMED).count()
     ledger: dict[str, dict[str, Any]] = {
@@ -167,10 +174,11 @@ def _business_families(totals: BusinessTotals) -> list[Family]:
     actions = Family(
         "tollgate_governed_actions_total",
         "counter",
-        "Governed actions finished, by receipt outcome (PostgreSQL; exact across processes).",
+        "Governed actions finished, by receipt outcome and upstream server slug (PostgreSQL; exact across "
+        'processes; server "": a local tool, or a refusal, which is sent nowhere).',
     )
-    for outcome, n in sorted(totals.actions_by_outcome.items()):
-        actions.add(n, (("outcome", outcome),))
+    for (outcome, server), n in sorted(totals.actions_by_outcome.items()):
+        actions.add(n, (("outcome", outcome), ("server", server)))
     return [
         actions,
         Family(

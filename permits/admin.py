@@ -36,6 +36,7 @@ from permits import selectors as permit_selectors
 from permits import services
 from permits.models import (
     Permit,
+    PermitApproval,
     PermitRequest,
     PermitStatus,
     PolicyBundle,
@@ -106,7 +107,46 @@ class PermitAdmin(ReadOnlyAdmin):
         return None
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
-        return [f.name for f in Permit._meta.fields]
+        # ``issued_via_request_id`` is an unsigned column: the page shows the approval the signed statement
+        # names, checked, in its place (docs/decisions.md, Authority, "Approvals are signed").
+        return ["approval", *[f.name for f in Permit._meta.fields if f.name != "issued_via_request_id"]]
+
+    @admin.display(description="approval (from the signed statement)")
+    def approval(self, obj: Permit) -> str:
+        """Who stands behind the permit by its signed record: an approval that holds, one that does not
+        (and why), an operator, or a wallet's key."""
+        standing = services.permit_approval_standing(obj)
+        reference = services.permit_signed_approval(obj)
+        if standing == "approved" and reference is not None:
+            return (
+                f"Approved by {reference['approver']} at {reference['decided_at']} "
+                f"(request {reference['request_id']}, approval {reference['approval_id']})"
+            )
+        if standing == "operator":
+            return "Issued by an operator (no approval)"
+        if reference is not None:
+            return f"NOT approved: the approval it names does not hold ({services.permit_approval_problem(obj)})"
+        return "NOT approved: issued by a wallet's key, or its signed statement does not verify"
+
+
+@admin.register(PermitApproval)
+class PermitApprovalAdmin(ReadOnlyAdmin):
+    """Decisions on permit requests as signed (docs/decisions.md, Authority, "Approvals are signed")."""
+
+    list_display = ["approval_short", "request_short", "wallet_id", "decision", "approver", "decided_at", "record"]
+    approval_short = short_id_column("approval_id", "approval")
+    request_short = short_id_column("permit_request_id", "request", link_to="permits.permitrequest")
+    list_filter = ["decision"]
+    search_fields = ["approval_id", "permit_request__request_id", "tenant_id", "wallet_id", "permit_id", "approver"]
+    ordering = ["-decided_at"]
+
+    @admin.display(description="signed record")
+    def record(self, obj: PermitApproval) -> str:
+        """Whether the row is what was signed: ``ok`` or why not (its signature, a column edited)."""
+        return services.approval_statement_problem(obj) or "ok"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return ["record", *[f.name for f in PermitApproval._meta.fields]]
 
 
 @admin.register(PermitRequest)

@@ -38,6 +38,8 @@ class Permit(models.Model):
         Wallet, null=True, blank=True, on_delete=models.PROTECT, db_constraint=False, related_name="issued_permits"
     )
     issued_by_key_id = models.CharField(max_length=40, blank=True, default="")
+    # Unsigned, for reference: whether a person approved the permit is read from its signed statement's
+    # ``approval`` (permits.services.approval_record), never from this column.
     issued_via_request_id = models.CharField(max_length=40, blank=True, default="")
     subject_key_id = models.CharField(max_length=40, null=True, blank=True)
     allowed_tools = models.JSONField(default=list)
@@ -153,6 +155,45 @@ class PermitRequest(models.Model):
         if self.status == PermitRequestStatus.PENDING and self.expires_at <= now:  # type: ignore[operator]
             return PermitRequestStatus.EXPIRED
         return self.status
+
+
+class PermitApprovalDecision(models.TextChoices):
+    APPROVED = "approved"
+    REJECTED = "rejected"
+
+
+class PermitApproval(models.Model):
+    """A person's decision on a permit request as a signed statement (type ``permit_approval``).
+
+    Written once, in the deciding transaction, never changed. The statement names the request, the
+    tenant and wallet, the decision, the approver (user id and username), the decision time and, for an
+    approval, the permit minted and the digest of the terms it is minted with
+    (``audit.evidence_core.permit_terms_digest``); the permit's own statement names this approval.
+    Every column equals what was signed: a permit counts as approved only when this row's signature
+    verifies and its statement matches the permit's (docs/decisions.md, Authority, "Approvals are signed").
+    """
+
+    approval_id = models.CharField(max_length=40, primary_key=True)
+    tenant_id = models.CharField(max_length=40, db_index=True)
+    permit_request = models.OneToOneField(
+        PermitRequest, on_delete=models.PROTECT, db_constraint=False, related_name="approval"
+    )
+    wallet_id = models.CharField(max_length=40)
+    decision = models.CharField(max_length=16, choices=PermitApprovalDecision.choices)
+    approver_user_id = models.BigIntegerField()
+    approver = models.CharField(max_length=150, help_text="The approver's username when deciding.")
+    decided_at = models.DateTimeField()
+    permit_id = models.CharField(max_length=40, null=True, blank=True)
+    terms_digest = models.CharField(max_length=64, null=True, blank=True)
+    signed_statement = models.JSONField()
+    signature = models.CharField(max_length=200)
+    key_id = models.CharField(max_length=40, help_text="Evidence signing key (kid) that signed this decision.")
+
+    class Meta:
+        db_table = "permits_permit_approval"
+
+    def __str__(self) -> str:
+        return f"{self.approval_id} {self.decision} {self.permit_request_id}"
 
 
 class TenantApprover(models.Model):

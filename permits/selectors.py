@@ -72,7 +72,7 @@ def permit_for_caller(principal: Principal, permit_id: str) -> Permit:
 
 
 def permit_requests_visible(principal: Principal) -> QuerySet[PermitRequest]:
-    return scope_to_caller(PermitRequest.objects.select_related("wallet", "permit"), principal)
+    return scope_to_caller(PermitRequest.objects.select_related("wallet", "permit", "approval"), principal)
 
 
 def permit_request_for_caller(principal: Principal, request_id: str) -> PermitRequest:

@@ -14,6 +14,7 @@ from billing.models import ServiceCategory
 from billing.serializers import MoneyField
 from common.pagination import PageQuery, list_envelope
 from permits.models import Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
+from permits.services.approval_record import permit_signed_approval
 from permits.services.policies import policy_rules_problems
 
 MAX_PERMIT_TTL = 30 * 24 * 3600
@@ -48,8 +49,34 @@ class SignedDocumentField(serializers.JSONField):
     pass
 
 
+class PermitApprovalReference(serializers.Serializer):
+    """The approval a permit's signed statement names (docs/decisions.md, Authority, "Approvals are signed")."""
+
+    approval_id = serializers.CharField()
+    request_id = serializers.CharField()
+    approver = serializers.CharField()
+    decided_at = serializers.CharField()
+    terms_digest = serializers.CharField()
+
+
+class PermitApprovalResponse(serializers.Serializer):
+    """A person's decision on a permit request, as signed (``signed_statement``, type ``permit_approval``)."""
+
+    approval_id = serializers.CharField()
+    decision = serializers.ChoiceField(choices=["approved", "rejected"])
+    approver = serializers.CharField()
+    decided_at = serializers.DateTimeField()
+    permit_id = serializers.CharField(allow_null=True)
+    terms_digest = serializers.CharField(allow_null=True)
+    key_id = serializers.CharField()
+    signature = serializers.CharField()
+    signed_statement = serializers.DictField(help_text="The exact statement that was signed (RFC 8785 canonical form).")
+
+
 class PermitResponse(serializers.ModelSerializer):
-    """A permit with its signed statement and live allowance figures."""
+    """A permit with its signed statement and live allowance figures. ``approval`` and
+    ``issued_via_request_id`` come from the signed statement (empty when it names no approval or its
+    signature does not verify), never from an unsigned column."""
 
     wallet_id = serializers.CharField()
     issuer_wallet_id = serializers.CharField(allow_null=True)
@@ -59,6 +86,8 @@ class PermitResponse(serializers.ModelSerializer):
     remaining_credits = serializers.SerializerMethodField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
     signed_statement = serializers.DictField(help_text="The exact statement that was signed (RFC 8785 canonical form).")
+    issued_via_request_id = serializers.SerializerMethodField()
+    approval = serializers.SerializerMethodField()
 
     class Meta:
         model = Permit
@@ -79,6 +108,7 @@ class PermitResponse(serializers.ModelSerializer):
             "revoked_at",
             "revoke_reason",
             "issued_via_request_id",
+            "approval",
             "key_id",
             "signature",
             "signed_statement",
@@ -91,6 +121,15 @@ class PermitResponse(serializers.ModelSerializer):
     @extend_schema_field(OpenApiTypes.STR)
     def get_remaining_credits(self, obj: Permit) -> str:
         return f"{(obj.max_credits - obj.spent_credits).quantize(Decimal('0.00000001')):f}"
+
+    @extend_schema_field(OpenApiTypes.STR)
+    def get_issued_via_request_id(self, obj: Permit) -> str:
+        approval = permit_signed_approval(obj)
+        return str(approval.get("request_id") or "") if approval is not None else ""
+
+    @extend_schema_field(PermitApprovalReference(allow_null=True))
+    def get_approval(self, obj: Permit) -> dict[str, Any] | None:
+        return permit_signed_approval(obj)
 
 
 PermitListResponse = list_envelope("PermitListResponse", PermitResponse)
@@ -136,8 +175,18 @@ class PermitVerifyResponse(serializers.Serializer):
     key_id = serializers.CharField(allow_null=True)
     reasons = serializers.ListField(
         child=serializers.ChoiceField(
-            choices=["bad_signature", "unknown_key", "expired", "revoked", "exhausted", "unknown_permit"]
-        )
+            choices=[
+                "bad_signature",
+                "approval_invalid",
+                "unknown_key",
+                "expired",
+                "revoked",
+                "exhausted",
+                "unknown_permit",
+            ]
+        ),
+        help_text="approval_invalid: the approval the permit's statement names does not hold "
+        "(missing, edited, or not of this permit's terms).",
     )
 
 
@@ -168,6 +217,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
     max_credits = MoneyField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
     permit = PermitResponse(allow_null=True)
+    approval = serializers.SerializerMethodField()
     poll_url = serializers.SerializerMethodField()
     card_url = serializers.SerializerMethodField()
     permit_ttl_seconds = serializers.IntegerField()
@@ -188,6 +238,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
             "expires_at",
             "decided_at",
             "decision_note",
+            "approval",
             "permit",
             "poll_url",
             "card_url",
@@ -196,6 +247,11 @@ class PermitRequestResponse(serializers.ModelSerializer):
     @extend_schema_field(serializers.ChoiceField(choices=["pending", "approved", "rejected", "expired"]))
     def get_status(self, obj: PermitRequest) -> str:
         return obj.effective_status(timezone.now())
+
+    @extend_schema_field(PermitApprovalResponse(allow_null=True))
+    def get_approval(self, obj: PermitRequest) -> dict[str, Any] | None:
+        approval = getattr(obj, "approval", None)  # the reverse one-to-one raises when there is none
+        return None if approval is None else PermitApprovalResponse(approval).data
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_poll_url(self, obj: PermitRequest) -> str:

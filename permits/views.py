@@ -199,14 +199,14 @@ class PermitVerifyView(APIView):
         if permit is None:
             reasons.append("unknown_permit")
         else:
-            if (
-                result.valid
-                and "bad_signature" not in reasons
-                and (permit.signed_statement != statement or services.permit_statement_problem(permit) is not None)
-            ):
-                # A validly signed document that is not this permit's statement, or stored columns
-                # that disagree with it (the permit would be refused at use).
+            problem = services.permit_statement_problem(permit) if result.valid else None
+            if result.valid and "bad_signature" not in reasons and permit.signed_statement != statement:
+                # A validly signed document that is not this permit's statement.
                 reasons.append("bad_signature")
+            elif problem is not None:
+                # Stored columns that disagree with the statement, or an approval it names that does not
+                # hold (docs/decisions.md, Authority, "Approvals are signed"): refused at use.
+                reasons.append("approval_invalid" if problem.startswith("approval_") else "bad_signature")
             current_status = permit.effective_status(now)
             if current_status in (PermitStatus.EXPIRED, PermitStatus.REVOKED, PermitStatus.EXHAUSTED):
                 reasons.append(current_status)

@@ -9,12 +9,20 @@ from django.contrib.admin.utils import quote, unquote
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse
-from django.urls import path, reverse
+from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from rest_framework.renderers import JSONRenderer
 
 from billing.admin import credits_cell, money_display
-from common.console import ReadOnlyAdmin, changelist_link, confirmation_page, console_actor, console_log, has_perm
+from common.console import (
+    ReadOnlyAdmin,
+    changelist_link,
+    confirmation_page,
+    console_actor,
+    console_log,
+    console_page,
+    has_perm,
+)
 from common.errors import ApplicationError
 from common.listing import short_id_column
 from receipts import selectors, services
@@ -61,16 +69,8 @@ class ReceiptAdmin(ReconciliationAdmin):
 
     def get_urls(self) -> list[Any]:
         downloads = [
-            path(
-                "<str:receipt_id>/portable.json",
-                self.admin_site.admin_view(self.portable_view),
-                name="receipts_receipt_portable",
-            ),
-            path(
-                "<str:receipt_id>/evidence.json",
-                self.admin_site.admin_view(self.evidence_view),
-                name="receipts_receipt_evidence",
-            ),
+            console_page(self, "<str:receipt_id>/portable.json", self.portable_view, "receipts_receipt_portable"),
+            console_page(self, "<str:receipt_id>/evidence.json", self.evidence_view, "receipts_receipt_evidence"),
         ]
         return [*downloads, *super().get_urls()]
 

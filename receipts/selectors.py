@@ -22,7 +22,7 @@ from common.canonical import (
     sha256_hex,
 )
 from common.errors import NotFound
-from permits.services import permit_statement_problem
+from permits.services import permit_approval_of, permit_approval_problem, permit_statement_problem
 from receipts.models import Receipt, RefundReconciliation
 from receipts.services import SIGNATURE_STATEMENT, receipt_statement_problem
 from receipts.verify import FORMAT
@@ -121,6 +121,11 @@ def verification_map(receipt: Receipt, audit_event: AuditEvent | None) -> dict[s
     else:
         # The signature over the statement and every column authorization reads (permits.services.permits).
         checks["permit_signature"] = permit_statement_problem(receipt.permit) or "ok"
+    if receipt.permit is None or receipt.permit.signed_statement.get("approval") is None:
+        checks["permit_approval"] = "skipped"
+    else:
+        # The approval the permit's statement names: stored, validly signed, and of exactly its terms.
+        checks["permit_approval"] = permit_approval_problem(receipt.permit) or "ok"
     if audit_event is None:
         checks["audit_chain"] = "missing_event"
     else:
@@ -148,6 +153,28 @@ def receipt_audit_event(receipt: Receipt) -> AuditEvent | None:
     return AuditEvent.objects.filter(event_id=receipt.audit_event_id).first()
 
 
+def _portable_approval(receipt: Receipt) -> dict[str, Any]:
+    """``permit`` and ``approval`` (signed bytes and signature each) when the receipt's permit names an
+    approval, for the offline verifiers to check the one against the other; else nothing. A named
+    approval that is not stored leaves the permit alone, which the verifiers refuse (approval_missing)."""
+    permit = receipt.permit
+    if permit is None or permit.signed_statement.get("approval") is None:
+        return {}
+    out = {
+        "permit": {
+            "signed_bytes": b64url_encode(canonical_bytes(permit.signed_statement)),
+            "signature": permit.signature,
+        }
+    }
+    approval = permit_approval_of(permit)
+    if approval is not None:
+        out["approval"] = {
+            "signed_bytes": b64url_encode(canonical_bytes(approval.signed_statement)),
+            "signature": approval.signature,
+        }
+    return out
+
+
 def portable_receipt(receipt: Receipt) -> dict[str, Any]:
     """The receipt as exactly signed, its signature and kid, and a snapshot of the published keys."""
     keys = [
@@ -156,6 +183,7 @@ def portable_receipt(receipt: Receipt) -> dict[str, Any]:
     ]
     signed = canonical_bytes(receipt.signed_statement)
     return {
+        **_portable_approval(receipt),
         "format": FORMAT,
         "receipt_id": receipt.receipt_id,
         "kid": receipt.key_id,
@@ -219,21 +247,26 @@ def _event_data(event: AuditEvent | None) -> dict[str, Any] | None:
     return {name: getattr(event, name) for name in EVENT_FIELDS}
 
 
+def _signed_row(row: Any, id_field: str) -> dict[str, Any]:
+    """A signed row as the evidence carries it: its id, signed statement, signature and kid."""
+    return {
+        id_field: getattr(row, id_field),
+        "signed_statement": row.signed_statement,
+        "signature": row.signature,
+        "key_id": row.key_id,
+    }
+
+
 def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
     """Receipt, permit, ledger entries, audit event and the verification map computed now."""
     event = receipt_audit_event(receipt)
     checks = verification_map(receipt, event)
     permit = receipt.permit
+    approval = permit_approval_of(permit) if permit is not None else None
     return {
         "receipt": receipt,
-        "permit": None
-        if permit is None
-        else {
-            "permit_id": permit.permit_id,
-            "signed_statement": permit.signed_statement,
-            "signature": permit.signature,
-            "key_id": permit.key_id,
-        },
+        "approval": None if approval is None else _signed_row(approval, "approval_id"),
+        "permit": None if permit is None else _signed_row(permit, "permit_id"),
         "ledger_entry": _ledger_data(receipt.ledger_entry),
         "refund_ledger_entry": _ledger_data(receipt.refund_entry),
         "audit_event": _event_data(event),

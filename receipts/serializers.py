@@ -84,6 +84,9 @@ class VerificationMap(serializers.Serializer):
 
     receipt_signature = serializers.CharField()
     permit_signature = serializers.CharField()
+    permit_approval = serializers.CharField(
+        help_text="ok, skipped (the permit names no approval) or why the approval it names does not hold."
+    )
     audit_chain = serializers.CharField()
     request_hash = serializers.CharField()
 
@@ -126,11 +129,21 @@ class EvidencePermit(serializers.Serializer):
     key_id = serializers.CharField()
 
 
+class EvidenceApproval(serializers.Serializer):
+    """The signed approval (type ``permit_approval``) the permit's statement names."""
+
+    approval_id = serializers.CharField()
+    signed_statement = serializers.DictField()
+    signature = serializers.CharField()
+    key_id = serializers.CharField()
+
+
 class EvidenceBundleResponse(serializers.Serializer):
-    """The single buyer-facing artifact: receipt, permit, ledger entry, audit event and checks."""
+    """The single buyer-facing artifact: receipt, permit, its approval, ledger entry, audit event and checks."""
 
     receipt = ReceiptResponse()
     permit = EvidencePermit(allow_null=True)
+    approval = EvidenceApproval(allow_null=True)
     ledger_entry = EvidenceLedgerEntry(allow_null=True)
     refund_ledger_entry = EvidenceLedgerEntry(allow_null=True)
     audit_event = EvidenceAuditEvent(allow_null=True)
@@ -147,8 +160,16 @@ class PublicKeySet(serializers.Serializer):
     keys = serializers.ListField(child=serializers.DictField())
 
 
+class PortableSigned(serializers.Serializer):
+    """Another signed statement carried by a portable receipt: its exact signed bytes and signature."""
+
+    signed_bytes = serializers.CharField(help_text="base64url of the RFC 8785 canonical bytes that were signed")
+    signature = serializers.CharField()
+
+
 class PortableReceiptResponse(serializers.Serializer):
-    """A receipt verifiable offline: the exact signed bytes, signature, kid and a key snapshot."""
+    """A receipt verifiable offline: the exact signed bytes, signature, kid and a key snapshot; for a
+    call under a permit a person approved, also the permit's and the approval's signed statements."""
 
     format = serializers.CharField()
     receipt_id = serializers.CharField()
@@ -158,6 +179,8 @@ class PortableReceiptResponse(serializers.Serializer):
     signed_bytes_sha256 = serializers.CharField()
     signature = serializers.CharField()
     receipt = serializers.DictField()
+    permit = PortableSigned(required=False, help_text="The permit's statement, when it names an approval.")
+    approval = PortableSigned(required=False, help_text="The approval (permit_approval) the permit names.")
     keys = PublicKeySet()
     what_a_valid_signature_proves = serializers.CharField()
     verify_with = serializers.CharField()

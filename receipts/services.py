@@ -250,14 +250,7 @@ def refund_reconciliation_mark_not_executed(*, receipt_id: str, actor: str, note
         # listed to the wallet's keys too, which learn no console username from it.
         reason=f"marked not executed: {note}" if note else "marked not executed",
     )
-    audit_record(
-        event="reconciliation.marked_not_executed",
-        ok=True,
-        tenant_id=receipt.tenant_id,
-        wallet_id=receipt.wallet_id,
-        tool=receipt.tool,
-        detail={"receipt_id": receipt.receipt_id, "actor": actor, "amount": money(item.amount)},
-    )
+    _reconciliation_audit(receipt, "marked_not_executed", actor=actor, amount=money(item.amount))
     return item
 
 
@@ -318,14 +311,7 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
             item.attempts += 1
             item.last_error = err.detail_message[:500]
             item.save(update_fields=["attempts", "last_error", "updated_at"])
-            audit_record(
-                event="reconciliation.refund_failed",
-                ok=False,
-                tenant_id=receipt.tenant_id,
-                wallet_id=receipt.wallet_id,
-                tool=receipt.tool,
-                detail={"receipt_id": receipt.receipt_id, "error": err.code, "actor": actor},
-            )
+            _reconciliation_audit(receipt, "refund_failed", ok=False, error=err.code, actor=actor)
             return item
         now = timezone.now()
         item.status = ReconciliationStatus.RESOLVED
@@ -345,19 +331,13 @@ def refund_reconciliation_retry(*, receipt_id: str, actor: str = "") -> RefundRe
                 "updated_at",
             ]
         )
-        audit_record(
-            event="reconciliation.refund_posted",
-            ok=True,
-            tenant_id=receipt.tenant_id,
-            wallet_id=receipt.wallet_id,
-            tool=receipt.tool,
+        _reconciliation_audit(
+            receipt,
+            "refund_posted",
             endpoint="/v1/receipts/reconciliation/refunds/{receipt_id}/retry",
-            detail={
-                "receipt_id": receipt.receipt_id,
-                "refund_entry_id": refund.entry_id,
-                "amount": money(item.amount),
-                "actor": actor,
-            },
+            refund_entry_id=refund.entry_id,
+            amount=money(item.amount),
+            actor=actor,
         )
         return item
 
@@ -375,12 +355,20 @@ def reconciliation_record_executed(*, receipt_id: str, actor: str, note: str = "
         raise RefundNotOwed("Only a delivery_uncertain receipt can be reconciled.", receipt_id=receipt_id)
     if not _record_result(receipt, ReconciliationVerdict.EXECUTED, actor=actor, note=note):
         return receipt
+    _reconciliation_audit(receipt, "marked_executed", actor=actor, note=note[:200])
+    return receipt
+
+
+def _reconciliation_audit(
+    receipt: Receipt, step: str, *, ok: bool = True, endpoint: str | None = None, **detail: Any
+) -> None:
+    """Audit a reconciliation step of ``receipt`` (event ``reconciliation.<step>``, detail naming the receipt)."""
     audit_record(
-        event="reconciliation.marked_executed",
-        ok=True,
+        event=f"reconciliation.{step}",
+        ok=ok,
         tenant_id=receipt.tenant_id,
         wallet_id=receipt.wallet_id,
         tool=receipt.tool,
-        detail={"receipt_id": receipt.receipt_id, "actor": actor, "note": note[:200]},
+        endpoint=endpoint,
+        detail={"receipt_id": receipt.receipt_id, **detail},
     )
-    return receipt

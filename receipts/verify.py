@@ -23,6 +23,12 @@ the checkpoint's signature and the cosignations. That check is the client librar
 (``tollgate-verify``) cannot disagree on it. A receipt without a proof still verifies its signature,
 and the verdict says the inclusion was not checked.
 
+A receipt of a call under a permit a person approved also carries the permit's and the approval's
+signed statements (``permit``, ``approval``), checked with the same keys: the permit must be the
+receipt's and the approval must approve exactly its terms (docs/audit-chain.md, "Approvals"). That
+check is the client library's too (``tollgate_client.verify.carried_approval_problem``), so the two
+verifiers cannot disagree on it either.
+
 The same check is importable: ``verify_portable(document, jwks=None, policy=None)``.
 """
 
@@ -30,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import importlib
 import json
 import sys
 from collections.abc import Mapping
@@ -49,18 +56,22 @@ JWKS_PATH = "/.well-known/jwks.json"
 CLIENT_DIR = Path(__file__).resolve().parent.parent / "client"
 
 
-def tlog_policy_module() -> ModuleType:
-    """``tollgate_client.tlog.policy``, from the installed client or this checkout's ``client/`` directory.
+def client_module(name: str) -> ModuleType:
+    """``tollgate_client.<name>``, from the installed client or this checkout's ``client/`` directory.
 
     The client package is not installed in the gateway's environment; its source sits in the same
     checkout (docs/decisions.md, Evidence), so the directory is put on the path when the import fails.
     """
     try:
-        from tollgate_client.tlog import policy
+        return importlib.import_module(f"tollgate_client.{name}")
     except ImportError:
         sys.path.append(str(CLIENT_DIR))
-        from tollgate_client.tlog import policy
-    return policy
+        return importlib.import_module(f"tollgate_client.{name}")
+
+
+def tlog_policy_module() -> ModuleType:
+    """``tollgate_client.tlog.policy``: the one check of a transparency proof (``client_module``)."""
+    return client_module("tlog.policy")
 
 
 @dataclass(frozen=True)
@@ -155,6 +166,9 @@ def verify_portable(document: Any, jwks: Any = None, policy: Policy | None = Non
     disagreeing = unsigned_field_disagreeing(document, statement, signed)
     if disagreeing is not None:
         return PortableVerification(False, f"{disagreeing}_differs_from_signed_bytes", **base)
+    approval_problem = client_module("verify").carried_approval_problem(document, statement, keys)
+    if approval_problem is not None:
+        return PortableVerification(False, approval_problem, **base)
     tenant = statement.get("tenant_id")
     included = tlog_policy_module().verify_transparency(
         document.get("transparency"), signed, policy, tenant=tenant if isinstance(tenant, str) else None

@@ -70,3 +70,42 @@ def relax_policy(policy_id: str, **changes: Any) -> object:
     return policy_proposal_confirm(
         proposal_id=proposal.proposal_id, user=confirmer, actor=f"admin:{confirmer.get_username()}"
     )
+
+
+def approved_permit(
+    wallet: Wallet,
+    *,
+    approver: Any = None,
+    allowed_tools: list[str] | None = None,
+    max_credits: Decimal | int | str = 5,
+    subject_key_id: str | None = None,
+) -> Any:
+    """A permit as a person's approval mints it: the wallet's permit request (``permit_request_create``)
+    approved by ``approver`` (made an approver of the wallet's tenant when none is given) through
+    ``permit_request_decide``, so its statement names a signed approval. Returns the permit."""
+    from django.contrib.auth import get_user_model
+
+    from common.ids import new_id
+    from permits.models import TenantApprover
+    from permits.services import permit_request_create, permit_request_decide
+
+    if approver is None:
+        approver = get_user_model().objects.create_user(new_id("approver"))
+        TenantApprover.objects.create(user=approver, tenant_id=wallet.tenant_id)
+    key = new_id("idem")
+    preq = permit_request_create(
+        wallet=wallet,
+        requested_by_key_id="",
+        allowed_tools=allowed_tools or ["*"],
+        max_credits=Decimal(max_credits),
+        max_calls=None,
+        permit_ttl_seconds=3600,
+        subject_key_id=subject_key_id,
+        justification="",
+        idempotency_scope=f"test:{wallet.wallet_id}",
+        idempotency_key=key,
+        request_hash=key,
+    ).permit_request
+    decided = permit_request_decide(request_id=preq.request_id, user=approver, approve=True)
+    assert decided.permit is not None
+    return decided.permit

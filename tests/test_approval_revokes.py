@@ -12,20 +12,17 @@ tenant's approval lock orders them.
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
 import pytest
-from django.db import connection, transaction
-from django.utils import timezone
+from django.db import connection
 
 from audit.models import AuditEvent
 from billing.models import Wallet
 from common.ids import new_id
 from permits import services
 from permits.models import Permit, PermitStatus, PolicyBundle
-from permits.services.permits import _mint_permit
 from tests import factories
 from tests.conftest import Tenant, client_for, make_tenant
 
@@ -40,19 +37,11 @@ def _issue(client: Any, wallet: Wallet) -> Any:
 
 
 def _approved(wallet: Wallet, sponsor: Wallet) -> Permit:
-    """A permit as an approved permit request mints it (the tenant root issues it, via the request)."""
-    with transaction.atomic():
-        return _mint_permit(
-            wallet=wallet,
-            issuer_wallet=sponsor,
-            issued_by_key_id="",
-            allowed_tools=["*"],
-            max_credits=Decimal(5),
-            max_calls=None,
-            expires_at=timezone.now() + timedelta(hours=1),
-            subject_key_id=None,
-            via_request_id=new_id("preq"),
-        )
+    """A permit as an approved permit request mints it (the tenant root issues it, its statement naming
+    the signed approval)."""
+    assert sponsor.wallet_id == wallet.tenant_id
+    permit: Permit = factories.approved_permit(wallet)
+    return permit
 
 
 def _status(permit_id: str) -> str:

@@ -67,7 +67,13 @@ def value(samples: dict, name: str, **labels: str) -> float:
 @pytest.fixture(autouse=True)
 def fresh_counters():
     """The process-side counters live for the process; each test starts them at zero."""
-    for family in (metrics.HTTP_REQUESTS, metrics.UPSTREAM_LATENCY, metrics.RATE_LIMIT_REFUSALS):
+    for family in (
+        metrics.HTTP_REQUESTS,
+        metrics.UPSTREAM_LATENCY,
+        metrics.UPSTREAM_ERRORS,
+        metrics.UPSTREAM_TOOL_CALLS,
+        metrics.RATE_LIMIT_REFUSALS,
+    ):
         family.clear()
     for kind in metrics.REFUSAL_KINDS:
         metrics.RATE_LIMIT_REFUSALS.labels(kind=kind)
@@ -137,7 +143,7 @@ def test_a_scrape_with_the_token_is_no_rejected_credential(scrape_token):
 
 def test_exposition_parses_and_names_every_family(scrape_token, django_assert_max_num_queries):
     # Every figure from PostgreSQL costs a fixed number of queries, whatever the traffic.
-    with django_assert_max_num_queries(4):
+    with django_assert_max_num_queries(5):
         text = metrics_exposition()
     samples = parse(text)
     assert text.endswith("\n")
@@ -152,12 +158,13 @@ def test_exposition_parses_and_names_every_family(scrape_token, django_assert_ma
         "tollgate_audit_appends_total",
         "tollgate_http_requests_total",
         "tollgate_upstream_latency_seconds",
+        "tollgate_upstream_errors_total",
         "tollgate_rate_limit_refusals_total",
         "tollgate_metrics_store_info",
     ):
         assert f"# TYPE {family} " in text, family
     for outcome in ("success", "tool_error", "failed_refunded", "delivery_uncertain", "denied"):
-        assert ("tollgate_governed_actions_total", frozenset({("outcome", outcome)})) in samples
+        assert ("tollgate_governed_actions_total", frozenset({("outcome", outcome), ("server", "")})) in samples
     for kind in metrics.REFUSAL_KINDS:
         assert value(samples, "tollgate_rate_limit_refusals_total", kind=kind) == 0
     assert value(samples, "tollgate_metrics_store_info", backend="process", shared="false") == 1
@@ -206,8 +213,9 @@ def test_counters_move_after_governed_calls(scrape_token, fault, tenant):
     def moved(name: str, **labels: str) -> float:
         return value(after, name, **labels) - value(before, name, **labels)
 
-    assert moved("tollgate_governed_actions_total", outcome="success") == 1
-    assert moved("tollgate_governed_actions_total", outcome="failed_refunded") == 1
+    # Tools registered without a server record (UPSTREAM_MCP_URL's client) count under server "".
+    assert moved("tollgate_governed_actions_total", outcome="success", server="") == 1
+    assert moved("tollgate_governed_actions_total", outcome="failed_refunded", server="") == 1
     assert moved("tollgate_ledger_debits_total") == 2
     assert moved("tollgate_ledger_debited_credits_total") == 4
     assert moved("tollgate_ledger_refunds_total") == 1
@@ -215,12 +223,16 @@ def test_counters_move_after_governed_calls(scrape_token, fault, tenant):
     assert moved("tollgate_audit_appends_total") >= 2
     assert moved("tollgate_http_requests_total", method="POST", route="/mcp/messages", status="200") == 2
     for kind in ("success", "jsonrpc_error"):
-        assert moved("tollgate_upstream_latency_seconds_count", kind=kind) == 1
-        assert moved("tollgate_upstream_latency_seconds_bucket", kind=kind, le="+Inf") == 1
-        assert value(after, "tollgate_upstream_latency_seconds_sum", kind=kind) > 0
+        assert moved("tollgate_upstream_latency_seconds_count", server="", kind=kind) == 1
+        assert moved("tollgate_upstream_latency_seconds_bucket", server="", kind=kind, le="+Inf") == 1
+        assert value(after, "tollgate_upstream_latency_seconds_sum", server="", kind=kind) > 0
+    assert moved("tollgate_upstream_errors_total", server="", **{"class": "jsonrpc_error"}) == 1
+    assert moved("tollgate_upstream_errors_total", server="", **{"class": "success"}) == 0
     # Buckets are cumulative.
     bounds = [repr(float(b)) for b in metrics.UPSTREAM_BUCKETS] + ["+Inf"]
-    counts = [value(after, "tollgate_upstream_latency_seconds_bucket", kind="success", le=le) for le in bounds]
+    counts = [
+        value(after, "tollgate_upstream_latency_seconds_bucket", server="", kind="success", le=le) for le in bounds
+    ]
     assert counts == sorted(counts)
 
 
@@ -256,7 +268,7 @@ def test_swept_and_in_flight_actions(scrape_token, fault, tenant, monkeypatch, t
     after = scrape(scraper())
     assert value(after, "tollgate_governed_actions_in_flight") == 0
     assert value(after, "tollgate_sweeper_swept_actions_total") == 1
-    assert value(after, "tollgate_governed_actions_total", outcome="delivery_uncertain") == 1
+    assert value(after, "tollgate_governed_actions_total", outcome="delivery_uncertain", server="") == 1
     assert value(after, "tollgate_http_requests_total", method="POST", route="/mcp/messages", status="500") == 1
 
 
@@ -279,7 +291,7 @@ import sys
 from common import metrics
 for _ in range(int(sys.argv[1])):
     metrics.count_refusal("anonymous")
-metrics.observe_upstream(0.02, kind="success")
+metrics.observe_upstream(0.02, kind="success", server="default")
 """
 
 
@@ -294,7 +306,7 @@ def test_a_scrape_sums_every_worker_of_the_instance(scrape_token, tmp_path, monk
     monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", str(directory))
     samples = scrape(scraper())
     assert value(samples, "tollgate_rate_limit_refusals_total", kind="anonymous") == 7
-    assert value(samples, "tollgate_upstream_latency_seconds_count", kind="success") == 2
+    assert value(samples, "tollgate_upstream_latency_seconds_count", server="default", kind="success") == 2
     assert value(samples, "tollgate_metrics_store_info", backend="multiprocess", shared="true") == 1
     # Business totals still come from PostgreSQL beside them.
     assert ("tollgate_ledger_debits_total", frozenset()) in samples

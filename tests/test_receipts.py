@@ -39,16 +39,18 @@ pytestmark = pytest.mark.django_db
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def make_receipt(tenant, *, outcome="success", price="2", charged=True, tool="demo.echo", owed=False):
+def make_receipt(tenant, *, outcome="success", price="2", charged=True, tool="demo.echo", owed=False, permit=None):
+    """A receipt of a call of the agent under ``permit`` (default: one its sponsor issues for ``tool``)."""
     factories.top_up(tenant.agent, 10)
-    permit = Permit.objects.get(
-        permit_id=tenant.sponsor_client.post(
-            "/v1/permits",
-            {"wallet_id": tenant.agent.wallet_id, "allowed_tools": [tool], "max_credits": "50"},
-            format="json",
-            HTTP_IDEMPOTENCY_KEY=new_id("idem"),
-        ).json()["permit_id"]
-    )
+    if permit is None:
+        permit = Permit.objects.get(
+            permit_id=tenant.sponsor_client.post(
+                "/v1/permits",
+                {"wallet_id": tenant.agent.wallet_id, "allowed_tools": [tool], "max_credits": "50"},
+                format="json",
+                HTTP_IDEMPOTENCY_KEY=new_id("idem"),
+            ).json()["permit_id"]
+        )
     document = {"tool": tool, "arguments": {"text": "hello"}}
     with transaction.atomic():
         permit_services.permit_reserve(permit=permit, amount=Decimal(price))
@@ -113,6 +115,7 @@ def test_evidence_bundle_all_checks_pass(tenant):
         assert body["verification"] == {
             "receipt_signature": "ok",
             "permit_signature": "ok",
+            "permit_approval": "skipped",
             "audit_chain": "ok",
             "request_hash": "ok",
         }
@@ -272,6 +275,7 @@ def test_evidence_anchors_the_receipt_event_in_the_chain_above_it(tenant):
         assert body["verification"] == {
             "receipt_signature": "ok",
             "permit_signature": "ok",
+            "permit_approval": "skipped",
             "audit_chain": f"broken_at_seq_{event.seq + 1}:prev_hash_mismatch",
             "request_hash": "ok",
         }

@@ -39,7 +39,8 @@ def test_initialize_list_ping_and_call_against_the_sdk_sse_server() -> None:
         assert session.server_info["name"] == "legacy"
         assert [tool["name"] for tool in client.list_tools()] == ["charge", "append", "quick"]
         client.ping()
-        result = client.call_tool("charge", {"amount": 3}, idempotency_key="w:k1", request_id="act_1")
+        trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+        result = client.call_tool("charge", {"amount": 3}, idempotency_key="w:k1", request_id="act_1", headers=trace)
         assert (result.kind, result.request_id) == ("success", "act_1")
         assert result.result is not None
         assert result.result["structuredContent"] == {"charged": 3, "server": "legacy"}
@@ -50,6 +51,8 @@ def test_initialize_list_ping_and_call_against_the_sdk_sse_server() -> None:
         calls = [r for r in upstream.requests if r.method == "tools/call"]
         assert calls[0].meta["io.tollgate/idempotency-key"] == "w:k1"
         assert calls[0].headers["idempotency-key"] == "w:k1"
+        assert calls[0].headers["traceparent"] == trace["traceparent"]  # on the call's POST only
+        assert all("traceparent" not in r.headers for r in upstream.requests if r.method != "tools/call")
 
 
 def test_a_bearer_token_goes_on_the_stream_and_the_posts_and_a_refusal_is_not_sent_with_its_status() -> None:

@@ -45,7 +45,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar, Unpack
 
 from django.db import DatabaseError, connection
 from django.utils import timezone
@@ -334,17 +334,17 @@ class DebitCall:
         return DebitResult(entry=entry, refill=refill, daily_spent=row["daily_spent"])
 
 
-def debit_call(
-    *,
-    tenant_id: str,
-    wallet_id: str,
-    amount: Decimal,
-    service_category: str = "",
-    units: Decimal | None = None,
-    description: str = "",
-    request_path: str = "",
-    correlation_id: str = "",
-) -> DebitCall:
+class DebitDetail(TypedDict, total=False):
+    """What a debit records beside its amount, each optional (``correlation_id``: the request id)."""
+
+    service_category: str
+    units: Decimal | None
+    description: str
+    request_path: str
+    correlation_id: str
+
+
+def debit_call(*, tenant_id: str, wallet_id: str, amount: Decimal, **detail: Unpack[DebitDetail]) -> DebitCall:
     """Prepare a debit of ``amount`` (positive, at 8 places) from ``wallet_id`` (a wallet of ``tenant_id``) to
     revenue."""
     return DebitCall(
@@ -352,11 +352,11 @@ def debit_call(
         wallet_id=wallet_id,
         amount=amount,
         now=timezone.now(),
-        service_category=service_category,
-        units=units,
-        description=description[:500],
-        request_path=request_path[:300],
-        correlation_id=(correlation_id or get_request_id() or "")[:128],
+        service_category=detail.get("service_category", ""),
+        units=detail.get("units"),
+        description=detail.get("description", "")[:500],
+        request_path=detail.get("request_path", "")[:300],
+        correlation_id=(detail.get("correlation_id") or get_request_id() or "")[:128],
         ids=(new_id("ltx"), new_id("led"), new_id("led"), new_id("ltx"), new_id("led"), new_id("led")),
     )
 
@@ -374,16 +374,17 @@ def _debit(call: DebitCall) -> DebitResult:
     return result
 
 
-def ledger_debit(
-    *,
-    wallet: Wallet | str,
-    amount: Decimal,
-    service_category: str = "",
-    units: Decimal | None = None,
-    description: str = "",
-    request_path: str = "",
-    correlation_id: str = "",
-) -> DebitResult:
+def _wallet_keys(wallet: Wallet | str) -> tuple[str, str]:
+    """``(tenant_id, wallet_id)`` of a wallet or a wallet id (``NotFound`` for an unknown id)."""
+    if isinstance(wallet, Wallet):
+        return wallet.tenant_id, wallet.wallet_id
+    tenant_id = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
+    if tenant_id is None:
+        raise NotFound("No such wallet.", wallet_id=wallet)
+    return tenant_id, wallet
+
+
+def ledger_debit(*, wallet: Wallet | str, amount: Decimal, **detail: Unpack[DebitDetail]) -> DebitResult:
     """Charge ``amount`` from ``wallet`` to revenue. Caller holds the transaction.
 
     One call of the database function ``billing_debit``, the only copy of the
@@ -406,25 +407,8 @@ def ledger_debit(
     amount = to_money(amount)
     if amount <= 0:
         raise ValueError("a debit amount must be positive")
-    if isinstance(wallet, Wallet):
-        tenant_id, wallet_id = wallet.tenant_id, wallet.wallet_id
-    else:
-        found = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
-        if found is None:
-            raise NotFound("No such wallet.", wallet_id=wallet)
-        tenant_id, wallet_id = found, wallet
-    return _debit(
-        debit_call(
-            tenant_id=tenant_id,
-            wallet_id=wallet_id,
-            amount=amount,
-            service_category=service_category,
-            units=units,
-            description=description,
-            request_path=request_path,
-            correlation_id=correlation_id,
-        )
-    )
+    tenant_id, wallet_id = _wallet_keys(wallet)
+    return _debit(debit_call(tenant_id=tenant_id, wallet_id=wallet_id, amount=amount, **detail))
 
 
 _REFUND_COLUMNS = ("code", "subject_id", "figure", "balance_after", "service_category", "correlation_id")
@@ -460,13 +444,7 @@ def ledger_refund(
     if charge is not None:
         tenant_id, wallet_id = charge.tenant_id, charge.wallet_id
     elif wallet is not None:
-        if isinstance(wallet, Wallet):
-            tenant_id, wallet_id = wallet.tenant_id, wallet.wallet_id
-        else:
-            found = Wallet.objects.filter(wallet_id=wallet).values_list("tenant_id", flat=True).first()
-            if found is None:
-                raise NotFound("No such wallet.", wallet_id=wallet)
-            tenant_id, wallet_id = found, wallet
+        tenant_id, wallet_id = _wallet_keys(wallet)
     else:
         raise ValueError("ledger_refund needs a charge or a wallet")
     now = timezone.now()

@@ -233,6 +233,9 @@ class Permit:
     key_id: str
     signature: str
     signed_statement: JSONObject
+    # The approval the signed statement names (approval_id, request_id, approver, decided_at,
+    # terms_digest); None for a permit no person approved.
+    approval: JSONObject | None = None
     raw: JSONObject = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
@@ -258,6 +261,7 @@ class Permit:
             key_id=_str(d.get("key_id")),
             signature=_str(d.get("signature")),
             signed_statement=_obj(d.get("signed_statement")),
+            approval=_obj(d["approval"]) if isinstance(d.get("approval"), Mapping) else None,
             raw=dict(d),
         )
 

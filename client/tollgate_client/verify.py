@@ -22,6 +22,11 @@ receipt's tenant's log and cosigned by the quorum. A failure makes the receipt i
 ``tlog_*`` reason. A receipt without a proof still verifies its signature, and the verdict's
 ``inclusion`` says the inclusion was not checked.
 
+A portable receipt of a call under a permit a person approved also carries the permit's and the
+approval's signed statements (``permit``, ``approval``): both are checked with the same keys, the
+permit must be the receipt's, and the approval must approve exactly the permit's terms
+(``approval_*`` / ``permit_*`` reasons, as the gateway's docs/audit-chain.md, "Approvals", lists).
+
 Command line (installed as ``tollgate-verify`` with ``pip install ./client``)::
 
     tollgate-verify PORTABLE.json [--keys JWKS.json | --issuer https://gateway.example] [--policy POLICY.json]
@@ -49,10 +54,13 @@ if TYPE_CHECKING:  # imported when used: importing the client loads no cryptogra
 
 __all__ = [
     "FORMAT",
+    "approval_link_problem",
+    "carried_approval_problem",
     "fetch_issuer_jwks",
     "key_id_for_public_key",
     "keys_from_jwks",
     "main",
+    "permit_terms_digest",
     "verify_portable_offline",
     "verify_portable_standalone",
 ]
@@ -143,8 +151,10 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not JSON")
 
 
-def _verify_signed_bytes(data: bytes, signature: str, keys: Mapping[str, str]) -> tuple[bool, str | None]:
-    """The checks of ``audit.evidence_core.verify_bytes_with_keys`` for a ``receipt`` statement."""
+def _verify_signed_bytes(
+    data: bytes, signature: str, keys: Mapping[str, str], expected_type: str = "receipt"
+) -> tuple[bool, str | None]:
+    """The checks of ``audit.evidence_core.verify_bytes_with_keys`` for a statement of ``expected_type``."""
     import rfc8785
     from cryptography.exceptions import InvalidSignature
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
@@ -158,7 +168,7 @@ def _verify_signed_bytes(data: bytes, signature: str, keys: Mapping[str, str]) -
     statement_type = statement.get("type")
     if not isinstance(statement_type, str) or not statement_type:
         return False, "missing_type"
-    if statement_type != "receipt":
+    if statement_type != expected_type:
         return False, "type_mismatch"
     try:
         canonical = rfc8785.dumps(statement)
@@ -183,6 +193,90 @@ def _verify_signed_bytes(data: bytes, signature: str, keys: Mapping[str, str]) -
     except (InvalidSignature, ValueError):
         return False, "bad_signature"
     return True, None
+
+
+# Approvals (the gateway's docs/audit-chain.md, "Approvals"). ``permit_terms_digest`` and
+# ``approval_link_problem`` restate the gateway's ``audit.evidence_core`` (its service's check; a client
+# installed alone cannot import it), with the same reason codes. ``carried_approval_problem`` is the one
+# check of the permit and approval a portable receipt carries: ``receipts.verify`` calls it too.
+APPROVAL_TYPE = "permit_approval"
+_APPROVAL_REFERENCE_FIELDS = ("approval_id", "request_id", "approver", "decided_at", "terms_digest")
+_APPROVAL_PERMIT_FIELDS = ("permit_id", "tenant_id", "wallet_id")
+
+
+def permit_terms_digest(permit_statement: Mapping[str, Any]) -> str:
+    """SHA-256 (hex) of the canonical bytes of a permit's statement without ``kid`` and ``approval``."""
+    import rfc8785
+
+    terms = {name: value for name, value in permit_statement.items() if name not in ("kid", "approval")}
+    return hashlib.sha256(rfc8785.dumps(terms)).hexdigest()
+
+
+def approval_link_problem(permit_statement: Mapping[str, Any], approval_statement: Any) -> str | None:
+    """Why ``approval_statement`` is not the approval ``permit_statement`` names, or None."""
+    reference = permit_statement.get("approval")
+    if not isinstance(reference, Mapping):
+        return "approval_not_named"
+    if not isinstance(approval_statement, Mapping):
+        return "approval_not_an_object"
+    if approval_statement.get("type") != APPROVAL_TYPE:
+        return "approval_type_mismatch"
+    if approval_statement.get("decision") != "approved":
+        return "approval_not_approved"
+    for name in _APPROVAL_PERMIT_FIELDS:
+        if approval_statement.get(name) != permit_statement.get(name):
+            return f"approval_mismatch:{name}"
+    for name in _APPROVAL_REFERENCE_FIELDS:
+        if reference.get(name) != approval_statement.get(name):
+            return f"approval_mismatch:{name}"
+    if approval_statement.get("terms_digest") != permit_terms_digest(permit_statement):
+        return "approval_terms_digest_mismatch"
+    return None
+
+
+def _carried_statement(carried: Any, keys: Mapping[str, str], expected_type: str) -> tuple[dict[str, Any], str | None]:
+    """A statement carried beside the receipt (``{signed_bytes, signature}``), checked as the receipt is."""
+    if not isinstance(carried, Mapping):
+        return {}, "missing"
+    signed_b64, signature = carried.get("signed_bytes"), carried.get("signature")
+    if not isinstance(signed_b64, str) or not isinstance(signature, str):
+        return {}, "missing_signed_bytes_or_signature"
+    try:
+        signed = _b64url_decode_strict(signed_b64)
+        statement = json.loads(signed)
+    except (ValueError, UnicodeDecodeError):
+        return {}, "malformed_signed_bytes"
+    if not isinstance(statement, dict):
+        return {}, "not_an_object"
+    kid = statement.get("kid")
+    if isinstance(kid, str) and kid in keys and not _kid_matches_key(kid, keys[kid]):
+        return {}, "kid_key_mismatch"
+    valid, reason = _verify_signed_bytes(signed, signature, keys, expected_type)
+    if not valid:
+        return {}, reason or "invalid"
+    return statement, None
+
+
+def carried_approval_problem(
+    portable: Mapping[str, Any], receipt: Mapping[str, Any], keys: Mapping[str, str]
+) -> str | None:
+    """Why the permit and approval a portable receipt carries do not hold, or None (also when it carries
+    neither): the permit must be the receipt's and validly signed; an approval its statement names must be
+    carried, validly signed, and approve exactly that permit's terms."""
+    carried_permit, carried_approval = portable.get("permit"), portable.get("approval")
+    if carried_permit is None and carried_approval is None:
+        return None
+    permit, problem = _carried_statement(carried_permit, keys, "permit")
+    if problem is not None:
+        return f"permit_{problem}"
+    if permit.get("permit_id") != receipt.get("permit_id") or permit.get("tenant_id") != receipt.get("tenant_id"):
+        return "permit_not_the_receipts"
+    if permit.get("approval") is None:
+        return None if carried_approval is None else "approval_not_named"
+    approval, problem = _carried_statement(carried_approval, keys, APPROVAL_TYPE)
+    if problem is not None:
+        return f"approval_{problem}"
+    return approval_link_problem(permit, approval)
 
 
 def verify_portable_standalone(portable: Any, jwks: Any = None, policy: Policy | None = None) -> PortableVerification:
@@ -228,6 +322,9 @@ def verify_portable_standalone(portable: Any, jwks: Any = None, policy: Policy |
     for field, value in expected.items():
         if field in portable and portable[field] != value:
             return verdict(False, f"{field}_differs_from_signed_bytes")
+    approval_problem = carried_approval_problem(portable, statement, keys)
+    if approval_problem is not None:
+        return verdict(False, approval_problem)
     from tollgate_client.tlog.policy import verify_transparency
 
     tenant = statement.get("tenant_id")

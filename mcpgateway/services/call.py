@@ -50,6 +50,8 @@ class CallRequest:
     # The key's rate-limit charge, deferred to the claim (access.ratelimit): the principal's key then
     # comes from the process's cache, and the request must be charged before it writes anything else.
     deferred: DeferredCharge | None = None
+    # The agent's W3C trace context (``traceparent``, ``tracestate``) to continue; None while tracing is off.
+    trace_context: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
         # The tool and the arguments are stored (text, jsonb) and hashed (RFC 8785), so a string holding NUL or a

@@ -12,7 +12,7 @@ import time
 from django.conf import settings
 from django.utils import timezone
 
-from common import metrics
+from common import metrics, tracing
 from mcpgateway.models import Action, Tool, UpstreamServer
 from mcpgateway.services.call import CallRequest
 from mcpgateway.services.upstreams import (
@@ -110,25 +110,36 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest, server: UpstreamServ
         return CallResult(kind="not_sent", reason=str(exc), request_id=action.action_id)
     except TokenUnavailable as exc:
         return CallResult(kind="not_sent", reason=f"no access token: {exc.reason}", request_id=action.action_id)
-    try:
-        result = client.call_tool(
-            tool.upstream_name,
-            req.arguments,
-            idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
-            request_id=action.action_id,
-            extra_meta={"io.tollgate/action-id": action.action_id},
-            output_schema=tool.output_schema or None,
-            input_schema=tool.input_schema or None,  # arguments marked x-mcp-header travel as headers too
-            send_by=send_deadline(action),
-        )
-    except ValueError as exc:
-        # Raised before anything is sent: an outputSchema the client cannot compile. Such a tool is not
-        # callable (``tool_is_callable``), so this is a backstop: a claimed call ends in phase 3, refunded.
-        problem = str(exc).removeprefix("invalid output_schema: ")
-        reason = f"Not sent: the tool's outputSchema, as the upstream lists it, is not a valid JSON Schema ({problem})."
-        return CallResult(kind="not_sent", reason=reason, request_id=action.action_id)
+    slug = server.slug if server is not None else ""
+    # The one tracing hook of the dispatch: a CLIENT span, and the trace context sent upstream.
+    with tracing.upstream_span(
+        tool=tool.upstream_name, url=action.upstream_url, server=slug, request_id=action.action_id
+    ) as traced:
+        try:
+            result = client.call_tool(
+                tool.upstream_name,
+                req.arguments,
+                idempotency_key=f"{action.wallet_id}:{action.idempotency_key}",
+                request_id=action.action_id,
+                extra_meta={**traced.meta, "io.tollgate/action-id": action.action_id},
+                output_schema=tool.output_schema or None,
+                input_schema=tool.input_schema or None,  # arguments marked x-mcp-header travel as headers too
+                send_by=send_deadline(action),
+                headers=traced.headers,
+            )
+        except ValueError as exc:
+            # Raised before anything is sent: an outputSchema the client cannot compile. Such a tool is not
+            # callable (``tool_is_callable``), so this is a backstop: a claimed call ends in phase 3, refunded.
+            problem = str(exc).removeprefix("invalid output_schema: ")
+            reason = (
+                f"Not sent: the tool's outputSchema, as the upstream lists it, is not a valid JSON Schema ({problem})."
+            )
+            result = CallResult(kind="not_sent", reason=reason, request_id=action.action_id)
+            traced.answered(result.kind, None)
+            return result
+        traced.answered(result.kind, result.status_code)
     if token is not None and server is not None and result.status_code in (401, 403):
         # The upstream refused the token (expired early, revoked): the next call fetches a fresh one.
         upstream_token_refused(server=server, tenant_id=action.tenant_id, token=token)
-    metrics.observe_upstream(result.elapsed, kind=result.kind)
+    metrics.observe_upstream(result.elapsed, kind=result.kind, server=slug, tool=tool.service_id)
     return result

@@ -42,6 +42,7 @@ from django.db import IntegrityError
 
 from billing.exceptions import VelocityLimitExceeded
 from billing.services import wallet_freeze_for_velocity
+from common import tracing
 from common.dbretry import run_retrying
 from common.errors import IdempotencyKeyInProgress, IdempotencyKeyReused, RequestValidationError, conflict_response
 from common.faults import fault_point
@@ -82,6 +83,25 @@ def _refuse_arguments(error: ArgumentError) -> RequestValidationError:
 
 
 def governed_call(req: CallRequest) -> CallAnswer:
+    """``_governed_call``, in the span ``tools/call <tool>`` when tracing is on (``common.tracing``)."""
+    if not tracing.ENABLED:
+        return _governed_call(req)
+    with tracing.call_span(req.trace_context) as span:
+        answer = _governed_call(req)
+        response = answer.response
+        tracing.call_outcome(
+            span,
+            tool=req.tool,
+            action_id=answer.action_id,
+            outcome=str(response["outcome"]),
+            credits_charged=str(response["credits_charged"]),
+            replayed=answer.replayed,
+            failed=answer.http_status >= 500,
+        )
+        return answer
+
+
+def _governed_call(req: CallRequest) -> CallAnswer:
     """Run one logical tools/call through permit -> meter -> dispatch -> receipt, at most once.
 
     Raises before acceptance (nothing written): ``RequestValidationError``
@@ -171,9 +191,12 @@ def _governed(
                 raise _Stale() from None
             raise
 
+    if tracing.ENABLED and found.tool.server is not None:
+        tracing.current_set("tollgate.upstream.server", found.tool.server.slug)
     velocity: VelocityLimitExceeded | None = None
     try:
-        action, velocity = run_retrying(lambda: _phase1(req, found, tool, price, digest))
+        with tracing.phase("claim"):
+            action, velocity = run_retrying(lambda: _phase1(req, found, tool, price, digest))
     except IntegrityError:
         # A concurrent request with the same key inserted first (the unique index made us wait for it),
         # or, for a call decided from the cache, the key's earlier request.
@@ -191,13 +214,15 @@ def _governed(
     fault_point("after_claim")
     claimed = action
     if tool.source == ToolSource.LOCAL:
-        action = run_retrying(lambda: _phase3_local(claimed, req))
+        with tracing.phase("finish"):
+            action = run_retrying(lambda: _phase3_local(claimed, req))
     else:
         result = _dispatch(action, tool, req, found.tool.server)
         fault_point("after_upstream")
         # Still unrecorded after the retries: the action stays claimed (409, retry later); the
         # sweeper settles it if this worker never does.
-        action = run_retrying(lambda: _phase3(claimed, result))
+        with tracing.phase("finish"):
+            action = run_retrying(lambda: _phase3(claimed, result))
     assert action.response is not None
     return CallAnswer(action.action_id, action.response, replayed=False)
 

@@ -487,8 +487,11 @@ class UpstreamClient:
         output_schema: Mapping[str, Any] | None = None,
         input_schema: Mapping[str, Any] | None = None,
         send_by: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> CallResult:
         """Send one ``tools/call`` and classify the outcome; never resends, never raises for upstream failures.
+
+        ``headers``: more header lines for this request only (the dispatch's W3C ``traceparent``).
 
         ``send_by`` (a ``time.monotonic()`` instant): when the session's negotiation, or waiting for
         another thread's, ends after it, the call is not sent (``not_sent``), so that a caller whose
@@ -531,6 +534,8 @@ class UpstreamClient:
             lines = f"{state.head('tools/call', name)}{IDEMPOTENCY_HEADER}: {_check_value(idempotency_key)}\r\n"
             if state.envelope and input_schema is not None:
                 lines += _param_header_lines(input_schema, arguments)
+            if headers:
+                lines += "".join(f"{_check_header(key, value)}\r\n" for key, value in headers.items())
             head, body = self._build(payload, lines)
         except Exception as exc:
             # Arguments that are not JSON, a header value that cannot be sent.

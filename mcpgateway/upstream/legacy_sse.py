@@ -365,8 +365,11 @@ class LegacySseClient:
         output_schema: Mapping[str, Any] | None = None,
         input_schema: Mapping[str, Any] | None = None,
         send_by: float | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> CallResult:
         """Send one ``tools/call`` in a session of its own and classify the outcome (module docstring).
+
+        ``headers``: more header lines for the ``tools/call`` POST only (the dispatch's W3C ``traceparent``).
 
         Never resends, never raises for an upstream failure; ``ValueError`` (before anything is sent)
         for an empty idempotency key or an invalid ``output_schema``, as ``UpstreamClient.call_tool``.
@@ -383,7 +386,7 @@ class LegacySseClient:
                 kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid, status_code=exc.status_code
             )
         try:
-            return self._call(session, rid, name, arguments, idempotency_key, extra_meta, validator, send_by)
+            return self._call(session, rid, name, arguments, idempotency_key, extra_meta, validator, send_by, headers)
         finally:
             session.close()
 
@@ -397,6 +400,7 @@ class LegacySseClient:
         extra_meta: Mapping[str, Any] | None,
         validator: jsonschema.protocols.Validator | None,
         send_by: float | None,
+        headers: Mapping[str, str] | None,
     ) -> CallResult:
         meta = {**(extra_meta or {}), IDEMPOTENCY_META_KEY: idempotency_key}
         payload = {
@@ -407,6 +411,7 @@ class LegacySseClient:
         }
         try:
             lines = f"{IDEMPOTENCY_HEADER}: {_check_value(idempotency_key)}\r\n"
+            lines += "".join(f"{_check_header(key, value)}\r\n" for key, value in (headers or {}).items())
             json.dumps(payload)
         except Exception as exc:
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)

@@ -12,6 +12,13 @@ its own phase-1 transaction (``permit_reserve``, ``permit_release``,
 """
 
 from permits.services.approval import human_approval_required
+from permits.services.approval_record import (
+    approval_statement_problem,
+    permit_approval_of,
+    permit_approval_problem,
+    permit_approval_standing,
+    permit_signed_approval,
+)
 from permits.services.authorization import (
     POLICIES_JSON_SQL,
     WILDCARD,
@@ -84,11 +91,15 @@ __all__ = [
     "PolicyChange",
     "RequestCreate",
     "approval_relaxation",
+    "approval_statement_problem",
     "approval_url",
     "approver_reachability",
     "authorize",
     "daily_caps_record",
     "human_approval_required",
+    "permit_approval_of",
+    "permit_approval_problem",
+    "permit_approval_standing",
     "permit_issue",
     "permit_release",
     "permit_request_create",
@@ -99,6 +110,7 @@ __all__ = [
     "permit_reserve",
     "permit_reserve_refusal",
     "permit_revoke",
+    "permit_signed_approval",
     "permit_statement_problem",
     "policies_from_json",
     "policy_change",

@@ -16,6 +16,7 @@ from django.utils import timezone
 from audit.services import audit_record
 from billing.models import Wallet
 from permits.models import Permit, PermitStatus, PolicyBundle
+from permits.services.approval_record import permit_approval_standing
 
 
 def human_approval_required(wallet: Wallet) -> bool:
@@ -67,18 +68,17 @@ def revoke_unapproved(policy: PolicyBundle, *, actor_key_id: str, actor: str) ->
     """Revoke the active permits below ``policy``'s wallet that no human approved: issued by a wallet's
     key, not through an approved permit request. They could not be issued now (``permit_issue``
     refuses them), so they do not outlive the rule either. Caller holds the transaction and the
-    exclusive ``approval_lock``. Returns the permit ids revoked."""
+    exclusive ``approval_lock``. Returns the permit ids revoked.
+
+    Who stands behind a permit is read from its signed record (``permit_approval_standing``): the
+    statement's issuer and the approval it names, which must hold; a statement that does not verify
+    counts as unapproved. The columns (``issuer_wallet``, ``issued_via_request_id``) are not read.
+    """
     path = Wallet.objects.filter(wallet_id=policy.wallet_id).values_list("path", flat=True).get()
-    unapproved = list(
-        Permit.objects.select_for_update(no_key=True)
-        .filter(
-            Q(wallet__path=path) | Q(wallet__path__startswith=f"{path}/"),
-            status=PermitStatus.ACTIVE,
-            issuer_wallet__isnull=False,
-            issued_via_request_id="",
-        )
-        .order_by("permit_id")
+    active = Permit.objects.select_for_update(no_key=True).filter(
+        Q(wallet__path=path) | Q(wallet__path__startswith=f"{path}/"), status=PermitStatus.ACTIVE
     )
+    unapproved = [permit for permit in active.order_by("permit_id") if permit_approval_standing(permit) == "unapproved"]
     for permit in unapproved:
         revoke_locked(
             permit,

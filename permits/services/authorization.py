@@ -34,7 +34,8 @@ POLICIES_JSON_SQL = (
     "'policy_id', b.policy_id, 'wallet_id', b.wallet_id, 'allowed_tools', b.allowed_tools, "
     "'denied_tools', b.denied_tools, "
     "'max_credits_per_call', b.max_credits_per_call::text, 'max_daily_credits', b.max_daily_credits::text, "
-    "'allowed_categories', b.allowed_categories) ORDER BY b.created_at), '[]'::jsonb) "
+    "'allowed_categories', b.allowed_categories, 'human_approval_required', b.human_approval_required) "
+    "ORDER BY b.created_at), '[]'::jsonb) "
     "FROM permits_policy_bundle b WHERE b.wallet_id = ANY(%s) AND b.enabled"
 )
 
@@ -51,6 +52,7 @@ def policies_from_json(text: str | list[Any]) -> list[PolicyBundle]:
             max_credits_per_call=Decimal(row["max_credits_per_call"]) if row["max_credits_per_call"] else None,
             max_daily_credits=Decimal(row["max_daily_credits"]) if row["max_daily_credits"] else None,
             allowed_categories=row["allowed_categories"],
+            human_approval_required=bool(row.get("human_approval_required")),
         )
         for row in rows
     ]
@@ -162,6 +164,18 @@ def authorize(
         row = fastsql.fetch_row(POLICIES_JSON_SQL, [wallet.ancestry])
         policies = policies_from_json(row[0] if row is not None else "[]")
     applied = [p.policy_id for p in policies]
+    statement = permit.signed_statement
+    for policy in policies:
+        # A permit of a wallet's key under human approval: none can be issued now and the policy revoked
+        # those it found; one still here (its row edited) is refused. Read from the signed statement
+        # (verified above, or when the permit was cached), whose approval permit_statement_problem
+        # checked: the issuer and the approval it names, never issued_via_request_id.
+        if (
+            policy.human_approval_required
+            and statement.get("issuer_wallet_id") is not None
+            and statement.get("approval") is None
+        ):
+            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="human_approval_required"), applied)
     caps = [
         DailyCap(p.policy_id, daily_cap_wallet(p.wallet_id, wallet), p.max_daily_credits)
         for p in policies

@@ -29,7 +29,8 @@ from common.formatting import credits_phrase
 from common.ids import new_id
 from common.jsonbody import check_storable
 from permits import exceptions as exc
-from permits.models import PermitRequest, PermitRequestStatus, TenantApprover, TenantNotification
+from permits.models import PermitApproval, PermitRequest, PermitRequestStatus, TenantApprover, TenantNotification
+from permits.services.approval_record import approval_record_sign, approval_reference
 from permits.services.notifications import webhook_queue
 from permits.services.permits import _check_subject_key, _created_before, _mint_permit
 
@@ -235,6 +236,9 @@ def permit_request_decide(
     (the approval page always sends it); an approval is refused (409) unless the row still
     has those terms. A ``note`` PostgreSQL cannot store (NUL, a lone surrogate) is 422 before
     anything is read; the approval page checks its form first and shows its own error.
+    The decision is a signed ``permit_approval`` statement (``approval_record_sign``: request,
+    tenant, wallet, decision, approver, time and, for an approval, the permit and the digest of
+    its terms), and the permit's statement names it; its digest is in the decision's audit event.
     """
     check_storable(note, ["note"])
     preq = PermitRequest.objects.select_for_update(no_key=True).select_related("wallet").get(request_id=request_id)
@@ -250,6 +254,12 @@ def permit_request_decide(
     preq.decided_at = now
     preq.decided_by = user
     preq.decision_note = note[:500]
+    signed: list[tuple[PermitApproval, str]] = []
+
+    def sign_approval(terms: dict[str, Any]) -> dict[str, Any]:
+        signed.append(approval_record_sign(preq=preq, user=user, decided_at=now, permit_terms=terms))
+        return approval_reference(signed[0][0])
+
     if approve:
         tenant_root = Wallet.objects.get(wallet_id=preq.tenant_id)
         permit = _mint_permit(
@@ -262,11 +272,15 @@ def permit_request_decide(
             expires_at=now + timedelta(seconds=preq.permit_ttl_seconds),
             subject_key_id=preq.subject_key_id,
             via_request_id=preq.request_id,
+            approval=sign_approval,
+            now=now,
         )
         preq.permit = permit
         preq.status = PermitRequestStatus.APPROVED
     else:
+        signed.append(approval_record_sign(preq=preq, user=user, decided_at=now, permit_terms=None))
         preq.status = PermitRequestStatus.REJECTED
+    approval, approval_digest = signed[0]
     preq.save(update_fields=["status", "decided_at", "decided_by", "decision_note", "permit"])
     audit_record(
         event="permit_request.approved" if approve else "permit_request.rejected",
@@ -278,6 +292,8 @@ def permit_request_decide(
             "request_id": request_id,
             "decided_by": user.get_username(),
             "permit_id": preq.permit_id,
+            "approval_id": approval.approval_id,
+            "approval_sha256": approval_digest,
         },
     )
     return preq

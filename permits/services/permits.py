@@ -8,6 +8,7 @@ runs in its own phase-1 transaction; they take no transaction of their own.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from decimal import Decimal
@@ -29,6 +30,7 @@ from common.records import record_json
 from permits import exceptions as exc
 from permits.models import Permit, PermitRequest, PermitStatus
 from permits.services.approval import approval_lock, human_approval_required, revoke_locked
+from permits.services.approval_record import permit_approval_problem
 
 M = TypeVar("M", Permit, PermitRequest)
 
@@ -88,7 +90,8 @@ def permit_statement_problem(permit: Permit) -> str | None:
     """Why ``permit``'s stored columns cannot be trusted, or None: the one check of a permit at use.
 
     Every column that authorization reads (``PERMIT_SIGNED_FIELDS``) must equal what
-    was signed (``audit.signing.statement_problem``).
+    was signed (``audit.signing.statement_problem``), and an approval the statement names must
+    hold (``approval_record.permit_approval_problem``: ``approval_<why>``).
     """
     stored = _permit_statement(permit)
     return statement_problem(
@@ -96,7 +99,7 @@ def permit_statement_problem(permit: Permit) -> str | None:
         permit.signature,
         expected_type="permit",
         columns={name: stored[name] for name in PERMIT_SIGNED_FIELDS},
-    )
+    ) or permit_approval_problem(permit)
 
 
 @dataclass(frozen=True)
@@ -121,9 +124,17 @@ def _mint_permit(
     idempotency_key: str = "",
     request_hash: str = "",
     via_request_id: str = "",
+    approval: Callable[[dict[str, Any]], Mapping[str, Any]] | None = None,
+    now: datetime | None = None,
 ) -> Permit:
-    """Create and sign a permit. Caller holds the transaction."""
-    now = timezone.now()
+    """Create and sign a permit. Caller holds the transaction.
+
+    ``approval``: for a permit a person approved, called with the statement about to be signed (the
+    terms) before it is signed; it signs the approval of exactly those terms and returns the
+    reference the permit's statement then carries as ``approval``. Without it the statement has no
+    ``approval`` member (as every permit signed before approvals were signed).
+    """
+    now = now or timezone.now()
     permit = Permit(
         permit_id=new_id("pmt"),
         tenant_id=wallet.tenant_id,
@@ -141,7 +152,10 @@ def _mint_permit(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
     )
-    signed = sign_statement(_permit_statement(permit))
+    statement = _permit_statement(permit)
+    if approval is not None:
+        statement["approval"] = dict(approval(statement))
+    signed = sign_statement(statement)
     permit.signed_statement = signed.statement
     permit.signature = signed.signature
     permit.key_id = signed.kid

@@ -17,19 +17,8 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from django.db import transaction
 
+from access.selectors import api_key_file_active
 from access.services import operator_key_create
-
-
-def _still_valid(path: Path) -> bool:
-    from access.keys import parse_secret
-    from access.models import APIKey, APIKeyStatus
-
-    try:
-        secret = json.loads(path.read_text())["operator_api_key"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    key_id = parse_secret(secret) if isinstance(secret, str) else None
-    return key_id is not None and APIKey.objects.filter(key_id=key_id, status=APIKeyStatus.ACTIVE).exists()
 
 
 class Command(BaseCommand):
@@ -48,7 +37,7 @@ class Command(BaseCommand):
         username = options["username"]
         User = get_user_model()
         if path.exists():
-            if _still_valid(path):
+            if api_key_file_active(path=path, field="operator_api_key"):
                 self.stdout.write(f"Operator credentials already exist: {path}")
                 return
             # The database was reset since: the file names a key it no longer has.

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.core.management.base import BaseCommand
 from django.utils import timezone
 
+from access.selectors import api_key_file_active
 from access.services import api_key_create
 from billing.selectors import tool_price
 from billing.services import tool_price_set, wallet_create_agent, wallet_create_sponsor
@@ -31,18 +32,6 @@ DEMO_PRICES = {
     "clock.now": Decimal("0.05"),
     "demo.stats": Decimal("0.01"),
 }
-
-
-def _still_valid(path: Path) -> bool:
-    from access.keys import parse_secret
-    from access.models import APIKey, APIKeyStatus
-
-    try:
-        secret = json.loads(path.read_text())["agent_api_key"]
-    except (OSError, ValueError, KeyError, TypeError):
-        return False
-    key_id = parse_secret(secret) if isinstance(secret, str) else None
-    return key_id is not None and APIKey.objects.filter(key_id=key_id, status=APIKeyStatus.ACTIVE).exists()
 
 
 class Command(BaseCommand):
@@ -64,7 +53,7 @@ class Command(BaseCommand):
             self.stdout.write(f"  tool {tool.service_id}: {shown}")
         path = Path(options["credentials_file"]).resolve()
         if path.exists():
-            if _still_valid(path):
+            if api_key_file_active(path=path, field="agent_api_key"):
                 self._refresh(path)
                 self.stdout.write(f"Demo credentials already exist: {path}")
                 return
