@@ -673,12 +673,13 @@ def test_a_token_near_its_expiry_is_fetched_again_before_the_call(
     assert _bearers(fleet.ops)[-1] == fleet.tokens.issued_to(OPS_CLIENT)[-1]
 
 
-def test_many_concurrent_calls_fetch_the_token_once(fleet: Fleet) -> None:
+def _burst_without_a_token(fleet: Fleet, callers: list[Any]) -> list[Any]:
+    """Each caller calls ``ops.quick`` at once, with no token in the process, while the token endpoint holds its
+    answers until the calls have piled up; their answers."""
     from common.cache import clear_all
 
-    callers = [setup_caller(fleet.acme, balance=100) for _ in range(6)]
-    clear_all()  # no token in the process: every call needs one at once
-    fleet.tokens.gate.clear()  # the token endpoint holds its answers until the calls have piled up
+    clear_all()
+    fleet.tokens.gate.clear()
     answers: list[Any] = []
 
     def call(caller: Any) -> None:
@@ -695,6 +696,12 @@ def test_many_concurrent_calls_fetch_the_token_once(fleet: Fleet) -> None:
     fleet.tokens.gate.set()
     for thread in threads:
         thread.join(60)
+    return answers
+
+
+def test_many_concurrent_calls_fetch_the_token_once(fleet: Fleet) -> None:
+    callers = [setup_caller(fleet.acme, balance=100) for _ in range(6)]
+    answers = _burst_without_a_token(fleet, callers)
     assert [_receipt(a).outcome for a in answers] == ["success"] * 6
     assert len(fleet.tokens.forms) == 2
     assert fleet.ops.calls["quick"] == 6
@@ -722,29 +729,10 @@ def test_the_token_is_fetched_outside_any_transaction(fleet: Fleet, monkeypatch:
 
 
 def test_concurrent_calls_share_one_failed_fetch(fleet: Fleet) -> None:
-    from common.cache import clear_all
-
     callers = [setup_caller(fleet.acme, balance=100) for _ in range(4)]
     start = _balance(fleet.acme)
-    clear_all()
     fleet.tokens.clients[OPS_CLIENT] = "rotated-at-the-provider"
-    fleet.tokens.gate.clear()
-    answers: list[Any] = []
-
-    def call(caller: Any) -> None:
-        try:
-            answers.append(caller.invoke("ops.quick", {}))
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=call, args=(caller,)) for caller in callers]
-    for thread in threads:
-        thread.start()
-    wait_for(lambda: len(fleet.tokens.forms) == 2)  # the sync's request, then the calls' first
-    threading.Event().wait(0.5)  # room for the others to queue behind it
-    fleet.tokens.gate.set()
-    for thread in threads:
-        thread.join(60)
+    answers = _burst_without_a_token(fleet, callers)
     assert [a.json()["detail"]["oauth_error"] for a in answers] == ["invalid_client"] * 4
     assert len(fleet.tokens.forms) == 2  # the callers that waited for the failed fetch did not fetch again
     assert _balance(fleet.acme) == start
