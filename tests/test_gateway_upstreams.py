@@ -741,6 +741,30 @@ def test_concurrent_calls_share_one_failed_fetch(fleet: Fleet) -> None:
     assert len(fleet.tokens.forms) == 3
 
 
+def test_the_client_secret_and_tokens_are_in_no_log_metric_or_health_answer(
+    fleet: Fleet, caplog: Any, operator_client: Any, anon_client: Any
+) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    caller = setup_caller(fleet.acme, balance=100)
+    assert _receipt(caller.invoke("ops.quick", {})).outcome == "success"
+    fleet.tokens.revoke_all()
+    assert _receipt(caller.invoke("ops.quick", {})).reason_code == "upstream_auth_refused"
+    fleet.tokens.clients[OPS_CLIENT] = "rotated-at-the-provider"
+    assert caller.invoke("ops.quick", {}).status_code == 502
+    shown = [
+        caplog.text,
+        operator_client.get("/metrics").content.decode(),
+        anon_client.get("/health/ready").content.decode(),
+        operator_client.post("/v1/upstreams/ops/test").content.decode(),
+    ]
+    for secret in [OPS_SECRET, *fleet.tokens.tokens]:
+        for text in shown:
+            assert secret not in text
+    _no_secret_anywhere(OPS_SECRET, *fleet.tokens.tokens)
+
+
 def test_a_tenants_own_client_credentials_replace_the_servers_for_its_calls(fleet: Fleet) -> None:
     acme, globex = setup_caller(fleet.acme, balance=100), setup_caller(fleet.globex, balance=100)
     upstream_credential_set(
