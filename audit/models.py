@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any, NoReturn
 
-from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.indexes import GinIndex, OpClass
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Func, Q
 
 from audit.evidence_core import GENESIS_HASH
 
@@ -66,6 +66,12 @@ class AuditEventQuerySet(models.QuerySet["AuditEvent"]):
         raise RuntimeError("audit events are immutable")
 
 
+def detail_refs() -> Func:
+    """``audit_detail_refs(detail)`` (audit/sql/audit_detail_refs.sql): the ids an event's detail names and its
+    actor, the expression the search index ``audit_detail_refs_path_ops`` holds and the filters ask."""
+    return Func(F("detail"), function="audit_detail_refs", output_field=models.JSONField())
+
+
 class AuditEvent(models.Model):
     """One immutable audit event. ``hash = SHA-256(prev_hash || canonical(event))``.
 
@@ -106,8 +112,8 @@ class AuditEvent(models.Model):
             models.Index(fields=["request_id"], name="audit_request"),
             models.Index(fields=["created_at"], name="audit_created"),
             models.Index(fields=["wallet_id", "created_at"], name="audit_wallet_created"),
-            # JSON containment on the detail (the actor and object_id filters, audit.selectors).
-            GinIndex(fields=["detail"], opclasses=["jsonb_path_ops"], name="audit_detail_path_ops"),
+            # JSON containment on the ids the detail names (the actor and object_id filters, audit.selectors).
+            GinIndex(OpClass(detail_refs(), name="jsonb_path_ops"), name="audit_detail_refs_path_ops"),
         ]
         ordering = ["created_at", "seq"]
 

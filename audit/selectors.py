@@ -12,7 +12,8 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any, Protocol
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, JSONField, Q, QuerySet, Value
+from django.db.models.fields.json import DataContains
 
 from audit.models import (
     SYSTEM_CHAIN,
@@ -22,6 +23,7 @@ from audit.models import (
     ChainVerificationRecord,
     SigningKey,
     SigningKeyState,
+    detail_refs,
 )
 from common.errors import NotFound, WalletAccessDenied, WalletKeyRequired
 
@@ -44,10 +46,12 @@ class Caller(Protocol):
 EVENT_FILTERS = ("event", "wallet_id", "key_id", "tool", "endpoint", "policy_decision_id", "request_id", "ok")
 
 # The columns and the detail keys that name the object an event is about, for the ``object_id`` filter.
-# The detail lookups are JSON containment (``detail @> {"policy_id": ...}``), which the GIN index
-# ``audit_detail_path_ops`` answers; so is the ``actor`` filter (``detail @> {"actor": ...}``). Only
-# indexed columns take part, so every branch of the OR is an index scan: ``key_id`` (the acting key)
-# and ``policy_decision_id`` have their own filters, and a key the event is about is in its detail.
+# The detail lookups are JSON containment on the ids the detail names
+# (``audit_detail_refs(detail) @> {"policy_id": ...}``, ``audit.models.detail_refs``), which the GIN index
+# ``audit_detail_refs_path_ops`` answers; so is the ``actor`` filter. Only indexed columns take part, so
+# every branch of the OR is an index scan: ``key_id`` (the acting key) and ``policy_decision_id`` have
+# their own filters, and a key the event is about is in its detail. audit/sql/audit_detail_refs.sql
+# lists the same keys and the actor (tests/test_audit_search_index.py).
 OBJECT_ID_COLUMNS = ("wallet_id", "request_id", "event_id")
 OBJECT_ID_DETAIL_KEYS = (
     "policy_id",
@@ -78,13 +82,19 @@ def object_id_q(object_id: str) -> Q:
     for column in OBJECT_ID_COLUMNS:
         q |= Q(**{column: object_id})
     for key in OBJECT_ID_DETAIL_KEYS:
-        q |= Q(detail__contains={key: object_id})
+        q |= _detail_names(key, object_id)
     return q
 
 
 def actor_q(actor: str) -> Q:
     """Events recorded with ``detail.actor == actor`` (console changes: ``admin:<username>``)."""
-    return Q(detail__contains={"actor": actor})
+    return _detail_names("actor", actor)
+
+
+def _detail_names(key: str, value: str) -> Q:
+    """Events whose detail has ``value`` at ``key`` (one of the keys ``audit_detail_refs`` keeps), asked of the
+    indexed expression, so the search index answers it."""
+    return Q(DataContains(detail_refs(), Value({key: value}, output_field=JSONField())))
 
 
 def audit_events_visible(principal: Caller) -> QuerySet[AuditEvent]:

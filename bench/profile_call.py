@@ -9,6 +9,9 @@ gateway's own work plus its waits on PostgreSQL and the upstream). Reports:
 
 * SQL statements and database round trips per call (every statement Django
   sends, counted by a connection execute wrapper; a statement is one round trip);
+* WAL bytes per call (``pg_current_wal_insert_lsn()`` before and after the timed calls: every
+  row and index entry the calls write, the server's autovacuum included) and Python function
+  calls per call (cProfile): figures that do not move with the host's load;
 * CPU and wall time per call in this process;
 * the top entries of a cProfile of the calls, by cumulative and by own time.
 """
@@ -114,10 +117,20 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
             one()
     per_call = sum(statements.values()) / 20
 
+    def wal_position() -> str:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_current_wal_insert_lsn()")
+            return str(cursor.fetchone()[0])
+
+    wal0 = wal_position()
     cpu0, wall0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
     for _ in range(calls):
         one()
     cpu1, wall1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    wal1 = wal_position()
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_wal_lsn_diff(%s, %s)", [wal1, wal0])
+        wal_bytes = float(cursor.fetchone()[0]) / calls
     cpu_ms = ((cpu1.ru_utime - cpu0.ru_utime) + (cpu1.ru_stime - cpu0.ru_stime)) / calls * 1000
     wall_ms = (wall1 - wall0) / calls * 1000
 
@@ -131,6 +144,7 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
     profiler.disable()
     out = io.StringIO()
     stats = pstats.Stats(profiler, stream=out)
+    function_calls = stats.total_calls / calls  # type: ignore[attr-defined]
     stats.sort_stats("cumulative").print_stats(top)
     stats.sort_stats("cumulative").print_stats(r"/(audit|billing|config|mcpgateway|permits|receipts)/", top)
     stats.sort_stats("tottime").print_stats(top)
@@ -139,6 +153,8 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
         f"governed tools/call in one process, {calls} calls",
         f"CPU per call (this process): {cpu_ms:.2f} ms; wall per call: {wall_ms:.2f} ms",
         f"SQL statements (= database round trips) per call: {per_call:.1f}",
+        f"WAL bytes per call (the server's, over the {calls} timed calls): {wal_bytes:.0f}",
+        f"Python function calls per call (cProfile): {function_calls:.0f}",
         "",
         "CPU per call by section (inclusive; process_time around each function, no profiler):",
         *[f"  {ms:6.2f} ms  {name}" for name, ms in sections.items()],
@@ -153,6 +169,8 @@ def profile(creds: dict[str, Any], calls: int, top: int) -> dict[str, Any]:
         "cpu_ms_per_call": round(cpu_ms, 2),
         "wall_ms_per_call": round(wall_ms, 2),
         "statements_per_call": per_call,
+        "wal_bytes_per_call": round(wal_bytes),
+        "function_calls_per_call": round(function_calls),
         "statements": {sql: n / 20 for sql, n in statements.most_common()},
         "sections_cpu_ms": sections,
         "top_own_time": _top_own_time(profiler, top),

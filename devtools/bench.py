@@ -586,6 +586,18 @@ def profile_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
             "n/a",
         ),
     ]
+    if "wal_bytes_per_call" in f:
+        rows += [
+            Row(
+                "WAL bytes per governed call (rows and index entries written)",
+                _n(f["wal_bytes_per_call"], 0),
+                "n/a",
+                "n/a",
+            ),
+            Row(
+                "Python function calls per governed call (cProfile)", _n(f["function_calls_per_call"], 0), "n/a", "n/a"
+            ),
+        ]
     notes = ["CPU per call by section (inclusive of what each calls):", ""]
     notes += ["| section | CPU ms per call |", "|---|---|"]
     notes += [f"| `{name}` | {ms:.2f} |" for name, ms in f.get("sections_cpu_ms", {}).items()]

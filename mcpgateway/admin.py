@@ -20,17 +20,25 @@ from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
 from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, console_log
 from common.errors import ApplicationError
-from common.formatting import timestamp_text
+from common.formatting import EMPTY, timestamp_text
 from common.listing import short_id_column
 from mcpgateway import services
-from mcpgateway.models import Action, ActionState, Tool, UpstreamServer, UpstreamTransport
+from mcpgateway.models import (
+    Action,
+    ActionState,
+    Tool,
+    UpstreamProbeSource,
+    UpstreamServer,
+    UpstreamServerState,
+    UpstreamTransport,
+)
 from mcpgateway.services.upstreams import (
     UPSTREAM_EDITABLE,
     UpstreamServerInvalid,
     upstream_credential_set,
     upstream_credential_validate,
     upstream_error_class,
-    upstream_probe,
+    upstream_server_check,
     upstream_server_create,
     upstream_server_sync,
     upstream_server_update,
@@ -402,6 +410,7 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
     list_display = [
         "slug",
         "name",
+        "server_state",  # before the URL: on screen at 1366 px, filters shown
         "url",
         "enabled",
         "required",
@@ -411,9 +420,10 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
         "tools",
         "last_synced_at",
     ]
+    list_select_related = ["state"]  # the last probe kept (UpstreamServerState): the list probes nothing
     list_filter = ["enabled", "required"]
     search_fields = ["slug", "name", "url"]
-    readonly_fields = ["server_id", "credentials", "last_synced_at"]
+    readonly_fields = ["server_id", "credentials", "last_synced_at", "server_state"]
     actions = ["sync_tools", "test_connection"]
 
     def get_fields(self, request: HttpRequest, obj: Any = None) -> Any:
@@ -421,6 +431,7 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
             *UpstreamServerForm.Meta.fields,
             "tenant_ids_text",
             "last_synced_at",
+            "server_state",
             "credentials",
             "credential_kind",
             "credential_tenant",
@@ -448,6 +459,26 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
         )
         shown = [f"{tenant or '(server)'}: {kind}, set on {timestamp_text(set_at)}" for tenant, kind, set_at in rows]
         return "; ".join(shown) or "none"
+
+    @admin.display(description="state")
+    def server_state(self, obj: UpstreamServer) -> str:
+        """The last probe kept (readiness, "Test connection", a sync), never a probe made for the page."""
+        if not obj.enabled:
+            return "disabled"
+        try:
+            last = obj.state
+        except UpstreamServerState.DoesNotExist:
+            return "never checked"
+        if last.reachable:
+            seen = f"reachable, protocol {last.protocol_version or EMPTY}"
+        else:
+            seen = f"unreachable ({last.error_class})"
+        return format_html(
+            '<span class="server-state">{}</span><br><span class="server-state">checked {} ({})</span>',
+            seen,
+            timestamp_text(last.checked_at),
+            last.checked_by,
+        )
 
     @admin.display(description="tools")
     def tools(self, obj: UpstreamServer) -> int:
@@ -505,7 +536,7 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
     @admin.action(description="Test connection", permissions=["view"])
     def test_connection(self, request: HttpRequest, queryset: QuerySet[UpstreamServer]) -> None:
         for server in queryset.order_by("slug"):
-            probe = upstream_probe(server)
+            probe = upstream_server_check(server=server, checked_by=UpstreamProbeSource.CONSOLE)
             if probe["reachable"]:
                 self.message_user(
                     request, f"{server.slug}: reachable, protocol {probe['protocol_version']}", messages.SUCCESS

@@ -85,6 +85,55 @@ class UpstreamServer(models.Model):
         return f"{self.tool_prefix}.{remote_name}" if self.tool_prefix else remote_name
 
 
+class UpstreamErrorClass(models.TextChoices):
+    """Why a server could not be used, as a fixed word (never the upstream's text or its URL)."""
+
+    AUTH_REFUSED = "auth_refused"
+    SERVER_ERROR = "server_error"
+    HTTP_ERROR = "http_error"
+    TIMEOUT = "timeout"
+    UNREACHABLE = "unreachable"
+    PROTOCOL_ERROR = "protocol_error"
+
+
+class UpstreamProbeSource(models.TextChoices):
+    READINESS = "readiness"
+    CONSOLE = "console"
+    API = "api"
+    SYNC = "sync"
+
+
+class UpstreamServerState(models.Model):
+    """The last probe of an upstream server: reachable or not (with an error class), its protocol version, when.
+
+    A row of its own, not columns of ``UpstreamServer``: a probe runs at every ``/health/ready``, and any
+    write to the server's row moves ``gateway_tool_version`` for all its tools, so every process would
+    decide their calls again (docs/decisions.md, "Upstream servers"). Written only by
+    ``upstreams.upstream_server_state_record``, never audited (a probe is not an operator's change).
+    """
+
+    server = models.OneToOneField(UpstreamServer, on_delete=models.CASCADE, primary_key=True, related_name="state")
+    checked_at = models.DateTimeField()
+    checked_by = models.CharField(max_length=16, choices=UpstreamProbeSource.choices)
+    reachable = models.BooleanField()
+    protocol_version = models.CharField(max_length=32, blank=True, default="")
+    error_class = models.CharField(max_length=16, blank=True, default="", choices=UpstreamErrorClass.choices)
+
+    class Meta:
+        db_table = "mcpgateway_upstream_server_state"
+        constraints = [
+            # Reachable has no error class; unreachable has one of the fixed words, never free text.
+            models.CheckConstraint(
+                condition=Q(reachable=True, error_class="")
+                | Q(reachable=False, error_class__in=UpstreamErrorClass.values),
+                name="upstream_server_state_error_class",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.server_id} {'reachable' if self.reachable else self.error_class}"
+
+
 class UpstreamCredential(models.Model):
     """What the gateway sends to one upstream server: server-wide (``tenant_id`` null) or one tenant's own.
 

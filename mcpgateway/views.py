@@ -16,7 +16,7 @@ from common.errors import NotFound, OperatorKeyRequired, RequestValidationError,
 from common.pagination import parse_body, parse_query
 from common.schema import error_responses
 from mcpgateway import services
-from mcpgateway.models import UpstreamServer
+from mcpgateway.models import UpstreamProbeSource, UpstreamServer
 from mcpgateway.serializers import (
     ToolCallRequest,
     ToolCallResponse,
@@ -376,4 +376,5 @@ class UpstreamTestView(APIView):
     )
     def post(self, request: Request, slug: str) -> Response:
         _operator(request)
-        return Response(UpstreamProbeResponse(upstreams.upstream_probe(_server(slug))).data)
+        probe = upstreams.upstream_server_check(server=_server(slug), checked_by=UpstreamProbeSource.API)
+        return Response(UpstreamProbeResponse(probe).data)

@@ -9,8 +9,9 @@ the protocol era negotiated as the gateway's dispatch negotiates it, then a
 a ``server/discover``). The report is ``healthy`` only when every check that applies is
 ``ok``; a down upstream makes it ``degraded`` and the endpoint answers 503.
 
-Nothing here writes to the database or activates a signing key: health observes,
-it does not repair.
+Nothing here activates a signing key or changes what an operator set: health observes, it does not
+repair. The one write is readiness keeping each upstream server's last probe for the console
+(``UpstreamServerState``, not audited: docs/decisions.md, "Upstream servers").
 """
 
 from __future__ import annotations
@@ -213,8 +214,8 @@ def upstream_server_states() -> list[dict[str, Any]]:
     error class (a fixed word, never the upstream's text or its URL). Probed in parallel, with short timeouts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mcpgateway.models import UpstreamServer
-    from mcpgateway.services.upstreams import upstream_headers, upstream_probe
+    from mcpgateway.models import UpstreamProbeSource, UpstreamServer
+    from mcpgateway.services.upstreams import upstream_headers, upstream_probe, upstream_server_state_record
 
     servers = list(UpstreamServer.objects.filter(enabled=True).order_by("slug"))
     if not servers:
@@ -223,6 +224,14 @@ def upstream_server_states() -> list[dict[str, Any]]:
         upstream_headers(server=server, tenant_id="")
     with ThreadPoolExecutor(max_workers=min(8, len(servers))) as pool:
         probes = list(pool.map(lambda s: upstream_probe(s, timeout=settings.HEALTH_UPSTREAM_TIMEOUT), servers))
+    checked_at = timezone.now()
+    try:  # here, not in the probes' threads (each would open a database connection of its own)
+        for server, probe in zip(servers, probes, strict=True):
+            upstream_server_state_record(
+                server_id=server.server_id, probe=probe, checked_by=UpstreamProbeSource.READINESS, checked_at=checked_at
+            )
+    except Exception:  # keeping the state is a convenience of the console: readiness answers all the same
+        logger.warning("could not keep the upstream servers' last state", exc_info=True)
     return [
         {
             "slug": server.slug,

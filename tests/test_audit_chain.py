@@ -560,8 +560,9 @@ def test_the_database_links_each_event_as_chain_hash_does(db, signing):
 def test_the_worked_example_of_the_format_document_recomputes():
     """docs/audit-chain.md: its example events are what event_bytes writes, and its hashes are the links."""
     text = (Path(__file__).resolve().parent.parent / "docs" / "audit-chain.md").read_text(encoding="utf-8")
-    documented = re.findall(r"```json\n(.*?)\n```", text, flags=re.S)
-    hashes = re.findall(r"hash\(\d\) = `([0-9a-f]{64})`", text)
+    example = text.split("## Worked example", 1)[1].split("\n## ", 1)[0]  # its own section, not later ones
+    documented = re.findall(r"```json\n(.*?)\n```", example, flags=re.S)
+    hashes = re.findall(r"hash\(\d\) = `([0-9a-f]{64})`", example)
     assert len(documented) == len(hashes) == 2
     prev = GENESIS_HASH
     for doc_bytes, doc_hash in zip(documented, hashes, strict=True):

@@ -12,7 +12,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from common.ids import new_id
-from mcpgateway.models import Action
+from mcpgateway.models import Action, UpstreamProbeSource
+from mcpgateway.services.upstreams import upstream_server_create, upstream_server_state_record
 from tests.browser import browser_page, require_chromium, screenshot, wait_for
 from tests.conftest import make_tenant
 from tests.test_permit_requests import ask
@@ -47,6 +48,7 @@ KEY_COLUMNS = {
         "price_col",
     ],
     "/admin/permits/permitrequest/": ["request_short", "wallet_short", "status", "allowance", "created_at"],
+    "/admin/mcpgateway/upstreamserver/": ["slug", "name", "server_state"],
 }
 
 
@@ -59,13 +61,15 @@ def login(page: Any, url: str, path: str = "/admin/") -> None:
 
 
 def offscreen_columns(page: Any, columns: list[str]) -> list[str]:
-    """The columns whose header is missing, hidden, or not wholly inside the viewport (scrolled away)."""
+    """The columns whose header is missing, hidden, or not wholly inside the viewport and the list's own
+    scrolling box (scrolled away)."""
     return page.evaluate(
         """([columns, width]) => columns.filter((name) => {
             const th = document.querySelector(`#result_list th.column-${name}`);
             if (!th) return true;
             const box = th.getBoundingClientRect();
-            return box.width === 0 || box.left < 0 || box.right > width;
+            const shown = th.closest(".results").getBoundingClientRect();
+            return box.width === 0 || box.left < Math.max(0, shown.left) || box.right > Math.min(width, shown.right);
         })""",
         [columns, VIEWPORT["width"]],
     )
@@ -83,6 +87,11 @@ def test_each_list_shows_its_key_columns_at_1366(live_server: Any) -> None:
         claimed_at=timezone.now(), completed_at=timezone.now(),
     )  # fmt: skip
     assert ask(tenant.agent_client, tenant.agent.wallet_id).status_code == 202
+    server = upstream_server_create(
+        slug="payments", name="Payments", url="https://payments.internal.example/mcp", tool_prefix="pay", actor="t"
+    )
+    probe = {"reachable": True, "protocol_version": "2025-11-25", "error": None}
+    upstream_server_state_record(server_id=server.server_id, probe=probe, checked_by=UpstreamProbeSource.READINESS)
     with browser_page(viewport=VIEWPORT) as page:
         login(page, live_server.url)
         problems = {}

@@ -9,7 +9,7 @@ from django.contrib.auth import get_user_model
 from django.test import Client
 
 from audit.models import AuditEvent
-from mcpgateway.models import Action, Tool
+from mcpgateway.models import Action, Tool, UpstreamProbeSource
 from receipts.models import RefundReconciliation
 from tests.gateway_helpers import register_upstream, setup_caller
 from tests.upstream_server import FaultUpstream
@@ -124,10 +124,10 @@ def test_a_reconciliation_result_is_recorded_once_and_never_contradicted(staff, 
     }
 
 
-def _staff_with(*codenames: str) -> Client:
+def _staff_with(*codenames: str, username: str = "limited") -> Client:
     from django.contrib.auth.models import Permission
 
-    user = get_user_model().objects.create_user(username="limited", password="pw-limited-123456", is_staff=True)
+    user = get_user_model().objects.create_user(username=username, password="pw-limited-123456", is_staff=True)
     user.user_permissions.set(Permission.objects.filter(content_type__app_label="mcpgateway", codename__in=codenames))
     client = Client()
     client.force_login(user)
@@ -225,3 +225,191 @@ def test_upstream_server_console_sets_the_transport_and_oauth_client_credentials
     event = AuditEvent.objects.get(event="upstream_credential.set")
     assert event.detail["actor"] == "admin:ops"
     assert "console-client-secret" not in str(event.detail)
+
+
+# --- Each upstream server's last state in the console (issue 29, item 8) ----------------------------
+
+
+def _state_cell(page: str, slug: str) -> str:
+    """The text of the state column in ``slug``'s row of the servers list."""
+    import re
+
+    row = re.search(rf"<tr[^>]*>(?:(?!</tr>).)*?>{slug}</a>(?:(?!</tr>).)*</tr>", page, re.S)
+    assert row is not None, page[:3000]
+    cell = re.search(r'<td class="field-server_state">(.*?)</td>', row.group(0), re.S)
+    assert cell is not None, row.group(0)
+    return re.sub(r"<[^>]+>", "", cell.group(1).replace("<br>", "; "))
+
+
+def test_the_servers_list_shows_each_servers_last_probe_and_probes_nothing(staff):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from mcpgateway.services.upstreams import upstream_server_create
+    from tests.test_site_health import closed_port_url
+
+    with FaultUpstream() as live, FaultUpstream() as stopping:
+        up = upstream_server_create(slug="up", name="Up", url=live.url, tool_prefix="up", actor="test")
+        gone = upstream_server_create(slug="gone", name="Gone", url=stopping.url, tool_prefix="gone", actor="test")
+        upstream_server_create(slug="fresh", name="Fresh", url=closed_port_url(), tool_prefix="fresh", actor="test")
+        upstream_server_create(slug="off", name="Off", url=live.url, tool_prefix="off", enabled=False, actor="test")
+        action = {"_selected_action": [up.pk], "action": "test_connection"}
+        staff.post("/admin/mcpgateway/upstreamserver/", action, follow=True)
+        stopping.__exit__(None, None, None)  # its upstream stops: the next test finds nothing there
+        r = staff.post("/admin/mcpgateway/upstreamserver/", {**action, "_selected_action": [gone.pk]}, follow=True)
+        assert "gone: not reachable (unreachable)" in r.content.decode().lower()
+        audited = AuditEvent.objects.count()
+
+        sent = len(live.methods())
+        with CaptureQueriesContext(connection) as queries:
+            page = staff.get("/admin/mcpgateway/upstreamserver/").content.decode()
+        # The state comes with the servers (one join), not one query a row.
+        assert not [q for q in queries.captured_queries if 'FROM "mcpgateway_upstream_server_state"' in q["sql"]]
+        detail = staff.get(f"/admin/mcpgateway/upstreamserver/{up.pk}/change/").content.decode()
+        assert len(live.methods()) == sent  # the list and the page show what was kept: no request upstream
+
+    assert _state_cell(page, "up").startswith("reachable, protocol 2025-11-25; checked ")
+    assert _state_cell(page, "up").endswith("(console)")
+    assert _state_cell(page, "gone").startswith("unreachable (unreachable); checked ")
+    assert _state_cell(page, "fresh") == "never checked"
+    assert _state_cell(page, "off") == "disabled"
+    assert '<span class="server-state">reachable, protocol 2025-11-25</span><br>' in detail
+    assert live.url not in page.split("field-server_state", 1)[1].split("</td>", 1)[0]
+    assert AuditEvent.objects.count() == audited  # showing the state writes nothing
+
+
+def test_readiness_and_a_sync_keep_the_state_and_the_tools_version_does_not_move(staff, anon_client):
+    from django.db import connection
+
+    from audit.services import signing_key_ensure
+    from mcpgateway.models import UpstreamServerState
+    from mcpgateway.services.upstreams import upstream_server_create, upstream_server_sync
+    from mcpgateway.upstream.client import UpstreamError
+
+    signing_key_ensure()
+    with FaultUpstream() as upstream:
+        server = upstream_server_create(slug="srv", name="Srv", url=upstream.url, tool_prefix="srv", actor="test")
+        upstream_server_sync(server=server, actor="test")
+        state = UpstreamServerState.objects.get(server=server)
+        assert (state.reachable, state.protocol_version, state.error_class, state.checked_by) == (
+            True,
+            "2025-11-25",
+            "",
+            "sync",
+        )
+
+        def tool_version() -> str:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT gateway_tool_version('srv.echo')")
+                return cursor.fetchone()[0]
+
+        before, audited = tool_version(), AuditEvent.objects.count()
+        assert anon_client.get("/health/ready").status_code == 200
+    # Probes write the state's own row: the tools' calls are not decided again, nothing is audited.
+    assert tool_version() == before
+    assert AuditEvent.objects.count() == audited
+    assert UpstreamServerState.objects.get(server=server).checked_by == "readiness"
+
+    r = anon_client.get("/health/ready")  # the upstream has stopped
+    assert r.status_code == 200  # not required
+    page = staff.get("/admin/mcpgateway/upstreamserver/").content.decode()
+    assert _state_cell(page, "srv").startswith("unreachable (unreachable); checked ")
+    assert _state_cell(page, "srv").endswith("(readiness)")
+
+    with pytest.raises(UpstreamError):
+        upstream_server_sync(server=server, actor="test")
+    state = UpstreamServerState.objects.get(server=server)
+    assert (state.reachable, state.error_class, state.checked_by) == (False, "unreachable", "sync")
+
+
+def test_an_older_probe_does_not_replace_a_newer_one_and_free_text_is_refused(db):
+    from datetime import timedelta
+
+    from django.db import IntegrityError
+    from django.utils import timezone
+
+    from mcpgateway.models import UpstreamServerState
+    from mcpgateway.services.upstreams import upstream_server_create, upstream_server_state_record
+    from tests.test_site_health import closed_port_url
+
+    server = upstream_server_create(slug="srv", name="Srv", url=closed_port_url(), tool_prefix="srv", actor="test")
+    now = timezone.now()
+    up = {"reachable": True, "protocol_version": "2025-11-25", "error": None}
+    down = {"reachable": False, "protocol_version": None, "error": "timeout"}
+    upstream_server_state_record(server_id=server.pk, probe=up, checked_by=UpstreamProbeSource.CONSOLE, checked_at=now)
+    upstream_server_state_record(
+        server_id=server.pk, probe=down, checked_by=UpstreamProbeSource.READINESS, checked_at=now - timedelta(seconds=1)
+    )
+    assert UpstreamServerState.objects.get(server=server).reachable is True  # the late, older probe lost
+    upstream_server_state_record(
+        server_id=server.pk, probe=down, checked_by=UpstreamProbeSource.READINESS, checked_at=now
+    )
+    assert UpstreamServerState.objects.get(server=server).error_class == "timeout"
+
+    leak = {"reachable": False, "protocol_version": None, "error": "db.corp: 401"}  # not an error class
+    with pytest.raises(IntegrityError):
+        upstream_server_state_record(server_id=server.pk, probe=leak, checked_by=UpstreamProbeSource.CONSOLE)
+    assert UpstreamServerState.objects.get(server=server).error_class == "timeout"
+
+
+def test_the_state_is_shown_only_to_staff_who_may_view_servers(staff):
+    from mcpgateway.services.upstreams import upstream_server_create, upstream_server_state_record
+    from tests.test_site_health import closed_port_url
+
+    server = upstream_server_create(slug="srv", name="Srv", url=closed_port_url(), tool_prefix="srv", actor="test")
+    probe = {"reachable": False, "protocol_version": None, "error": "auth_refused"}
+    upstream_server_state_record(server_id=server.pk, probe=probe, checked_by=UpstreamProbeSource.CONSOLE)
+    for client in (_staff_with("view_tool", username="tools"), _staff_with(username="none")):
+        assert client.get("/admin/mcpgateway/upstreamserver/").status_code == 403
+        assert client.get(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/").status_code == 403
+    viewer = _staff_with("view_upstreamserver")
+    assert _state_cell(viewer.get("/admin/mcpgateway/upstreamserver/").content.decode(), "srv").startswith(
+        "unreachable (auth_refused); checked "
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_probes_recorded_at_once_keep_the_newest_without_an_error():
+    """Readiness in every worker, Test connection and a sync may record the same server at once: the
+    upsert neither fails on the row another one is inserting nor lets an older probe win."""
+    import threading
+    from datetime import timedelta
+
+    from django.db import connection
+    from django.utils import timezone
+
+    from mcpgateway.models import UpstreamServerState
+    from mcpgateway.services.upstreams import upstream_server_create, upstream_server_state_record
+    from tests.test_site_health import closed_port_url
+
+    server = upstream_server_create(slug="srv", name="Srv", url=closed_port_url(), tool_prefix="srv", actor="test")
+    start, newest = timezone.now(), 7
+    barrier, errors = threading.Barrier(8), []
+
+    def record(i: int) -> None:
+        probe = (
+            {"reachable": True, "protocol_version": "2025-11-25", "error": None}
+            if i == newest
+            else {"reachable": False, "protocol_version": None, "error": "timeout"}
+        )
+        try:
+            barrier.wait(10)
+            upstream_server_state_record(
+                server_id=server.pk,
+                probe=probe,
+                checked_by=UpstreamProbeSource.READINESS,
+                checked_at=start + timedelta(seconds=i),
+            )
+        except Exception as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=record, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert errors == []
+    state = UpstreamServerState.objects.get(server=server)
+    assert (state.reachable, state.checked_at) == (True, start + timedelta(seconds=newest))

@@ -21,7 +21,7 @@ from django.utils import timezone
 from audit.models import AuditEvent
 from billing.models import Wallet
 from billing.services import tool_price_set
-from mcpgateway.models import Action, Tool, UpstreamCredential, UpstreamServer
+from mcpgateway.models import Action, Tool, UpstreamCredential, UpstreamServer, UpstreamServerState
 from mcpgateway.services import action_sweep
 from mcpgateway.services.upstreams import (
     upstream_credential_clear,
@@ -386,10 +386,13 @@ def test_operator_api_manages_servers_and_write_only_credentials(operator_client
         assert r.json()["credentials"] == []
         assert operator_client.post("/v1/upstreams", {**body, "slug": "pay2"}, format="json").status_code == 409
 
-        # A failed sync (no credentials yet: the server answers 401) changes nothing and says why, in a word.
+        # A failed sync (no credentials yet: the server answers 401) changes nothing and says why, in a word
+        # (it keeps the server's last state for the console, as every probe does).
         r = operator_client.post("/v1/upstreams/pay/sync")
         assert r.status_code == 502, r.content
         assert r.json()["detail"]["error_class"] == "auth_refused"
+        state = UpstreamServerState.objects.get(server__slug="pay")
+        assert (state.reachable, state.error_class, state.checked_by) == (False, "auth_refused", "sync")
         assert operator_client.post("/v1/upstreams/pay/test").json() == {
             "reachable": False,
             "protocol_version": None,
@@ -405,6 +408,8 @@ def test_operator_api_manages_servers_and_write_only_credentials(operator_client
         probe = operator_client.post("/v1/upstreams/pay/test").json()
         assert probe["reachable"] is True
         assert probe["protocol_version"]
+        state = UpstreamServerState.objects.get(server__slug="pay")
+        assert (state.reachable, state.protocol_version, state.checked_by) == (True, probe["protocol_version"], "api")
 
         r = operator_client.post("/v1/upstreams/pay/sync")
         assert r.status_code == 200, r.content

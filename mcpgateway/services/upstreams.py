@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -23,7 +24,13 @@ from billing.models import ServiceCategory
 from common.cache import BoundedCache
 from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
 from common.ids import new_id
-from mcpgateway.models import CredentialKind, UpstreamCredential, UpstreamServer, UpstreamTransport
+from mcpgateway.models import (
+    CredentialKind,
+    UpstreamCredential,
+    UpstreamProbeSource,
+    UpstreamServer,
+    UpstreamTransport,
+)
 from mcpgateway.services.tools import SyncReport, tools_sync
 from mcpgateway.upstream.client import UpstreamClient, UpstreamError
 from mcpgateway.upstream.legacy_sse import LegacySseClient
@@ -692,6 +699,51 @@ def upstream_probe(server: UpstreamServer, *, timeout: float | None = None) -> d
         client.close()
 
 
+def upstream_server_check(*, server: UpstreamServer, checked_by: UpstreamProbeSource) -> dict[str, Any]:
+    """Probe ``server`` now (``upstream_probe``) and keep the result as its last state; returns the probe."""
+    probe = upstream_probe(server)
+    upstream_server_state_record(server_id=server.server_id, probe=probe, checked_by=checked_by)
+    return probe
+
+
+_STATE_UPSERT = """
+    INSERT INTO mcpgateway_upstream_server_state AS s
+           (server_id, checked_at, checked_by, reachable, protocol_version, error_class)
+    VALUES (%s, %s, %s, %s, %s, %s)
+    ON CONFLICT (server_id) DO UPDATE
+       SET checked_at = EXCLUDED.checked_at, checked_by = EXCLUDED.checked_by, reachable = EXCLUDED.reachable,
+           protocol_version = EXCLUDED.protocol_version, error_class = EXCLUDED.error_class
+     WHERE s.checked_at <= EXCLUDED.checked_at
+"""
+
+
+@transaction.atomic(durable=True)
+def upstream_server_state_record(
+    *, server_id: str, probe: dict[str, Any], checked_by: UpstreamProbeSource, checked_at: datetime | None = None
+) -> None:
+    """Keep ``probe`` (``upstream_probe``'s reachable, protocol version, error class) as ``server_id``'s last state.
+
+    One statement on ``UpstreamServerState``, never on the server's row (whose version its tools' calls
+    are decided by), and not audited: a probe observes, it changes nothing an operator set. A probe
+    older than the stored state (``checked_at``, default now) does not replace it, so probes that
+    finish out of order leave the newest. Only the error class is stored (a fixed word, checked by the
+    table), never the upstream's text.
+    """
+    reachable = bool(probe["reachable"])
+    with connection.cursor() as cursor:
+        cursor.execute(
+            _STATE_UPSERT,
+            [
+                server_id,
+                checked_at or timezone.now(),
+                checked_by,
+                reachable,
+                (probe.get("protocol_version") or "")[:32] if reachable else "",
+                "" if reachable else probe["error"],
+            ],
+        )
+
+
 # --- Sync -------------------------------------------------------------------------------------
 
 
@@ -699,8 +751,20 @@ def upstream_server_sync(*, server: UpstreamServer, actor: str) -> SyncReport:
     """Fetch ``server``'s tools/list with its server-wide credentials, then register them (``tools_sync``).
 
     The fetch happens outside any transaction; raises ``UpstreamError`` when it fails (nothing
-    is changed then). Returns the ``SyncReport``.
+    is changed then but the server's last state, ``upstream_server_state_record``, as a sync's
+    success records it too). Returns the ``SyncReport``.
     """
-    with server_client(server) as client:
-        remote = client.list_tools()
+    try:
+        with server_client(server) as client:
+            remote = client.list_tools()
+            protocol_version = client.initialize().protocol_version  # negotiated already: no request
+    except UpstreamError as exc:
+        failed = {"reachable": False, "protocol_version": None, "error": upstream_error_class(exc)}
+        upstream_server_state_record(server_id=server.server_id, probe=failed, checked_by=UpstreamProbeSource.SYNC)
+        raise
+    upstream_server_state_record(
+        server_id=server.server_id,
+        probe={"reachable": True, "protocol_version": protocol_version, "error": None},
+        checked_by=UpstreamProbeSource.SYNC,
+    )
     return tools_sync(remote_tools=remote, server=server, actor=actor)

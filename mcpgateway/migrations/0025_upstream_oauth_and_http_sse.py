@@ -6,7 +6,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0023_upstream_servers"),
+        ("mcpgateway", "0024_upstream_server_state"),
     ]
 
     operations = [
