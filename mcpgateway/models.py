@@ -94,6 +94,7 @@ class UpstreamErrorClass(models.TextChoices):
     TIMEOUT = "timeout"
     UNREACHABLE = "unreachable"
     PROTOCOL_ERROR = "protocol_error"
+    CREDENTIALS_UNAVAILABLE = "credentials_unavailable"  # no OAuth access token could be had
 
 
 class UpstreamProbeSource(models.TextChoices):
@@ -117,7 +118,7 @@ class UpstreamServerState(models.Model):
     checked_by = models.CharField(max_length=16, choices=UpstreamProbeSource.choices)
     reachable = models.BooleanField()
     protocol_version = models.CharField(max_length=32, blank=True, default="")
-    error_class = models.CharField(max_length=16, blank=True, default="", choices=UpstreamErrorClass.choices)
+    error_class = models.CharField(max_length=32, blank=True, default="", choices=UpstreamErrorClass.choices)
 
     class Meta:
         db_table = "mcpgateway_upstream_server_state"

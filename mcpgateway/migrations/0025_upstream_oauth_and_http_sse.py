@@ -1,5 +1,6 @@
-"""Upstream credentials of kind ``oauth_client_credentials`` (a longer ``kind``) and servers speaking the legacy
-HTTP+SSE transport (``transport`` ``http_sse``); docs/decisions.md, "Upstream servers"."""
+"""Upstream credentials of kind ``oauth_client_credentials`` (a longer ``kind``), servers speaking the legacy
+HTTP+SSE transport (``transport`` ``http_sse``) and the error class ``credentials_unavailable`` of a server's
+last state (a longer ``error_class``, its check constraint replaced); docs/decisions.md, "Upstream servers"."""
 
 from django.db import migrations, models
 
@@ -29,6 +30,53 @@ class Migration(migrations.Migration):
                 choices=[("streamable_http", "Streamable Http"), ("http_sse", "Http Sse")],
                 default="streamable_http",
                 max_length=16,
+            ),
+        ),
+        migrations.RemoveConstraint(
+            model_name="upstreamserverstate",
+            name="upstream_server_state_error_class",
+        ),
+        migrations.AlterField(
+            model_name="upstreamserverstate",
+            name="error_class",
+            field=models.CharField(
+                blank=True,
+                choices=[
+                    ("auth_refused", "Auth Refused"),
+                    ("server_error", "Server Error"),
+                    ("http_error", "Http Error"),
+                    ("timeout", "Timeout"),
+                    ("unreachable", "Unreachable"),
+                    ("protocol_error", "Protocol Error"),
+                    ("credentials_unavailable", "Credentials Unavailable"),
+                ],
+                default="",
+                max_length=32,
+            ),
+        ),
+        migrations.AddConstraint(
+            model_name="upstreamserverstate",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("error_class", ""), ("reachable", True)),
+                    models.Q(
+                        (
+                            "error_class__in",
+                            [
+                                "auth_refused",
+                                "server_error",
+                                "http_error",
+                                "timeout",
+                                "unreachable",
+                                "protocol_error",
+                                "credentials_unavailable",
+                            ],
+                        ),
+                        ("reachable", False),
+                    ),
+                    _connector="OR",
+                ),
+                name="upstream_server_state_error_class",
             ),
         ),
     ]
