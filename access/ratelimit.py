@@ -94,9 +94,11 @@ PUBLIC_PATHS = frozenset(
         "/.well-known/agent.json",
         "/llms.txt",
         "/llm.txt",
+        "/.well-known/tlog-keys",
     }
 )
-PUBLIC_PREFIXES = ("/v1/signing-keys/",)
+# The transparency logs (tlog.views): checkpoints, proofs and tiles, read without credentials.
+PUBLIC_PREFIXES = ("/v1/signing-keys/", "/tlog/")
 # How long a client or a shared cache may keep a public document (the JWKS keeps a retired key
 # published, so a verifier holding a stale copy for this long still finds the keys it needs).
 PUBLIC_MAX_AGE_SECONDS = 300
@@ -339,7 +341,8 @@ def public_cacheable(request: HttpRequest, response: HttpResponse) -> HttpRespon
     etag = f'"{hashlib.sha256(response.content).hexdigest()}"'
     response["ETag"] = etag
     scope = "private" if credential_from_headers(request) is not None else "public"
-    response["Cache-Control"] = f"{scope}, max-age={PUBLIC_MAX_AGE_SECONDS}"
+    if not response.has_header("Cache-Control") or scope == "private":  # a view may say how long (tlog's tiles)
+        response["Cache-Control"] = f"{scope}, max-age={PUBLIC_MAX_AGE_SECONDS}"
     conditional = get_conditional_response(request, etag=etag, response=response)
     return response if conditional is None else conditional
 

@@ -16,7 +16,7 @@ import logging
 import queue
 import re
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,7 +35,17 @@ CHECKPOINT_TYPE = "audit_checkpoint"
 _HEX64 = re.compile(r"[0-9a-f]{64}")
 VERIFY_CHUNK_SIZE = 5000
 
-__all__ = ["CHECKPOINT_TYPE", "ChainVerification", "audit_chain_verify"]
+__all__ = ["CHECKPOINT_TYPE", "ChainVerification", "audit_chain_verify", "checkpoint_recorded_register"]
+
+# Called with (chain, canonical bytes) for each checkpoint a recorded verification signs: the
+# transparency log (tlog, above this app) registers itself at start-up (docs/decisions.md, Evidence).
+_checkpoint_recorded: list[Callable[[str, bytes], None]] = []
+
+
+def checkpoint_recorded_register(hook: Callable[[str, bytes], None]) -> None:
+    """Have ``hook(chain, canonical bytes)`` called for every checkpoint a recorded verification signs."""
+    if hook not in _checkpoint_recorded:
+        _checkpoint_recorded.append(hook)
 
 
 @dataclass(frozen=True)
@@ -368,6 +378,9 @@ def audit_chain_verify(
         }
         result = sign_statement(statement)
         signed = {**result.statement, "signature": result.signature}
+        if record:  # the checkpoints an operator or sponsor asked for (not every evidence bundle's)
+            for hook in _checkpoint_recorded:
+                hook(chain, result.canonical)
     if record:
         ChainVerificationRecord.objects.update_or_create(
             chain=chain,

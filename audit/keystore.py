@@ -159,6 +159,26 @@ def _file_lock(path: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def write_owner_only_json(path: Path, document: dict[str, Any]) -> None:
+    """Replace ``path`` with ``document`` atomically (a temporary file beside it, mode 0600, fsync, rename).
+
+    The caller holds the file's lock (``_file_lock``). Also the transparency log's key file (tlog.keys).
+    """
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}-", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump(document, fh, indent=2)
+            fh.write("\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
 def generate_and_store() -> KeyMaterial:
     """Generate a key and append it to the key file (atomic replace, mode 0600). Returns it."""
     key = material(Ed25519PrivateKey.generate())
@@ -172,18 +192,6 @@ def generate_and_store() -> KeyMaterial:
                 "created_at": timezone.now().isoformat(),
             }
         )
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".signing-keys-", suffix=".tmp")
-        try:
-            os.fchmod(fd, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                json.dump({"keys": entries}, fh, indent=2)
-                fh.write("\n")
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(tmp)
-            raise
+        write_owner_only_json(path, {"keys": entries})
     _cache.set(key.kid, key.private_key)
     return key

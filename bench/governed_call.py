@@ -548,29 +548,29 @@ from decimal import Decimal
 from django.utils import timezone
 from access.services import api_key_create
 from billing.services import wallet_create_agent, wallet_create_sponsor
-from permits.services import permit_issue
+from permits.services import PermitTerms, permit_issue
 sponsor = wallet_create_sponsor(name="bench", initial_credits=Decimal("200000"))
 agent = wallet_create_agent(parent=sponsor, name="bench agent", initial_balance=Decimal("50000"))
 key = api_key_create(wallet=agent, name="bench")
-permit = permit_issue(wallet=agent, issuer_wallet=sponsor, issued_by_key_id="", allowed_tools=["*"],
-    max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
-    subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key="bench", request_hash="bench").permit
+permit = permit_issue(terms=PermitTerms(wallet=agent, issuer_wallet=sponsor, allowed_tools=["*"],
+    max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1)),
+    idempotency_scope=sponsor.wallet_id, idempotency_key="bench", request_hash="bench").permit
 # A second tenant, left without history: the long-history case's reference (measured in alternation).
 fresh_sponsor = wallet_create_sponsor(name="bench fresh", initial_credits=Decimal("200000"))
 fresh_agent = wallet_create_agent(parent=fresh_sponsor, name="bench fresh agent", initial_balance=Decimal("50000"))
 fresh_key = api_key_create(wallet=fresh_agent, name="bench fresh")
-fresh_permit = permit_issue(wallet=fresh_agent, issuer_wallet=fresh_sponsor, issued_by_key_id="", allowed_tools=["*"],
-    max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
-    subject_key_id=None, idempotency_scope=fresh_sponsor.wallet_id, idempotency_key="bench-fresh",
+fresh_permit = permit_issue(terms=PermitTerms(wallet=fresh_agent, issuer_wallet=fresh_sponsor, allowed_tools=["*"],
+    max_credits=Decimal("50000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1)),
+    idempotency_scope=fresh_sponsor.wallet_id, idempotency_key="bench-fresh",
     request_hash="bench-fresh").permit
 fresh = {"secret": fresh_key.secret, "permit_id": fresh_permit.permit_id}
 spread = []
 for i in range(8):
     w = wallet_create_agent(parent=sponsor, name=f"bench agent {i}", initial_balance=Decimal("5000"))
     k = api_key_create(wallet=w, name="bench")
-    p = permit_issue(wallet=w, issuer_wallet=sponsor, issued_by_key_id="", allowed_tools=["*"],
-        max_credits=Decimal("5000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1),
-        subject_key_id=None, idempotency_scope=sponsor.wallet_id, idempotency_key=f"bench-{i}",
+    p = permit_issue(terms=PermitTerms(wallet=w, issuer_wallet=sponsor, allowed_tools=["*"],
+        max_credits=Decimal("5000"), max_calls=None, expires_at=timezone.now() + timedelta(days=1)),
+        idempotency_scope=sponsor.wallet_id, idempotency_key=f"bench-{i}",
         request_hash=f"bench-{i}").permit
     spread.append({"secret": k.secret, "permit_id": p.permit_id})
 print(json.dumps({"secret": key.secret, "permit_id": permit.permit_id, "wallet_id": agent.wallet_id, "spread": spread,

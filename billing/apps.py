@@ -10,6 +10,7 @@ class BillingConfig(AppConfig):
     name = "billing"
 
     def ready(self) -> None:
+        import billing.refusals  # noqa: F401  (registers billing's refusal codes: common.refusals)
         from access.wallets import wallet_directory_register
         from billing.selectors import console_figures, wallet_directory
         from common.console import console_figures_register

@@ -122,7 +122,7 @@ class RefundExceedsCharge(Conflict):
 
 
 class ChargePolicyDenied(PermissionDeniedError):
-    """A policy bundle on the wallet's line refuses a charge (``billing_charge``, ``permits_charge_policies``).
+    """A policy bundle on the wallet's line refuses a charge (``billing_charge``, ``permits_policy_verdict``).
 
     The same code as the governed call's refusal by a policy (``permits.exceptions.PolicyDenied``)."""
 

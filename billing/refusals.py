@@ -1,17 +1,17 @@
-"""The refusal codes of billing's database functions and the exceptions they become: the one map.
+"""The refusal codes of billing's database functions and the exceptions they become, registered in the one
+map (``common.refusals``) when this module is imported.
 
 ``billing_debit``, ``billing_charge``, ``billing_refund``, ``billing_post`` and
 ``billing_wallet_may_spend`` (billing/sql/) answer a refusal as a code and the figures that go with it
 (their columns: ``subject_id`` the wallet that refuses, ``figure`` and ``figure_limit``,
-``spend_window``, ``refusal_reason``...). ``REFUSALS`` maps each code to the exception it raises, once,
-for every caller: the ledger's services, the charge endpoint and the governed call's claim
-(``mcpgateway.services.claim``, for the debit it carries). A code that is not in the map is a bug
-(``RuntimeError``), never an answer.
+``spend_window``, ``refusal_reason``...). ``REFUSALS`` builds each code's exception, once, for every
+caller: the ledger's services, the charge endpoint and the governed call's claim (for the debit it
+carries), all through ``common.refusals.refusal_exception``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
@@ -36,12 +36,10 @@ from common.errors import (
     RequestValidationError,
     WalletAccessDenied,
 )
+from common.refusals import Build, RefusedCall, refusals_register
 
 # What a refusal code becomes: a domain error, or the 422 shape (an idempotency conflict, an amount too small).
 Refusal = ApplicationError | RequestValidationError
-
-# The codes that are not refusals: the call went through (``ok``) or answers a stored response (``replay``).
-NOT_REFUSED = frozenset({"ok", "replay"})
 
 # billing_debit's refusals: each names the wallet that refuses, the charged wallet or an agent ancestor of it.
 DEBIT_REFUSALS = frozenset(
@@ -62,35 +60,35 @@ BALANCE_OVERFLOW = "TGBO1"
 LARGEST_BALANCE = Decimal("999999999999.99999999")
 
 
-def _velocity(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+def _velocity(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
     return VelocityLimitExceeded(
         wallet_id=row["subject_id"],
         window=row["spend_window"],
         spent=row["figure"],
-        amount=amount,
+        amount=call.amount,
         limit=row["figure_limit"],
     )
 
 
-def _budget(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+def _budget(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
     return BudgetExceeded(
         wallet_id=row["subject_id"],
         budget=money(row["figure_limit"]),
         total_spent=money(row["figure"]),
-        required=money(amount),
+        required=money(call.amount),
     )
 
 
-def _daily_limit(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+def _daily_limit(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
     return DailyLimitExceeded(
         wallet_id=row["subject_id"],
         daily_limit=money(row["figure_limit"]),
         daily_spent=money(row["figure"]),
-        required=money(amount),
+        required=money(call.amount),
     )
 
 
-def _amount_too_small(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+def _amount_too_small(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
     return RequestValidationError.single(
         ["query", "units"],
         f"The charge amount (price {money(row['unit_price'])} x units {money(row['units'])}) "
@@ -99,7 +97,7 @@ def _amount_too_small(row: Mapping[str, Any], amount: Decimal) -> Refusal:
     )
 
 
-def _charge_policy(row: Mapping[str, Any], amount: Decimal) -> Refusal:
+def _charge_policy(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
     """A policy bundle's refusal of a charge, worded as the governed call words one (``permits.services.
     authorization``): the policy and its rule, the limit, and for a daily cap the spend today when the
     caller may read the wallet it counts (``figure_visible``: an ancestor's counts the caller's siblings)."""
@@ -111,51 +109,42 @@ def _charge_policy(row: Mapping[str, Any], amount: Decimal) -> Refusal:
     refusal.extra["limit"] = money(row["figure_limit"])
     if rule == "max_daily_credits" and row.get("figure_visible"):
         refusal.extra["spent"] = money(row["figure"])
-    refusal.extra["required"] = money(amount)
+    refusal.extra["required"] = money(call.amount)
     return refusal
 
 
-# code -> the exception, from the function's answer (its columns by name) and the amount asked for.
-REFUSALS: dict[str, Callable[[Mapping[str, Any], Decimal], Refusal]] = {
-    "not_found": lambda row, amount: NotFound("No such wallet.", wallet_id=row["subject_id"]),
-    "wallet_closed": lambda row, amount: WalletClosed(wallet_id=row["subject_id"]),
-    "wallet_frozen": lambda row, amount: WalletFrozen(
+# code -> the exception, from the function's answer (its columns by name) and the call (its amount).
+REFUSALS: dict[str, Build] = {
+    "not_found": lambda row, call: NotFound("No such wallet.", wallet_id=row["subject_id"]),
+    "wallet_closed": lambda row, call: WalletClosed(wallet_id=row["subject_id"]),
+    "wallet_frozen": lambda row, call: WalletFrozen(
         wallet_id=row["subject_id"], frozen_reason=row.get("refusal_reason")
     ),
-    "wallet_expired": lambda row, amount: WalletExpired(wallet_id=row["subject_id"]),
-    "insufficient_funds": lambda row, amount: InsufficientFunds(
-        wallet_id=row["subject_id"], balance=row["new_balance"], required=amount
+    "wallet_expired": lambda row, call: WalletExpired(wallet_id=row["subject_id"]),
+    "insufficient_funds": lambda row, call: InsufficientFunds(
+        wallet_id=row["subject_id"], balance=row["new_balance"], required=call.amount
     ),
     "budget_exceeded": _budget,
     "daily_limit_exceeded": _daily_limit,
     "velocity": _velocity,
     # billing_charge's (its answer with the call's ``category`` and ``units``, and ``figure_visible``)
-    "idempotency_key_reused": lambda row, amount: IdempotencyKeyReused(),
-    "idempotency_key_in_progress": lambda row, amount: IdempotencyKeyInProgress(headers={"Retry-After": "1"}),
-    "access_denied": lambda row, amount: WalletAccessDenied(wallet_id=row["subject_id"]),
-    "unknown_category": lambda row, amount: NotFound("No such service category.", service_category=row["category"]),
+    "idempotency_key_reused": lambda row, call: IdempotencyKeyReused(),
+    "idempotency_key_in_progress": lambda row, call: IdempotencyKeyInProgress(headers={"Retry-After": "1"}),
+    "access_denied": lambda row, call: WalletAccessDenied(wallet_id=row["subject_id"]),
+    "unknown_category": lambda row, call: NotFound("No such service category.", service_category=row["category"]),
     "amount_too_small": _amount_too_small,
     "policy_denied": _charge_policy,
     # billing_refund's
-    "not_refundable": lambda row, amount: Conflict(
+    "not_refundable": lambda row, call: Conflict(
         "Only a charge entry of a wallet can be refunded.", entry_id=row["subject_id"]
     ),
-    "refund_exceeds_charge": lambda row, amount: RefundExceedsCharge(
-        entry_id=row["charge_entry_id"], remaining=money(row["figure"]), requested=money(amount)
+    "refund_exceeds_charge": lambda row, call: RefundExceedsCharge(
+        entry_id=row["charge_entry_id"], remaining=money(row["figure"]), requested=money(call.amount)
     ),
 }
 
 
-def refusal_exception(row: Mapping[str, Any], amount: Decimal) -> Refusal | None:
-    """The exception for the refusal ``row`` answers (a billing function's columns by name), or None for
-    ``ok`` and ``replay``. ``amount``: what the call asked for (the refusal's ``required``)."""
-    code = row["code"]
-    if code is None or code in NOT_REFUSED:
-        return None
-    make = REFUSALS.get(code)
-    if make is None:
-        raise RuntimeError(f"a billing function answered an unknown refusal code {code!r}")
-    return make(row, amount)
+refusals_register(REFUSALS)
 
 
 def balance_overflow(wallet_id: str) -> RequestValidationError:

@@ -44,6 +44,10 @@ TENANT_TABLES: dict[str, str] = {
     "audit_chain_head": "chain",
     "audit_chain_verification": "chain",
     "audit_alert": "tenant_id",
+    "tlog_pending_leaf": "tenant_id",
+    "tlog_leaf": "tenant_id",
+    "tlog_tree_hash": "tenant_id",
+    "tlog_log": "tenant_id",
 }
 
 # Small tables every tenant reads, written off the hot path. Citus: create_reference_table(table).
@@ -56,6 +60,7 @@ REFERENCE_TABLES: frozenset[str] = frozenset(
         "billing_service_price",
         "audit_signing_key",
         "billing_api_key",
+        "tlog_log_key",
     }
 )
 
@@ -67,6 +72,7 @@ LOCAL_TABLES: frozenset[str] = frozenset(
         "billing_login_throttle",
         "billing_tool_price_change",
         "mcpgateway_session",
+        "mcpgateway_upstream_server_state",
         "auth_group",
         "auth_group_permissions",
         "auth_permission",

@@ -18,6 +18,11 @@ imported, and:
   migrated from scratch gets only the file's current body, from the migrations that record it);
 - otherwise the file changed without a migration, and migrating fails (:class:`SqlFileChanged`).
 
+A file whose function gives way to another is retired, not just deleted: a migration
+``retire_sql_file(app, name, drop="<signature>")`` drops its function, and the file may then go.
+Every migration that applied it applies nothing from then on (its body is gone), and the catalogue
+accepts a missing file only when a migration retires it.
+
 Function bodies are not checked against the catalogue while they are created
 (``check_function_bodies = off``), so a body may name a table or column that a later migration
 of the same run adds. :func:`sql_catalogue_problems` and :func:`sql_database_differences` are
@@ -161,6 +166,8 @@ class RunSqlFile(Operation):
 
         Raises :class:`SqlFileChanged` when the latest migration applying the file records another hash.
         """
+        if _retired(self.app_label, self.name):
+            return None  # a later migration drops its function; the file is gone
         current = sql_file_sha256(self.app_label, self.name)
         if current == self.sha256:
             return "SET LOCAL check_function_bodies = off;\n" + sql_file_text(self.app_label, self.name)
@@ -192,6 +199,61 @@ def run_sql_file(app_label: str, name: str, *, sha256: str, reverse_sql: str | N
     migrating backwards leaves the function in place.
     """
     return RunSqlFile(app_label, name, sha256=sha256, reverse_sql=reverse_sql)
+
+
+class RetireSqlFile(Operation):
+    """Drop the function of ``<app>/sql/<name>.sql`` for good: the file is deleted with this migration."""
+
+    reduces_to_sql = True
+    reversible = True  # backwards it does nothing: the file's body is gone, as every earlier migration's is
+
+    def __init__(self, app_label: str, name: str, *, drop: str) -> None:
+        self.app_label, self.name, self.drop = app_label, name, drop
+
+    def deconstruct(self) -> tuple[str, list[Any], dict[str, Any]]:
+        return self.__class__.__qualname__, [self.app_label, self.name], {"drop": self.drop}
+
+    def describe(self) -> str:
+        return f"Retire {_label(self.app_label, self.name)} (drop {self.drop})"
+
+    def state_forwards(self, app_label: str, state: ProjectState) -> None:
+        pass
+
+    def database_forwards(
+        self, app_label: str, schema_editor: BaseDatabaseSchemaEditor, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        if router.allow_migrate(schema_editor.connection.alias, app_label):
+            schema_editor.execute(f"DROP FUNCTION IF EXISTS {self.drop}", params=None)
+
+    def database_backwards(
+        self, app_label: str, schema_editor: BaseDatabaseSchemaEditor, from_state: ProjectState, to_state: ProjectState
+    ) -> None:
+        pass
+
+
+def retire_sql_file(app_label: str, name: str, *, drop: str) -> RetireSqlFile:
+    """A migration operation that drops the function of ``<app>/sql/<name>.sql`` (``drop``: its signature),
+    whose file is deleted: the migrations that applied the file apply nothing from then on."""
+    return RetireSqlFile(app_label, name, drop=drop)
+
+
+@functools.lru_cache(maxsize=1)
+def retired_sql_files() -> frozenset[tuple[str, str]]:
+    """The (app, name) of every file a migration on disk retires (read once, like ``sql_file_records``)."""
+    from django.db.migrations.loader import MigrationLoader
+
+    graph = MigrationLoader(None, ignore_no_migrations=True).graph
+    return frozenset(
+        (operation.app_label, operation.name)
+        for migration in graph.nodes.values()
+        for operation in migration.operations
+        if isinstance(operation, RetireSqlFile)
+    )
+
+
+def _retired(app_label: str, name: str) -> bool:
+    """A retired file that is gone: the migrations that applied it apply nothing."""
+    return (app_label, name) in retired_sql_files() and not sql_file_path(app_label, name).exists()
 
 
 @dataclass(frozen=True)
@@ -261,7 +323,11 @@ def sql_catalogue_problems(files: list[SqlFile] | None = None) -> list[str]:
             problems.append(sql_file_changed_message(file.app_label, file.name, current, latest))
     named = {(f.app_label, f.name) for f in files}
     for record in records:
-        if (record.app_label, record.name) not in named and not sql_file_path(record.app_label, record.name).exists():
+        if (
+            (record.app_label, record.name) not in named
+            and not sql_file_path(record.app_label, record.name).exists()
+            and (record.app_label, record.name) not in retired_sql_files()
+        ):
             problems.append(f"{'.'.join(record.migration)} applies {record.label}, which does not exist")
     return problems
 

@@ -103,6 +103,24 @@ if not LOGIN_COOLOFF_MINUTES or min(LOGIN_COOLOFF_MINUTES) < 1 or LOGIN_LOCKOUT_
 # environment, or a file outside the repository. `make run` generates the file.
 SIGNING_KEY_PRIVATE = env.str("SIGNING_KEY_PRIVATE", default="")
 SIGNING_KEY_FILE = env.str("SIGNING_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "signing-keys.json"))
+# The transparency log (docs/audit-chain.md, "The transparency log"). Each tenant's log is named
+# <TLOG_GATEWAY_NAME>/tlog/<tenant id> (default: the host and port of PUBLIC_BASE_URL); its checkpoints are
+# signed by the log note key (TLOG_KEY_PRIVATE, a base64url Ed25519 seed, or the file, created mode 0600
+# by the integrator). The integrator signs a checkpoint every TLOG_CHECKPOINT_INTERVAL seconds while
+# there are new leaves, and asks each of TLOG_WITNESSES (JSON: [{"name", "key", "url"}]) to cosign it.
+TLOG_GATEWAY_NAME = env.str("TLOG_GATEWAY_NAME", default="") or PUBLIC_BASE_URL.split("://", 1)[-1].split("/", 1)[0]
+TLOG_KEY_PRIVATE = env.str("TLOG_KEY_PRIVATE", default="")
+TLOG_KEY_FILE = env.str("TLOG_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "tlog-key.json"))
+TLOG_CHECKPOINT_INTERVAL = env.float("TLOG_CHECKPOINT_INTERVAL", default=2.0)
+TLOG_WITNESSES = env.json("TLOG_WITNESSES", default=[])
+TLOG_WITNESS_TIMEOUT = env.float("TLOG_WITNESS_TIMEOUT", default=5.0)
+if not 0 < TLOG_CHECKPOINT_INTERVAL <= 60:
+    raise ImproperlyConfigured("TLOG_CHECKPOINT_INTERVAL is a number of seconds above 0 and at most 60.")
+if not isinstance(TLOG_WITNESSES, list) or not all(
+    isinstance(w, dict) and all(isinstance(w.get(k), str) and w.get(k) for k in ("name", "key", "url"))
+    for w in TLOG_WITNESSES
+):
+    raise ImproperlyConfigured('TLOG_WITNESSES is a JSON list of {"name", "key", "url"} objects.')
 # Upstream servers' credentials are stored encrypted (mcpgateway.upstream.secrets): a Fernet key in the
 # environment, or a file created mode 0600 on first use.
 UPSTREAM_SECRETS_KEY = env.str("UPSTREAM_SECRETS_KEY", default="")
@@ -139,6 +157,7 @@ INSTALLED_APPS = [
     "drf_spectacular",
     "drf_spectacular_sidecar",
     "audit",
+    "tlog",
     "access",
     "billing",
     "permits",

@@ -21,6 +21,7 @@ urlpatterns = [
     path("redoc", SpectacularRedocView.as_view(url_name="openapi"), name="redoc"),
     path("admin/", admin.site.urls),
     path("", include("audit.urls")),
+    path("", include("tlog.urls")),
     path("", include("permits.urls")),
     path("", include("receipts.urls")),
     path("", include("publicsite.urls")),

@@ -4,8 +4,9 @@
 2. Migrations, the first-run operator bootstrap (credentials file path printed), the signing key.
 3. The upstream: ``UPSTREAM_MCP_URL`` if set, else the bundled demo upstream on 127.0.0.1
    (``DEMO_UPSTREAM_PORT``, default 8765), priced and with a demo tenant on first run.
-4. ``sync_tools``, then gunicorn on 127.0.0.1:$PORT (default 8000), the dispatch sweeper and the
-   approvers' webhook sender (``deliver_webhooks``).
+4. ``sync_tools``, then gunicorn on 127.0.0.1:$PORT (default 8000), the dispatch sweeper, the
+   approvers' webhook sender (``deliver_webhooks``) and the transparency log's integrator
+   (``tlog_integrate``).
 
 Ports are checked before anything is written: a gateway ``PORT`` that another program holds, or a
 ``DEMO_UPSTREAM_PORT`` given and taken, stops the run with what is wrong; the default demo port,
@@ -141,6 +142,8 @@ def main() -> int:
             _manage("demo_bootstrap", env=env)
         children.append(subprocess.Popen([PY, "manage.py", "sweep_dispatches", "--loop"], cwd=ROOT, env=env))
         children.append(subprocess.Popen([PY, "manage.py", "deliver_webhooks", "--loop"], cwd=ROOT, env=env))
+        # The transparency log's integrator: indexes, hashes and signs each tenant's checkpoint (tlog app).
+        children.append(subprocess.Popen([PY, "manage.py", "tlog_integrate"], cwd=ROOT, env=env))
         workers = env.get("WEB_CONCURRENCY", "2")
         threads = env.get("GUNICORN_THREADS", "4")
         children.append(

@@ -338,6 +338,7 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         "created_by_key_id",
         "created_by_wallet_id",
         "authority_wallet_id",
+        "allowed_servers",  # set through the API (docs/decisions.md, Authority): shown, kept by a console save
     ]
     fields = [
         "policy_id",
@@ -349,6 +350,7 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         "denied_tools",
         "categories_mode",
         "allowed_categories",
+        "allowed_servers",
         "max_credits_per_call",
         "max_daily_credits",
         "human_approval_required",

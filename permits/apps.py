@@ -9,6 +9,7 @@ class PermitsConfig(AppConfig):
     name = "permits"
 
     def ready(self) -> None:
+        import permits.refusals  # noqa: F401  (registers the permit's and the quote's refusal codes: common.refusals)
         from common.console import console_figures_register
         from permits.selectors import console_figures
 

@@ -47,6 +47,13 @@ class ToolNotPermitted(PermitDenied):
     message = "The permit does not allow this tool."
 
 
+class ServerNotPermitted(PermitDenied):
+    """The permit names the upstream servers it covers (``allowed_servers``) and the tool's is not one."""
+
+    code = "server_not_permitted"
+    message = "The permit does not allow the upstream server of this tool."
+
+
 class PermitSignatureInvalid(PermitDenied):
     code = "permit_signature_invalid"
     message = "The permit's signature does not verify."

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from decimal import Decimal
+from typing import Any
 
 from django.conf import settings
 from django.db import models
@@ -11,6 +12,22 @@ from django.db.models import F, Q
 from billing.models import Wallet
 
 ZERO = Decimal("0")
+
+
+class Lapsing:
+    """A row whose open status lapses at ``expires_at`` (a pending request or proposal, an active quote):
+    from then on it reads as expired (``effective_status``; ``permits.selectors.lapsing_status_filter``
+    selects by it), whatever the stored status still says until something writes it."""
+
+    OPEN_STATUS: str
+    EXPIRED_STATUS: str
+    status: Any
+    expires_at: Any
+
+    def effective_status(self, now: object) -> str:
+        if self.status == self.OPEN_STATUS and self.expires_at <= now:
+            return self.EXPIRED_STATUS
+        return str(self.status)
 
 
 class PermitStatus(models.TextChoices):
@@ -43,6 +60,8 @@ class Permit(models.Model):
     issued_via_request_id = models.CharField(max_length=40, blank=True, default="")
     subject_key_id = models.CharField(max_length=40, null=True, blank=True)
     allowed_tools = models.JSONField(default=list)
+    # The upstream servers (their slugs) whose tools it covers; null: any. Signed (docs/decisions.md, Authority).
+    allowed_servers = models.JSONField(null=True, blank=True, default=None)
     max_credits = models.DecimalField(max_digits=20, decimal_places=8)
     spent_credits = models.DecimalField(max_digits=20, decimal_places=8, default=ZERO)
     max_calls = models.PositiveIntegerField(null=True, blank=True)
@@ -107,8 +126,11 @@ class PermitRequestStatus(models.TextChoices):
     EXPIRED = "expired"
 
 
-class PermitRequest(models.Model):
+class PermitRequest(Lapsing, models.Model):
     """An agent's request for a permit it cannot mint itself; a human approves or rejects it."""
+
+    OPEN_STATUS = PermitRequestStatus.PENDING
+    EXPIRED_STATUS = PermitRequestStatus.EXPIRED
 
     request_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
@@ -150,11 +172,6 @@ class PermitRequest(models.Model):
 
     def __str__(self) -> str:
         return f"{self.request_id} ({self.status})"
-
-    def effective_status(self, now: object) -> str:
-        if self.status == PermitRequestStatus.PENDING and self.expires_at <= now:  # type: ignore[operator]
-            return PermitRequestStatus.EXPIRED
-        return self.status
 
 
 class PermitApprovalDecision(models.TextChoices):
@@ -293,8 +310,11 @@ class QuoteStatus(models.TextChoices):
     EXPIRED = "expired"
 
 
-class Quote(models.Model):
+class Quote(Lapsing, models.Model):
     """A signed, frozen price for one call of ``tool`` by ``wallet``; spendable once while active."""
+
+    OPEN_STATUS = QuoteStatus.ACTIVE
+    EXPIRED_STATUS = QuoteStatus.EXPIRED
 
     quote_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
@@ -324,17 +344,28 @@ class Quote(models.Model):
     def __str__(self) -> str:
         return f"{self.quote_id} {self.tool} {self.quoted_credits}"
 
-    def effective_status(self, now: object) -> str:
-        if self.status == QuoteStatus.ACTIVE and self.expires_at <= now:  # type: ignore[operator]
-            return QuoteStatus.EXPIRED
-        return self.status
+
+# The one list of a policy bundle's rule fields, in the order they are shown: the services write these
+# (``permits.services.policies``), the API answers them (``PolicyBundleResponse``) and audits snapshot them.
+POLICY_FIELDS = (
+    "name",
+    "enabled",
+    "allowed_tools",
+    "denied_tools",
+    "max_credits_per_call",
+    "max_daily_credits",
+    "allowed_categories",
+    "allowed_servers",
+    "human_approval_required",
+)
 
 
 class PolicyBundle(models.Model):
     """Rules that apply to calls made by ``wallet`` and every wallet below it.
 
     Rules: ``allowed_tools`` (null: any), ``denied_tools``, ``max_credits_per_call``,
-    ``max_daily_credits``, ``allowed_categories`` (null: any) and
+    ``max_daily_credits``, ``allowed_categories`` (null: any), ``allowed_servers`` (upstream server
+    slugs; null: any) and
     ``human_approval_required`` (permits for the covered wallets come only from
     human-approved permit requests or the operator; turning it on revokes the others).
     """
@@ -349,6 +380,7 @@ class PolicyBundle(models.Model):
     max_credits_per_call = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     max_daily_credits = models.DecimalField(max_digits=20, decimal_places=8, null=True, blank=True)
     allowed_categories = models.JSONField(null=True, blank=True)
+    allowed_servers = models.JSONField(null=True, blank=True)  # upstream server slugs; null: any server
     human_approval_required = models.BooleanField(default=False)
     # Not a column: the permits the last ``policy_create`` / ``policy_update`` on this instance revoked
     # because the policy started requiring human approval (the console reports them).
@@ -381,7 +413,7 @@ class ProposalStatus(models.TextChoices):
     SUPERSEDED = "superseded"
 
 
-class PolicyChangeProposal(models.Model):
+class PolicyChangeProposal(Lapsing, models.Model):
     """A change to a policy bundle that relaxes human approval, waiting for a second person.
 
     ``policy_change`` records it instead of applying the change; it takes effect only when a
@@ -392,6 +424,9 @@ class PolicyChangeProposal(models.Model):
     ``status`` stores pending, confirmed, rejected or superseded (a later change to the policy);
     ``expired`` is derived from the clock (:meth:`effective_status`).
     """
+
+    OPEN_STATUS = ProposalStatus.PENDING
+    EXPIRED_STATUS = ProposalStatus.EXPIRED
 
     proposal_id = models.CharField(max_length=40, primary_key=True)
     tenant_id = models.CharField(max_length=40, db_index=True)
@@ -438,8 +473,3 @@ class PolicyChangeProposal(models.Model):
 
     def __str__(self) -> str:
         return f"{self.proposal_id} for {self.policy_id} ({self.status})"
-
-    def effective_status(self, now: object) -> str:
-        if self.status == ProposalStatus.PENDING and self.expires_at <= now:  # type: ignore[operator]
-            return ProposalStatus.EXPIRED
-        return self.status

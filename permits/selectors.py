@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from django.db.models import F, Q, QuerySet
 from django.utils import timezone
@@ -21,9 +21,11 @@ from permits.models import (
     PermitStatus,
     PolicyBundle,
     Quote,
-    QuoteStatus,
     TenantApprover,
 )
+
+L = TypeVar("L", PermitRequest, Quote)
+V = TypeVar("V", Permit, PermitRequest, Quote, PolicyBundle)
 
 
 def permit_status_filter(qs: QuerySet[Permit], status: str, now: datetime) -> QuerySet[Permit]:
@@ -64,11 +66,17 @@ def permit_list(principal: Principal, filters: dict[str, Any], *, wallet: Wallet
     return qs.order_by("-created_at", "permit_id")
 
 
+def _one_visible(visible: QuerySet[V], what: str, **key: Any) -> V:
+    """The row of ``visible`` (the caller's scope) with ``key``, or 404 naming ``what`` and the key: a row
+    outside the caller's reach is answered as one that does not exist."""
+    found = visible.filter(**key).first()
+    if found is None:
+        raise NotFound(f"No such {what}.", **key)
+    return found
+
+
 def permit_for_caller(principal: Principal, permit_id: str) -> Permit:
-    permit = permits_visible(principal).filter(permit_id=permit_id).first()
-    if permit is None:
-        raise NotFound("No such permit.", permit_id=permit_id)
-    return permit
+    return _one_visible(permits_visible(principal), "permit", permit_id=permit_id)
 
 
 def permit_requests_visible(principal: Principal) -> QuerySet[PermitRequest]:
@@ -76,19 +84,17 @@ def permit_requests_visible(principal: Principal) -> QuerySet[PermitRequest]:
 
 
 def permit_request_for_caller(principal: Principal, request_id: str) -> PermitRequest:
-    preq = permit_requests_visible(principal).filter(request_id=request_id).first()
-    if preq is None:
-        raise NotFound("No such permit request.", request_id=request_id)
-    return preq
+    return _one_visible(permit_requests_visible(principal), "permit request", request_id=request_id)
 
 
-def permit_request_status_filter(qs: QuerySet[PermitRequest], status: str, now: datetime) -> QuerySet[PermitRequest]:
-    if status == PermitRequestStatus.PENDING:
-        return qs.filter(status=PermitRequestStatus.PENDING, expires_at__gt=now)
-    if status == PermitRequestStatus.EXPIRED:
-        return qs.filter(
-            Q(status=PermitRequestStatus.EXPIRED) | Q(status=PermitRequestStatus.PENDING, expires_at__lte=now)
-        )
+def lapsing_status_filter(qs: QuerySet[L], status: str, now: datetime) -> QuerySet[L]:
+    """The rows of ``qs`` whose effective status (``permits.models.Lapsing``) is ``status``: an open row
+    past its expiry counts as expired, not open."""
+    model = qs.model
+    if status == model.OPEN_STATUS:
+        return qs.filter(status=model.OPEN_STATUS, expires_at__gt=now)
+    if status == model.EXPIRED_STATUS:
+        return qs.filter(Q(status=model.EXPIRED_STATUS) | Q(status=model.OPEN_STATUS, expires_at__lte=now))
     return qs.filter(status=status)
 
 
@@ -97,18 +103,7 @@ def quotes_visible(principal: Principal) -> QuerySet[Quote]:
 
 
 def quote_for_caller(principal: Principal, quote_id: str) -> Quote:
-    quote = quotes_visible(principal).filter(quote_id=quote_id).first()
-    if quote is None:
-        raise NotFound("No such quote.", quote_id=quote_id)
-    return quote
-
-
-def quote_status_filter(qs: QuerySet[Quote], status: str, now: datetime) -> QuerySet[Quote]:
-    if status == QuoteStatus.ACTIVE:
-        return qs.filter(status=QuoteStatus.ACTIVE, expires_at__gt=now)
-    if status == QuoteStatus.EXPIRED:
-        return qs.filter(Q(status=QuoteStatus.EXPIRED) | Q(status=QuoteStatus.ACTIVE, expires_at__lte=now))
-    return qs.filter(status=status)
+    return _one_visible(quotes_visible(principal), "quote", quote_id=quote_id)
 
 
 def policies_visible(principal: Principal) -> QuerySet[PolicyBundle]:
@@ -116,10 +111,7 @@ def policies_visible(principal: Principal) -> QuerySet[PolicyBundle]:
 
 
 def policy_for_caller(principal: Principal, policy_id: str) -> PolicyBundle:
-    policy = policies_visible(principal).filter(policy_id=policy_id).first()
-    if policy is None:
-        raise NotFound("No such policy bundle.", policy_id=policy_id)
-    return policy
+    return _one_visible(policies_visible(principal), "policy bundle", policy_id=policy_id)
 
 
 def policy_for_change(principal: Principal, policy_id: str) -> PolicyBundle:

@@ -13,7 +13,7 @@ from rest_framework import serializers
 from billing.models import ServiceCategory
 from billing.serializers import MoneyField
 from common.pagination import PageQuery, list_envelope
-from permits.models import Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
+from permits.models import POLICY_FIELDS, Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
 from permits.services.approval_record import permit_signed_approval
 from permits.services.policies import policy_rules_problems
 
@@ -34,6 +34,13 @@ class ServiceCategoryNameField(serializers.CharField):
         super().__init__(max_length=64, **kwargs)
 
 
+class ServerSlugField(serializers.SlugField):
+    """An upstream server's slug (``mcpgateway.models.UpstreamServer.slug``)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(max_length=64, **kwargs)
+
+
 class PermitCreateRequest(serializers.Serializer):
     """Issue a permit for ``wallet_id`` (the issuer is the caller's wallet)."""
 
@@ -43,6 +50,14 @@ class PermitCreateRequest(serializers.Serializer):
     max_calls = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     expires_in_seconds = serializers.IntegerField(min_value=60, max_value=MAX_PERMIT_TTL, default=3600)
     subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
+    # No default: a request without it hashes as before (its idempotency record still replays).
+    allowed_servers = serializers.ListField(
+        child=ServerSlugField(),
+        max_length=100,
+        required=False,
+        allow_null=True,
+        help_text="The upstream servers (slugs) whose tools the permit covers; null or absent: any server.",
+    )
 
 
 class SignedDocumentField(serializers.JSONField):
@@ -85,6 +100,7 @@ class PermitResponse(serializers.ModelSerializer):
     spent_credits = MoneyField()
     remaining_credits = serializers.SerializerMethodField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
+    allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
     signed_statement = serializers.DictField(help_text="The exact statement that was signed (RFC 8785 canonical form).")
     issued_via_request_id = serializers.SerializerMethodField()
     approval = serializers.SerializerMethodField()
@@ -97,6 +113,7 @@ class PermitResponse(serializers.ModelSerializer):
             "issuer_wallet_id",
             "subject_key_id",
             "allowed_tools",
+            "allowed_servers",
             "max_credits",
             "spent_credits",
             "remaining_credits",
@@ -337,6 +354,12 @@ class PolicyRules(serializers.Serializer):
     allowed_categories = serializers.ListField(
         child=ServiceCategoryNameField(), required=False, allow_null=True, help_text="null: any category"
     )
+    allowed_servers = serializers.ListField(
+        child=ServerSlugField(),
+        required=False,
+        allow_null=True,
+        help_text="The upstream servers (slugs) whose tools the bound wallets may call; null: any server.",
+    )
     human_approval_required = serializers.BooleanField(required=False)
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
@@ -345,7 +368,7 @@ class PolicyRules(serializers.Serializer):
         ``["1"]``, which the console (reading JSON) refuses."""
         sent = self.initial_data if isinstance(self.initial_data, dict) else {}
         rules: dict[str, Any] = dict(attrs)
-        for name in ("allowed_tools", "denied_tools", "allowed_categories"):
+        for name in ("allowed_tools", "denied_tools", "allowed_categories", "allowed_servers"):
             if name in attrs and name in sent:
                 rules[name] = sent[name]
         errors: dict[str, Any] = {}
@@ -378,20 +401,14 @@ class PolicyBundleResponse(serializers.ModelSerializer):
     allowed_tools = serializers.ListField(child=serializers.CharField(), allow_null=True)
     denied_tools = serializers.ListField(child=serializers.CharField())
     allowed_categories = serializers.ListField(child=serializers.CharField(), allow_null=True)
+    allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
 
     class Meta:
         model = PolicyBundle
         fields = [
             "policy_id",
             "wallet_id",
-            "name",
-            "enabled",
-            "allowed_tools",
-            "denied_tools",
-            "max_credits_per_call",
-            "max_daily_credits",
-            "allowed_categories",
-            "human_approval_required",
+            *POLICY_FIELDS,
             "created_by_wallet_id",
             "version",
             "created_at",

@@ -116,14 +116,17 @@ class PermitCollectionView(APIView):
         subject = wallet_for_caller(caller, data["wallet_id"])
         issuer = None if caller.is_operator else caller_wallet(caller)
         result = services.permit_issue(
-            wallet=subject,
-            issuer_wallet=issuer,
-            issued_by_key_id=caller.key_id,
-            allowed_tools=data["allowed_tools"],
-            max_credits=data["max_credits"],
-            max_calls=data["max_calls"],
-            expires_at=timezone.now() + timedelta(seconds=data["expires_in_seconds"]),
-            subject_key_id=data["subject_key_id"],
+            terms=services.PermitTerms(
+                wallet=subject,
+                issuer_wallet=issuer,
+                issued_by_key_id=caller.key_id,
+                allowed_tools=data["allowed_tools"],
+                max_credits=data["max_credits"],
+                max_calls=data["max_calls"],
+                expires_at=timezone.now() + timedelta(seconds=data["expires_in_seconds"]),
+                subject_key_id=data["subject_key_id"],
+                allowed_servers=data.get("allowed_servers"),
+            ),
             idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
             idempotency_key=key,
             request_hash=request_hash(_normalized(data)),
@@ -432,7 +435,7 @@ class MeAuthorityView(APIView):
         permits = selectors.permit_status_filter(
             selectors.permits_visible(caller).filter(wallet=wallet), PermitStatus.ACTIVE, now
         ).order_by("-created_at")[:200]
-        pending = selectors.permit_request_status_filter(
+        pending = selectors.lapsing_status_filter(
             selectors.permit_requests_visible(caller).filter(wallet=wallet), "pending", now
         ).order_by("-created_at")[:200]
         policies = list(selectors.policies_shown_to_wallet(wallet))
@@ -478,7 +481,7 @@ class MePermitRequestsView(APIView):
         params = parse_query(request, PermitRequestListQuery)
         qs = selectors.permit_requests_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):
-            qs = selectors.permit_request_status_filter(qs, params["status"], timezone.now())
+            qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
         return Response(page(qs.order_by("-created_at", "request_id"), params, PermitRequestResponse))
 
 
@@ -495,7 +498,7 @@ class MeQuotesView(APIView):
         params = parse_query(request, QuoteListQuery)
         qs = selectors.quotes_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):
-            qs = selectors.quote_status_filter(qs, params["status"], timezone.now())
+            qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
         if params.get("tool"):
             qs = qs.filter(tool=params["tool"])
         return Response(page(qs.order_by("-created_at", "quote_id"), params, QuoteResponse))

@@ -156,6 +156,8 @@ GROUP_DESCRIPTIONS: Final = {
     "evidence": "The buyer-facing evidence bundle of one receipt.",
     "api_keys": "Wallet-scoped API keys: create, list (masked), rotate, revoke, emergency revoke, logs.",
     "signing_keys": "Public metadata and JWKS of the evidence signing keys (active and retired).",
+    "transparency_log": "Each tenant's transparency log, public and read-only: signed checkpoints with witness "
+    "cosignatures, inclusion and consistency proofs, tlog-tiles, the log key (C2SP formats).",
     "me": "Self-inspection scoped to the caller's own wallet (wallet-scoped keys only).",
     "discover": "This expanded capability catalog.",
     "readiness": "Launch readiness check (GO / NO-GO).",
@@ -583,6 +585,8 @@ def group_of(path: str) -> str:
         return _V1_GROUPS.get(segment, segment.replace("-", "_"))
     if path == "/.well-known/jwks.json":
         return "signing_keys"
+    if path.startswith("/tlog/") or path == "/.well-known/tlog-keys":
+        return "transparency_log"
     if path.startswith("/health"):
         return "health"
     if path.startswith(("/dashboard", "/docs", "/redoc", "/approvals/")):

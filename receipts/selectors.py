@@ -26,6 +26,7 @@ from permits.services import permit_approval_of, permit_approval_problem, permit
 from receipts.models import Receipt, RefundReconciliation
 from receipts.services import SIGNATURE_STATEMENT, receipt_statement_problem
 from receipts.verify import FORMAT
+from tlog.selectors import statement_transparency
 
 
 def receipts_visible(principal: Principal) -> QuerySet[Receipt]:
@@ -182,7 +183,7 @@ def portable_receipt(receipt: Receipt) -> dict[str, Any]:
         for kid, public, state in SigningKey.objects.order_by("created_at").values_list("key_id", "public_key", "state")
     ]
     signed = canonical_bytes(receipt.signed_statement)
-    return {
+    document = {
         **_portable_approval(receipt),
         "format": FORMAT,
         "receipt_id": receipt.receipt_id,
@@ -194,8 +195,13 @@ def portable_receipt(receipt: Receipt) -> dict[str, Any]:
         "receipt": receipt.signed_statement,
         "keys": {"keys": keys},
         "what_a_valid_signature_proves": SIGNATURE_STATEMENT,
-        "verify_with": "python -m receipts.verify PORTABLE.json [--keys JWKS.json]",
+        "verify_with": "python -m receipts.verify PORTABLE.json [--keys JWKS.json] [--policy POLICY.json]",
     }
+    # Unsigned: the receipt's place in its tenant's transparency log (docs/audit-chain.md).
+    transparency = statement_transparency(receipt.tenant_id, receipt.receipt_id)
+    if transparency is not None:
+        document["transparency"] = transparency
+    return document
 
 
 CLAIM_BOUNDARY = (
@@ -272,6 +278,7 @@ def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
         "audit_event": _event_data(event),
         "verification": checks,
         "verified": all(v in ("ok", "skipped") for v in checks.values()),
+        "transparency": statement_transparency(receipt.tenant_id, receipt.receipt_id),
         "claim_boundary": CLAIM_BOUNDARY,
     }
 

@@ -149,6 +149,11 @@ class EvidenceBundleResponse(serializers.Serializer):
     audit_event = EvidenceAuditEvent(allow_null=True)
     verification = VerificationMap()
     verified = serializers.BooleanField(help_text="True when every check is ok or skipped.")
+    transparency = serializers.DictField(
+        allow_null=True,
+        help_text='The receipt in its tenant\'s transparency log: {"leaf_index", "proof": "<tlog-proof@v1>"} '
+        'once integrated, {"status": "pending", "fetch": "<url>"} before (docs/audit-chain.md).',
+    )
     claim_boundary = serializers.CharField()
 
 
@@ -184,6 +189,11 @@ class PortableReceiptResponse(serializers.Serializer):
     keys = PublicKeySet()
     what_a_valid_signature_proves = serializers.CharField()
     verify_with = serializers.CharField()
+    transparency = serializers.DictField(
+        required=False,
+        help_text='Unsigned: {"leaf_index", "proof": "<tlog-proof@v1>"} once the receipt is in a checkpoint of '
+        'its tenant\'s log, {"status": "pending", "fetch": "<url>"} before; absent for a receipt the log never had.',
+    )
 
 
 class ReceiptVerifyRequest(serializers.Serializer):

@@ -36,7 +36,7 @@ from permits import exceptions as services_exc
 from permits import services
 from permits.models import Permit, PermitApproval, PermitRequest, PermitStatus, TenantApprover
 from permits.services.approval_record import approval_record_sign, approval_reference
-from permits.services.permits import _mint_permit
+from permits.services.permits import PermitTerms, _mint_permit
 from receipts.verify import verify_portable
 from tests import factories
 from tests.conftest import Tenant
@@ -105,14 +105,14 @@ def _mint_naming(wallet: Wallet, approval: Any, **terms: Any) -> Permit:
     """A permit signed by the gateway's key whose statement names ``approval`` (a reference builder)."""
     with transaction.atomic():
         return _mint_permit(
-            wallet=wallet,
-            issuer_wallet=Wallet.objects.get(wallet_id=wallet.tenant_id),
-            issued_by_key_id="",
-            allowed_tools=terms.get("allowed_tools", ["*"]),
-            max_credits=Decimal(terms.get("max_credits", 5)),
-            max_calls=None,
-            expires_at=terms["expires_at"],
-            subject_key_id=None,
+            terms=PermitTerms(
+                wallet=wallet,
+                issuer_wallet=Wallet.objects.get(wallet_id=wallet.tenant_id),
+                allowed_tools=terms.get("allowed_tools", ["*"]),
+                max_credits=Decimal(terms.get("max_credits", 5)),
+                max_calls=None,
+                expires_at=terms["expires_at"],
+            ),
             approval=approval,
         )
 

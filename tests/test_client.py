@@ -170,6 +170,8 @@ def _authority_sections(
     assert permit.signed_statement["type"] == "permit"
     again = sp.permits.issue(agent_id, ["notes.*"], "1", idempotency_key="client-fixed-permit")
     assert sp.permits.issue(agent_id, ["notes.*"], "1", idempotency_key="client-fixed-permit") == again
+    assert again.allowed_servers is None
+    assert sp.permits.issue(agent_id, ["notes.*"], "1", allowed_servers=["demo"]).allowed_servers == ["demo"]
     assert ag.permits.get(permit.permit_id).permit_id == permit.permit_id
     assert permit.permit_id in {p.permit_id for p in sp.permits.list(wallet_id=agent_id)}
     by_id = ag.permits.verify(permit.permit_id)
@@ -310,6 +312,8 @@ def _authority_sections(
     patched = sp.policies.patch(policy.policy_id, max_credits_per_call="3")
     assert isinstance(patched, Policy)
     assert patched.max_credits_per_call == Decimal("3")
+    servers = sp.policies.create(sponsor_id, name="servers", enabled=False, allowed_servers=["demo"])
+    assert (servers.allowed_servers, sp.policies.get(servers.policy_id).allowed_servers) == (["demo"], ["demo"])
     assert patched.version > policy.version
     # Relaxing human approval is a proposal a second person confirms in the console (on a wallet of
     # its own: approval on the sponsor's line would revoke the permits the sections below use).

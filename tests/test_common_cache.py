@@ -88,7 +88,7 @@ def test_clear_all_empties_every_cache_of_the_process():
     apps: list[BoundedCache[Any, Any]] = [
         lookup._prices,
         lookup._permits,
-        lookup._policies,
+        lookup._verdicts,
         validators.schema_validators,
         keystore._cache,
         signing._public_keys,

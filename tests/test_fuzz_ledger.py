@@ -252,14 +252,14 @@ class LedgerMachine(RuleBasedStateMachine):
     def _issue(self, wallet: Wallet, max_credits: Decimal) -> Permit:
         wallet = _fresh(wallet)
         issued = permit_services.permit_issue(
-            wallet=wallet,
-            issuer_wallet=wallet.parent,
-            issued_by_key_id="",
-            allowed_tools=["*"],
-            max_credits=max_credits,
-            max_calls=None,
-            expires_at=timezone.now() + timedelta(hours=1),
-            subject_key_id=None,
+            terms=permit_services.PermitTerms(
+                wallet=wallet,
+                issuer_wallet=wallet.parent,
+                allowed_tools=["*"],
+                max_credits=max_credits,
+                max_calls=None,
+                expires_at=timezone.now() + timedelta(hours=1),
+            ),
             idempotency_scope="state-machine",
             idempotency_key=f"sm-{next(_names)}",
             request_hash="0" * 64,

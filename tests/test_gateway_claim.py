@@ -325,6 +325,39 @@ def test_a_second_call_is_decided_from_the_cache_without_the_lookup(fault, tenan
     assert fault.count("tools/call") == 2
 
 
+def test_the_policies_cost_no_statement_of_their_own(fault, tenant):
+    """The policy verdict (permits_policy_verdict) is read in the lookup's round trip, or taken from the
+    cache, and its daily caps are checked inside the claim: a line whose bundles have tool rules, limits
+    and daily caps costs the same statements per call as a line without any, fresh or cached."""
+    from common.cache import clear_all
+
+    caller = setup_caller(tenant, balance=20)
+
+    def statements() -> tuple[int, int]:
+        clear_all()
+        with CaptureQueriesContext(connection) as fresh:
+            assert "result" in caller.rpc("echo", {}).json()
+        with CaptureQueriesContext(connection) as cached:
+            assert "result" in caller.rpc("echo", {}).json()
+        assert _lookups(fresh.captured_queries) == 1
+        assert _lookups(cached.captured_queries) == 0
+        return len(fresh.captured_queries), len(cached.captured_queries)
+
+    statements()  # the first calls of the test read what the process keeps beyond the caches
+    bare = statements()
+    policy_create(
+        wallet=tenant.sponsor,
+        allowed_tools=["echo", "other.*"],
+        max_credits_per_call=Decimal(5),
+        allowed_categories=["tooling"],
+        max_daily_credits=Decimal(50),
+    )
+    policy_create(wallet=tenant.agent, denied_tools=["danger.*"], max_daily_credits=Decimal(49))
+    assert statements() == bare
+    assert balance(tenant) == 8
+    assert fault.count("tools/call") == 6
+
+
 def test_a_policy_set_after_the_cache_was_filled_applies_to_the_next_call(fault, tenant):
     caller = setup_caller(tenant, balance=10)
     assert "result" in caller.rpc("echo", {}).json()

@@ -71,6 +71,17 @@ def test_access_imports_no_app_above_it():
     )
 
 
+def test_tlog_imports_no_app_above_it():
+    """tlog sits below receipts (docs/architecture.md, "The apps"): it reads the statement tables by name
+    (tlog.kinds) and imports audit and access only, so receipts can embed its proofs."""
+    assert (
+        _offenders(
+            "tlog", {"billing", "permits", "receipts", "mcpgateway", "publicsite", "metrics"}, module_level=False
+        )
+        == []
+    )
+
+
 def test_the_walk_sees_a_module_level_import_and_skips_a_function_body():
     tree = ast.parse("import os\nfrom billing import x\nclass A:\n    import audit\ndef f():\n    import permits\n")
     assert [package for _, package in _imports(tree, module_level=True)] == ["os", "billing", "audit"]

@@ -114,7 +114,8 @@ def test_tenant_tables_follow_the_rules() -> None:
 
 
 def test_reference_tables_are_the_small_named_set() -> None:
-    """Tools, upstream servers, prices, signing keys and API keys; no reference table points at a local table."""
+    """Tools, upstream servers, prices, signing keys, API keys and the transparency log's note key; no reference
+    table points at a local table."""
     assert {
         "mcpgateway_tool",
         "mcpgateway_upstream_server",
@@ -123,6 +124,7 @@ def test_reference_tables_are_the_small_named_set() -> None:
         "billing_service_price",
         "audit_signing_key",
         "billing_api_key",
+        "tlog_log_key",
     } == REFERENCE_TABLES
     for table in REFERENCE_TABLES:
         targets = {

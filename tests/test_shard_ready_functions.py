@@ -51,6 +51,7 @@ HOT_FUNCTIONS = (
     "billing_refund",
     "billing_wallet_may_spend",
     "billing_daily_cap_over",
+    "permits_policy_verdict",
     "audit_append",
     "audit_append_in",
     "permits_reserve",

@@ -242,3 +242,23 @@ def test_every_ledger_entry_is_written_by_billing_post():
         )
     ]
     assert creating == []
+
+
+def test_a_retired_file_is_applied_by_none_of_its_migrations_and_may_be_gone():
+    """permits_charge_policies gave way to permits_policy_verdict: billing 0029 retires it (drops its
+    function), its file is gone, and the migration that applied it applies nothing."""
+    app_label, name = "permits", "permits_charge_policies"
+    assert (app_label, name) in sqlfiles.retired_sql_files()
+    assert not sqlfiles.sql_file_path(app_label, name).exists()
+    applied = records_of(app_label, name)
+    assert applied
+    for record in applied:
+        assert RunSqlFile(app_label, name, sha256=record.sha256).forwards_sql() is None
+    assert sqlfiles.sql_catalogue_problems() == []
+
+
+def test_a_missing_file_that_no_migration_retires_is_reported(monkeypatch):
+    monkeypatch.setattr(sqlfiles, "retired_sql_files", lambda: frozenset())
+    assert sqlfiles.sql_catalogue_problems() == [
+        "billing.0018_charge_honours_policies applies permits/sql/permits_charge_policies.sql, which does not exist"
+    ]

@@ -37,7 +37,7 @@ from audit.models import AuditEvent
 from audit.services import EventFields, audit_event_prepare
 from billing.exceptions import VelocityLimitExceeded, money
 from billing.models import DEFAULT_CATEGORY_PRICES, LedgerKind, ServiceCategory, SystemAccount, Wallet
-from billing.refusals import DEBIT_REFUSALS, refusal_exception
+from billing.refusals import DEBIT_REFUSALS
 from billing.serializers import charge_response_in_order, charge_response_template
 from billing.services.ledger import (
     DEBIT_COLUMNS,
@@ -58,6 +58,7 @@ from common.errors import (
 )
 from common.idempotency import request_hash
 from common.ids import new_id
+from common.refusals import RefusedCall, refusal_exception
 from config.middleware import get_request_id
 
 
@@ -663,7 +664,7 @@ def _charge_outcome(row: dict[str, Any], call: ChargeCall) -> ChargeOutcome:
     answer = {**row, "code": code, "category": call.service_category, "units": call.units}
     if code == "policy_denied" and answer["spend_window"] == "max_daily_credits":
         answer["figure_visible"] = _within_reach(row["refusal_reason"], call)
-    refusal = refusal_exception(answer, row["charged"])
+    refusal = refusal_exception(answer, RefusedCall(amount=row["charged"]))
     assert refusal is not None
     if code in DEBIT_REFUSALS:  # the wallet that refuses may be an agent ancestor out of the caller's reach
         raise refusal_for_viewer(refusal, visible=_within_reach(row["subject_id"], call))

@@ -53,11 +53,12 @@ from django.utils import timezone
 from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import LedgerEntry, LedgerKind, SystemAccount, Wallet
-from billing.refusals import BALANCE_OVERFLOW, balance_overflow, refusal_exception
+from billing.refusals import BALANCE_OVERFLOW, balance_overflow
 from common import fastsql
 from common.errors import ApplicationError, NotFound, RequestValidationError
 from common.ids import new_id
 from common.records import record_json
+from common.refusals import RefusedCall, refusal_exception
 from config.middleware import get_request_id
 
 CENT = Decimal("0.00000001")
@@ -100,7 +101,7 @@ def wallet_check_may_spend(*, wallet: Wallet, reach_wallet_id: str | None) -> No
     with connection.cursor() as cursor:
         cursor.execute(_MAY_SPEND_SQL, [wallet.tenant_id, wallet.wallet_id, timezone.now()])
         code, subject_id, reason = cursor.fetchone()
-    refusal = refusal_exception({"code": code, "subject_id": subject_id, "refusal_reason": reason}, Decimal(0))
+    refusal = refusal_exception({"code": code, "subject_id": subject_id, "refusal_reason": reason}, RefusedCall())
     if refusal is not None:
         visible = subject_id == wallet.wallet_id or reach_wallet_id is None
         if not visible:
@@ -292,7 +293,7 @@ class DebitCall:
 
     def result(self, row: dict[str, Any]) -> DebitResult | None:
         """The posted entries (None for a replay), or raises the refusal ``row`` names."""
-        refusal = refusal_exception(row, self.amount)
+        refusal = refusal_exception(row, RefusedCall(amount=self.amount))
         if refusal is not None:
             raise refusal
         if row["code"] == "replay":
@@ -473,7 +474,8 @@ def ledger_refund(
         if getattr(err.__cause__, "sqlstate", None) == BALANCE_OVERFLOW:
             raise balance_overflow(str(wallet_id)) from None
         raise
-    refusal = refusal_exception({**row, "charge_entry_id": charge.entry_id if charge is not None else None}, amount)
+    answer = {**row, "charge_entry_id": charge.entry_id if charge is not None else None}
+    refusal = refusal_exception(answer, RefusedCall(amount=amount))
     if refusal is not None:
         raise refusal
     return LedgerEntry.objects.get(entry_id=wallet_entry_id)

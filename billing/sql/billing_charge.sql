@@ -16,8 +16,9 @@
 --    price; NULL: 'unknown_category'); amount = round(price * units, 8), the half-up rounding of
 --    billing.services.to_money ('amount_too_small' when it is zero). Prices are read in the
 --    statement that uses them, so a price change applies from the next charge on.
--- 4. Policies. The enabled policy bundles of the wallet's line (permits_charge_policies: a bundle
---    binds its wallet's subtree) refuse a charge whose category is not in their allowed_categories
+-- 4. Policies. The enabled policy bundles of the wallet's line, judged by permits_policy_verdict (the
+--    one judge of their rules, the governed call's too; a charge has no tool, so neither the tool rules
+--    nor allowed_servers bind it) refuse a charge whose category is not in their allowed_categories
 --    or whose amount is over their max_credits_per_call before anything is locked: code
 --    'policy_denied', the bundle as subject_id, the rule as spend_window, the limit as
 --    figure_limit. Their max_daily_credits are checked after the debit, under its locks
@@ -152,7 +153,7 @@ DECLARE
     response jsonb;
     payload bytea;
     appended record;  -- audit_append's answer, unused
-    bound record;     -- a row of permits_charge_policies
+    bound record;     -- a row of permits_policy_verdict
     cap_policies text[];
     cap_wallets text[];
     cap_limits numeric[];
@@ -206,7 +207,9 @@ BEGIN
         code := 'amount_too_small'; RETURN;
     END IF;
 
-    FOR bound IN SELECT * FROM permits_charge_policies(string_to_array(wallet_path, '/'), p_category, charged) LOOP
+    FOR bound IN SELECT * FROM permits_policy_verdict(
+        p_tenant_id, string_to_array(wallet_path, '/'), NULL, NULL, p_category, charged, NULL
+    ) LOOP
         IF bound.rule <> 'max_daily_credits' THEN  -- the rows that refuse come first
             code := 'policy_denied'; subject_id := bound.policy_id; spend_window := bound.rule;
             figure_limit := bound.cap;

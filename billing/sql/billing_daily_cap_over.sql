@@ -1,8 +1,7 @@
 -- billing_daily_cap_over: the first policy daily cap that the spend today goes over, after a debit.
 --
 -- p_policy_ids[i] caps the spend today of p_wallet_ids[i] at p_limits[i] (a policy bundle's
--- max_daily_credits and the wallet whose spend it caps: permits.services.authorization.
--- daily_cap_wallet, permits_charge_policies). Called after billing_debit, in its transaction: the
+-- max_daily_credits and the wallet whose spend it caps: permits_policy_verdict's cap rows). Called after billing_debit, in its transaction: the
 -- spend read includes the debit just posted, and each wallet named is one the debit locked (the
 -- charged wallet or an agent ancestor of it), so concurrent debits are counted one after the other
 -- and cannot pass a cap together. Answers the first cap gone over (the policy, the spend today with

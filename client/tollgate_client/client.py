@@ -629,10 +629,12 @@ class Permits(_Group):
         expires_in_seconds: int | None = None,
         subject_key_id: str | None = None,
         idempotency_key: str | None = None,
+        allowed_servers: Sequence[str] | None = None,
     ) -> Permit:
         """Issue a permit for ``wallet_id`` (the issuer is the caller's wallet, the subject or above it).
 
         A new idempotency key is generated unless given; a replay returns the same permit.
+        ``allowed_servers``: the upstream servers (slugs) whose tools it covers; None: any.
         """
         body = _body(
             wallet_id=wallet_id,
@@ -641,6 +643,7 @@ class Permits(_Group):
             max_calls=max_calls,
             expires_in_seconds=expires_in_seconds,
             subject_key_id=subject_key_id,
+            allowed_servers=None if allowed_servers is None else list(allowed_servers),
         )
         key = idempotency_key if idempotency_key is not None else _new_key()
         return Permit.from_dict(self._c._post("/v1/permits", body, idempotency_key=key))
@@ -792,6 +795,7 @@ class Policies(_Group):
         max_daily_credits: Amount | None = None,
         allowed_categories: Sequence[str] | None = None,
         human_approval_required: bool | None = None,
+        allowed_servers: Sequence[str] | None = None,
     ) -> Policy:
         """Create a bundle for ``wallet_id`` and the wallets below it (omitted rules keep their defaults)."""
         body = _body(
@@ -804,6 +808,7 @@ class Policies(_Group):
             max_daily_credits=None if max_daily_credits is None else _amount(max_daily_credits),
             allowed_categories=None if allowed_categories is None else list(allowed_categories),
             human_approval_required=human_approval_required,
+            allowed_servers=None if allowed_servers is None else list(allowed_servers),
         )
         return Policy.from_dict(self._c._post("/v1/policies", body))
 

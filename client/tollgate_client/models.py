@@ -219,6 +219,7 @@ class Permit:
     issuer_wallet_id: str | None
     subject_key_id: str | None
     allowed_tools: list[str]
+    allowed_servers: list[str] | None  # the upstream servers (slugs) it covers; None: any
     max_credits: Decimal
     spent_credits: Decimal
     remaining_credits: Decimal
@@ -247,6 +248,7 @@ class Permit:
             issuer_wallet_id=_opt_str(d.get("issuer_wallet_id")),
             subject_key_id=_opt_str(d.get("subject_key_id")),
             allowed_tools=_list(d.get("allowed_tools")),
+            allowed_servers=_opt_list(d.get("allowed_servers")),
             max_credits=_dec0(d.get("max_credits")),
             spent_credits=_dec0(d.get("spent_credits")),
             remaining_credits=_dec0(d.get("remaining_credits")),
@@ -386,6 +388,7 @@ class Policy:
     max_credits_per_call: Decimal | None
     max_daily_credits: Decimal | None
     allowed_categories: list[str] | None
+    allowed_servers: list[str] | None  # upstream server slugs; None: any
     human_approval_required: bool
     version: int
     created_at: datetime | None
@@ -404,6 +407,7 @@ class Policy:
             max_credits_per_call=_dec(d.get("max_credits_per_call")),
             max_daily_credits=_dec(d.get("max_daily_credits")),
             allowed_categories=_opt_list(d.get("allowed_categories")),
+            allowed_servers=_opt_list(d.get("allowed_servers")),
             human_approval_required=bool(d.get("human_approval_required")),
             version=int(d.get("version") or 0),
             created_at=_dt(d.get("created_at")),

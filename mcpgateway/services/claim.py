@@ -20,6 +20,7 @@ from access.ratelimit import DeferredCharge
 from audit.services import PreparedEvent, audit_event_prepare
 from billing.exceptions import InsufficientFunds, SpendRefused, VelocityLimitExceeded
 from billing.exceptions import money as _money
+from billing.refusals import DEBIT_REFUSALS
 from billing.selectors import caller_wallet
 from billing.services import (
     DEBIT_COLUMNS,
@@ -30,10 +31,10 @@ from billing.services import (
     wallet_check_may_spend,
 )
 from common import fastsql
-from common.errors import ApplicationError
 from common.faults import fault_point
 from common.ids import new_id
 from common.records import record_json
+from common.refusals import RefusedCall, refusal_exception
 from mcpgateway.models import Action, ActionState, Tool, ToolSource
 from mcpgateway.services.call import CallRequest, _uncharged
 from mcpgateway.services.finish import _finish
@@ -46,8 +47,6 @@ from permits.services import (
     authorize,
     daily_caps_record,
     permit_reservation_record,
-    permit_reserve_refusal,
-    policy_daily_cap_refusal,
     quote_check,
     quote_consumption_record,
 )
@@ -120,27 +119,25 @@ def _claim(
         refused = _claim_refusal(err)
         if refused is None:
             raise
-        if refused["code"] in ("stale", "rate_limited"):
+        if refused["code"] in ("stale", "rate_limited"):  # decide again on fresh rows (common.refusals)
             raise _Stale() from None
-        if refused["code"] == "quote_unavailable":
-            raise permit_exc.QuoteUnavailable(quote_id=action.quote_id) from None
-        if refused["code"] == "policy_daily_cap":
-            measured = next((cap.wallet_id for cap in daily_caps if cap.policy_id == refused["subject_id"]), None)
-            raise policy_daily_cap_refusal(
-                policy_id=refused["subject_id"],
-                limit=refused["figure_limit"],
-                # The spend of the line the policy caps: the caller's own, or an ancestor's it may not read.
-                spent=refused["figure"] if measured == wallet.wallet_id else None,
-                price=price or Decimal(0),
-            ) from None
-        if refused["code"] == "permit_refused":
-            raise permit_reserve_refusal(permit_id=permit.permit_id, amount=price or Decimal(0), now=now) from None
-        assert debit is not None
-        try:
-            debit.result(refused)  # raises the debit's refusal
-        except ApplicationError as refusal:  # the caller's own wallet, or an ancestor whose figures it may not read
-            raise refusal_for_viewer(refusal, visible=refused["subject_id"] == debit.wallet_id) from None
-        raise AssertionError(f"gateway_claim refused with {refused['code']!r}") from err
+        refusal = refusal_exception(
+            refused,
+            RefusedCall(
+                amount=price or Decimal(0),
+                wallet_id=wallet.wallet_id,
+                permit_id=permit.permit_id,
+                quote_id=action.quote_id or "",
+                now=now,
+                cap_wallets={cap.policy_id: cap.wallet_id for cap in daily_caps},
+                policy_decision_id=action.policy_decision_id or "",
+            ),
+        )
+        assert refusal is not None, refused
+        if refused["code"] in DEBIT_REFUSALS:
+            assert debit is not None  # the wallet that refuses may be an ancestor whose figures it may not read
+            refusal = refusal_for_viewer(refusal, visible=refused["subject_id"] == debit.wallet_id)
+        raise refusal from None
     fastsql.inserted(action)
     if deferred is not None:
         deferred.claimed(int(rate_count))
@@ -165,11 +162,12 @@ def _phase1(
 ) -> tuple[Action, VelocityLimitExceeded | None]:
     """Authorize on what ``_lookup`` read, then claim in one statement; or record the refusal.
 
-    Authorization (the permit's and the quote's signed statements, the policies) is decided in
-    Python; the claim (``_claim``) inserts the action already claimed, consumes the quote, debits,
-    reserves and appends the audit event in one statement, re-checking under its locks everything
-    that can have changed since the read (statuses, funds, spend windows, the permit's allowance
-    and signed limits, the quote). A refusal writes nothing there; the denial (action, receipt,
+    Authorization (the permit's and the quote's signed statements in Python; the policies' rules by
+    ``permits_policy_verdict``, read in the lookup's round trip) is decided first; the claim
+    (``_claim``) inserts the action already claimed, consumes the quote, debits, reserves and appends
+    the audit event in one statement, re-checking under its locks everything that can have changed
+    since the read (statuses, funds, spend windows and the policies' daily caps, the permit's
+    allowance and signed limits, the quote). A refusal writes nothing there; the denial (action, receipt,
     audit event) is then written in a transaction of its own. Raises ``IntegrityError`` when a
     concurrent request holds the same key.
     """
@@ -219,11 +217,12 @@ def _phase1(
             tool=tool.service_id,
             price=price,
             category=tool.category,
+            server=server.slug if server is not None else None,
             now=now,
             # A cached permit's signed statement verified when it was cached, and the reservation requires
             # the row to still carry that signature and the signed limits.
             verify_signature=not found.cached,
-            policies=found.policies,
+            verdict=found.verdict,
         )
         action.policy_decision_id = decision.policy_decision_id
         if decision.refusal is not None:

@@ -5,9 +5,10 @@ across every transport. It moves through three phases:
 
 Phase 1: find the action (same request hash -> replay the stored answer, or
 409 while it runs; other hash -> 422 ``idempotency_key_reused``, nothing
-written); authorize (permit + policies, decided in Python on the rows read or
-cached); then claim in one statement (``gateway_claim``), which re-checks under
-its locks what may have changed since the read: insert the action already
+written); authorize (the permit, checked in Python, and the policies' verdict,
+judged in SQL by permits_policy_verdict, on the rows read or cached); then
+claim in one statement (``gateway_claim``), which re-checks under its locks
+what may have changed since the read: insert the action already
 ``dispatch_claimed``, consume the quote, if any, debit the
 wallet, reserve the price against the permit allowance and audit. A refusal
 (permit, policy, spend controls, funds, quote) writes nothing there; it is

@@ -15,8 +15,8 @@ from common.cache import BoundedCache
 from mcpgateway.models import Action
 from mcpgateway.services.call import CallRequest
 from mcpgateway.services.tools import _registered, _registered_tool, _RegisteredTool, tool_is_callable
-from permits.models import Permit, PolicyBundle, Quote
-from permits.services import POLICIES_JSON_SQL, policies_from_json
+from permits.models import Permit, Quote
+from permits.services import PolicyVerdict, policy_verdict_from_json, policy_verdict_sql
 
 
 @dataclass(frozen=True)
@@ -28,9 +28,18 @@ class _Found:
     price: Decimal | None  # its price (None: not set, not callable)
     permit: Permit | None  # the permit, when it is the wallet's
     quote: Quote | None  # the quote, when one is named and it is the wallet's
-    policies: list[PolicyBundle]  # every enabled policy on the wallet's line, oldest first
+    verdict: PolicyVerdict  # permits_policy_verdict of the wallet's line for this tool, price and permit
     policies_version: str  # permits_policies_version of the wallet's line
     cached: bool = False  # from the process's cache: the claim compares what can have changed
+
+
+_VERDICT = policy_verdict_sql(
+    tool="t.service_id",
+    server="s.slug",
+    category="t.category",
+    amount="coalesce(q.quoted_credits, pr.credits)",
+    permit="p.signed_statement",
+)
 
 
 @functools.cache
@@ -38,11 +47,15 @@ def _lookup_sql() -> str:
     # Column names come from the models' metadata, never from input.
     return (
         f"SELECT {fastsql.columns(Action, 'a')}, t.service_id, gateway_tool_version(t.service_id), "  # noqa: S608
-        f"pr.credits, {fastsql.columns(Permit, 'p')}, {fastsql.columns(Quote, 'q')}, ({POLICIES_JSON_SQL}), "
+        f"pr.credits, {fastsql.columns(Permit, 'p')}, {fastsql.columns(Quote, 'q')}, "
+        # The policy verdict at the price the call is decided at: the quote's when it names one (a quote of
+        # another tool or wallet is refused before the verdict is read), else the tool's list price.
+        f"({_VERDICT}), "
         "permits_policies_version(%s) "
         "FROM (SELECT 1) AS one "
         "LEFT JOIN mcpgateway_action a ON a.wallet_id = %s AND a.idempotency_key = %s "
         "LEFT JOIN mcpgateway_tool t ON t.service_id = %s "
+        "LEFT JOIN mcpgateway_upstream_server s ON s.server_id = t.server_id "
         "LEFT JOIN billing_tool_price pr ON pr.tool = t.service_id "
         "LEFT JOIN permits_permit p ON p.permit_id = %s AND p.wallet_id = %s "
         "LEFT JOIN permits_quote q ON q.quote_id = %s AND q.wallet_id = %s"
@@ -51,13 +64,15 @@ def _lookup_sql() -> str:
 
 def _lookup(req: CallRequest) -> _Found:
     """One round trip, in autocommit: the action of the key, the tool with its price, the permit, the quote
-    and the policies. Nothing is locked: phase 1's claim re-checks under its locks whatever can change."""
+    and the policy verdict for the call (``permits_policy_verdict``). Nothing is locked: phase 1's claim
+    re-checks under its locks whatever can change."""
     wallet = req.principal.key.wallet
     assert wallet is not None
     wallet_id, ancestry = wallet.wallet_id, wallet.ancestry
     key, name, permit_id, quote_id = req.idempotency_key, req.tool, req.permit_id, req.quote_id
     row = fastsql.fetch_row(
-        _lookup_sql(), [ancestry, ancestry, wallet_id, key, name, permit_id, wallet_id, quote_id, wallet_id]
+        _lookup_sql(),
+        [wallet.tenant_id, ancestry, ancestry, wallet_id, key, name, permit_id, wallet_id, quote_id, wallet_id],
     )
     assert row is not None
     widths = [fastsql.width(Action), 2, 1, fastsql.width(Permit), fastsql.width(Quote)]
@@ -73,13 +88,14 @@ def _lookup(req: CallRequest) -> _Found:
         price=price_row[0],
         permit=fastsql.instance(Permit, permit_row) if permit_row[0] is not None else None,
         quote=fastsql.instance(Quote, quote_row) if quote_row[0] is not None else None,
-        policies=policies_from_json(row[at]),
+        verdict=policy_verdict_from_json(row[at]),
         policies_version=row[at + 1],
     )
 
 
 # What a call needs beyond its own action, cached per process once a call has been claimed on it: a tool's
-# list price, a permit whose signed statement verified, the policies of a wallet's line with their version.
+# list price, a permit whose signed statement verified, the policy verdict of a wallet's line for a tool
+# (at that list price, under that permit) with the policies' version.
 # A call that finds all of them here is decided without the lookup; its claim compares the tool's version,
 # the price and the policies' version, and the reservation requires the permit row to still carry every
 # signed column and the signature, so nothing cached can authorize what the rows no longer allow (``_Stale``:
@@ -89,7 +105,11 @@ def _lookup(req: CallRequest) -> _Found:
 CACHE_LIMIT = 10_000  # entries per cache; past it the oldest entry goes (common.cache)
 _prices: BoundedCache[str, Decimal] = BoundedCache("gateway.prices", max_entries=CACHE_LIMIT)
 _permits: BoundedCache[str, Permit] = BoundedCache("gateway.permits", max_entries=CACHE_LIMIT)
-_policies: BoundedCache[str, tuple[str, list[PolicyBundle]]] = BoundedCache("gateway.policies", max_entries=CACHE_LIMIT)
+# (wallet, tool, permit) -> (permits_policies_version, the verdict): the claim compares the version, the tool's
+# and the price, and the reservation the permit's signature (the statement the verdict read)
+_verdicts: BoundedCache[tuple[str, str, str], tuple[str, PolicyVerdict]] = BoundedCache(
+    "gateway.verdicts", max_entries=CACHE_LIMIT
+)
 
 
 class _Stale(Exception):
@@ -102,8 +122,8 @@ def _cached(req: CallRequest) -> _Found | None:
     if wallet is None or req.quote_id:
         return None
     tool, price = _registered.get(req.tool), _prices.get(req.tool)
-    permit, policies = _permits.get(req.permit_id), _policies.get(wallet.wallet_id)
-    if tool is None or price is None or permit is None or policies is None or not tool_is_callable(tool.tool):
+    permit, verdict = _permits.get(req.permit_id), _verdicts.get((wallet.wallet_id, req.tool, req.permit_id))
+    if tool is None or price is None or permit is None or verdict is None or not tool_is_callable(tool.tool):
         return None
     return _Found(
         action=None,
@@ -111,8 +131,8 @@ def _cached(req: CallRequest) -> _Found | None:
         price=price,
         permit=permit,
         quote=None,
-        policies=policies[1],
-        policies_version=policies[0],
+        verdict=verdict[1],
+        policies_version=verdict[0],
         cached=True,
     )
 
@@ -124,4 +144,4 @@ def _remember(req: CallRequest, found: _Found) -> None:
         return
     _prices.set(req.tool, found.price)
     _permits.set(req.permit_id, found.permit)
-    _policies.set(wallet.wallet_id, (found.policies_version, found.policies))
+    _verdicts.set((wallet.wallet_id, req.tool, req.permit_id), (found.policies_version, found.verdict))

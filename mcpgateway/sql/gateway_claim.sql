@@ -1,7 +1,7 @@
 -- gateway_claim: phase 1 of the governed call after authorization, in one statement.
 --
 -- The caller (mcpgateway.services.claim._phase1) has read the permit, the quote and the
--- policies, verified the signed statements and decided the authorization; what
+-- policies' verdict (permits_policy_verdict), verified the signed statements and decided the authorization; what
 -- moves money and claims the dispatch is this one call, sent in autocommit: the
 -- statement is its own transaction, so nothing is held across a round trip and
 -- every lock is released when PostgreSQL commits it. In the lock order of every
@@ -16,7 +16,7 @@
 -- 3. the debit, when the call has a price (billing_debit_in: the agent ancestors, the
 --    refill parent, the wallet; every spend rule);
 -- 3a. the daily caps of the policies that allowed the call (p_caps: each policy, the wallet whose spend
---    today it caps, the cap; permits.services.authorization.daily_cap_wallet), checked again after
+--    today it caps, the cap; permits_policy_verdict's cap rows), checked once, after
 --    the debit: that wallet is the charged wallet or one of its agent ancestors, all locked by
 --    billing_debit and all counting the debit in their spend bucket, so concurrent calls cannot
 --    pass a cap together (billing_daily_cap_over; 'policy_daily_cap', the policy as subject_id, the
@@ -54,8 +54,9 @@
 -- and the answer's columns as JSON in DETAIL (codes: 'stale', the debit's refusals,
 -- 'quote_unavailable', 'policy_daily_cap', 'permit_refused'), so the statement, and with it everything
 -- written before the refusal, is rolled back; the caller maps the code to its
--- exception (billing.refusals, the one map of refusal codes) and records the denial in a transaction
--- of its own.
+-- exception (common.refusals, the one map of refusal codes, into which billing and permits register
+-- theirs; 'stale' and 'rate_limited' are not refusals: the caller decides again on fresh rows) and
+-- records the denial in a transaction of its own.
 -- Database functions are called as assignments (``x := f(...)``), not with PERFORM or SELECT INTO:
 -- see billing/sql/billing_charge.sql.
 CREATE OR REPLACE FUNCTION gateway_claim(

@@ -1,6 +1,8 @@
-"""Authorization: ``authorize`` checks a call against the permit and every enabled policy on the
-wallet's line, and ``POLICIES_JSON_SQL`` / ``policies_from_json`` read those policies alongside
-other rows. A pure read: the gateway runs it in its own phase-1 transaction and records the decision.
+"""Authorization: ``authorize`` checks a call against the permit and the policy verdict of the wallet's
+line. The policy bundles' rules are judged once, in PostgreSQL (``permits_policy_verdict``,
+permits/sql/permits_policy_verdict.sql): ``policy_verdict_sql`` reads the verdict alongside other rows
+(the governed call's lookup) and ``policy_verdict_from_json`` reads it back; Python only turns it into
+the refusal. A pure read: the gateway runs it in its own phase-1 transaction and records the decision.
 """
 
 from __future__ import annotations
@@ -15,57 +17,82 @@ from django.utils import timezone
 
 from billing.exceptions import money
 from billing.models import Wallet
-from billing.selectors import spend_windows
 from common import fastsql
 from common.ids import new_id
 from common.records import record_json
 from permits import exceptions as exc
-from permits.models import Permit, PermitStatus, PolicyBundle
+from permits.models import Permit, PermitStatus
 from permits.services.permits import permit_statement_problem
 
 WILDCARD = "*"
 
 
-# Every enabled policy on a wallet's line (its path: ``%s``), oldest first, as one JSON array of the
-# fields authorization reads; amounts as strings. For statements that read the policies alongside
-# other rows (the governed call's acceptance); ``policies_from_json`` reads it back.
-POLICIES_JSON_SQL = (
-    "SELECT coalesce(jsonb_agg(jsonb_build_object("
-    "'policy_id', b.policy_id, 'wallet_id', b.wallet_id, 'allowed_tools', b.allowed_tools, "
-    "'denied_tools', b.denied_tools, "
-    "'max_credits_per_call', b.max_credits_per_call::text, 'max_daily_credits', b.max_daily_credits::text, "
-    "'allowed_categories', b.allowed_categories, 'human_approval_required', b.human_approval_required) "
-    "ORDER BY b.created_at), '[]'::jsonb) "
-    "FROM permits_policy_bundle b WHERE b.wallet_id = ANY(%s) AND b.enabled"
-)
+def policy_verdict_sql(*, tool: str, server: str, category: str, amount: str, permit: str) -> str:
+    """A scalar subquery: ``permits_policy_verdict`` of the wallet's line as one JSON array, in its order.
 
-
-def policies_from_json(text: str | list[Any]) -> list[PolicyBundle]:
-    """The policies of ``POLICIES_JSON_SQL``'s answer, with the fields ``authorize`` reads."""
-    rows = json.loads(text) if isinstance(text, str) else text
-    return [
-        PolicyBundle(
-            policy_id=row["policy_id"],
-            wallet_id=row["wallet_id"],
-            allowed_tools=row["allowed_tools"],
-            denied_tools=row["denied_tools"],
-            max_credits_per_call=Decimal(row["max_credits_per_call"]) if row["max_credits_per_call"] else None,
-            max_daily_credits=Decimal(row["max_daily_credits"]) if row["max_daily_credits"] else None,
-            allowed_categories=row["allowed_categories"],
-            human_approval_required=bool(row.get("human_approval_required")),
-        )
-        for row in rows
-    ]
+    Its first two parameters (``%s``) are the tenant and the wallet's path; ``tool``, ``server`` (the
+    tool's upstream server's slug), ``category``, ``amount`` and ``permit`` (the permit's signed
+    statement, jsonb) are SQL expressions (``%s`` too, or
+    columns of the statement it sits in, as the governed call's lookup passes the tool's). Caps as
+    strings; ``policy_verdict_from_json`` reads it back.
+    """
+    return (  # the expressions are the caller's SQL, never input
+        "SELECT coalesce(jsonb_agg(jsonb_build_object('policy_id', v.policy_id, 'rule', v.rule, "  # noqa: S608
+        "'cap_wallet_id', v.cap_wallet_id, 'cap', v.cap::text) ORDER BY v.n), '[]'::jsonb) "
+        f"FROM permits_policy_verdict(%s, %s, {tool}, {server}, {category}, {amount}, {permit}) "
+        "WITH ORDINALITY AS v(policy_id, rule, cap_wallet_id, cap, n)"
+    )
 
 
 @dataclass(frozen=True)
 class DailyCap:
-    """A policy's ``max_daily_credits`` as the claim checks it again under its locks: the policy, the wallet
-    whose spend today it caps (``daily_cap_wallet``) and the cap."""
+    """A policy's ``max_daily_credits`` as the claim checks it under its locks: the policy, the wallet
+    whose spend today it caps (``permits_policy_verdict``'s cap_wallet_id) and the cap."""
 
     policy_id: str
     wallet_id: str
     limit: Decimal
+
+
+@dataclass(frozen=True)
+class PolicyVerdict:
+    """``permits_policy_verdict``'s answer: the rule that refuses the call (the first one, its policy and
+    its limit), or the daily caps the claim checks after its debit."""
+
+    refused_by: tuple[str, str, Decimal | None] | None = None  # (policy_id, rule, limit)
+    daily_caps: tuple[DailyCap, ...] = ()
+
+
+def policy_verdict_from_json(text: str | list[Any]) -> PolicyVerdict:
+    """The verdict of ``policy_verdict_sql``'s answer (JSON text or the decoded array)."""
+    rows = json.loads(text) if isinstance(text, str) else text
+    caps = []
+    for row in rows:
+        cap = Decimal(row["cap"]) if row["cap"] is not None else None
+        if row["rule"] != "max_daily_credits":  # the refusing rows come first
+            return PolicyVerdict(refused_by=(row["policy_id"], row["rule"], cap))
+        assert cap is not None
+        caps.append(DailyCap(row["policy_id"], row["cap_wallet_id"], cap))
+    return PolicyVerdict(daily_caps=tuple(caps))
+
+
+def policy_verdict_read(
+    *,
+    wallet: Wallet,
+    tool: str,
+    category: str | None,
+    amount: Decimal,
+    server: str | None = None,
+    permit: Permit | None = None,
+) -> PolicyVerdict:
+    """The policy verdict of a call of ``tool`` (of the upstream server ``server``, a slug; None: a tool
+    of no server) at ``amount`` by ``wallet`` under ``permit`` (its signed statement), in one statement."""
+    statement = record_json(permit.signed_statement) if permit is not None else None
+    row = fastsql.fetch_row(
+        policy_verdict_sql(tool="%s", server="%s", category="%s", amount="%s", permit="%s::jsonb"),
+        [wallet.tenant_id, wallet.ancestry, tool, server, category, amount, statement],
+    )
+    return policy_verdict_from_json(row[0] if row is not None else "[]")
 
 
 def daily_caps_record(caps: list[DailyCap]) -> str | None:
@@ -84,25 +111,7 @@ class Decision:
     policy_decision_id: str
     allowed: bool
     refusal: exc.PermitDenied | None = None
-    policies: list[str] = field(default_factory=list)
     daily_caps: list[DailyCap] = field(default_factory=list)
-
-
-def daily_cap_wallet(policy_wallet_id: str, wallet: Wallet) -> str:
-    """The wallet whose spend today a policy's ``max_daily_credits`` caps for a call of ``wallet``.
-
-    A policy binds its wallet's whole subtree, so its cap counts the subtree's spend, not the calling
-    wallet's alone (else an agent under a capped policy would multiply the cap by creating children).
-    A policy on an agent: that agent's spend, which counts everything below it. A policy on the
-    sponsor: the spend of the agent line the call comes from (the sponsor's agent on the caller's
-    path), so the sponsor's cap holds for each agent it funds with everything that agent creates;
-    an agent cannot add lines, since wallets it creates sit below it. Either wallet is one the debit
-    locks (``billing_debit``: the agent ancestors and the wallet), so the claim's check is exact.
-    """
-    ancestry = wallet.ancestry
-    if policy_wallet_id == ancestry[0] and len(ancestry) > 1:
-        return ancestry[1]
-    return policy_wallet_id
 
 
 def tool_allowed(patterns: list[str], tool: str) -> bool:
@@ -123,23 +132,26 @@ def authorize(
     tool: str,
     price: Decimal,
     category: str | None = None,
+    server: str | None = None,
     now: datetime | None = None,
     verify_signature: bool = True,
-    policies: list[PolicyBundle] | None = None,
+    verdict: PolicyVerdict | None = None,
 ) -> Decision:
-    """Evaluate the permit and every enabled policy on the wallet and its ancestors.
+    """Check the permit, then the policy verdict of the wallet's line (``permits_policy_verdict``).
 
-    Pure read; the caller records the decision (its ``policy_decision_id``) on
-    the audit event and raises ``decision.refusal`` when not allowed. ``policies``:
-    the enabled policies of the wallet's line, oldest first, when the caller read
-    them already (``POLICIES_JSON_SQL``); else they are read here.
+    Pure read; the caller records the decision (its ``policy_decision_id``) on the audit event and
+    raises ``decision.refusal`` when not allowed. ``server``: the slug of the tool's upstream server
+    (None: a tool of no server, which a permit naming servers does not cover). ``verdict``: the verdict
+    for this tool, server, category and price when the caller read it already (``policy_verdict_sql``);
+    else it is read here. The policies' daily caps are not judged here: ``decision.daily_caps`` go to
+    the claim, which checks them after its debit under the wallets' locks.
     """
     now = now or timezone.now()
     decision_id = new_id("pdec")
 
-    def deny(err: exc.PermitDenied, policies: list[str] | None = None) -> Decision:
+    def deny(err: exc.PermitDenied) -> Decision:
         err.extra.setdefault("policy_decision_id", decision_id)
-        return Decision(decision_id, False, err, policies or [])
+        return Decision(decision_id, False, err)
 
     if verify_signature:
         # Every column read below must be what was signed (a column edited after signing is tampering).
@@ -159,66 +171,43 @@ def authorize(
         return deny(exc.PermitExhausted(permit_id=permit.permit_id, required=money(price)))
     if not tool_allowed(list(permit.allowed_tools), tool):
         return deny(exc.ToolNotPermitted(permit_id=permit.permit_id, tool=tool))
+    if permit.allowed_servers is not None and server not in permit.allowed_servers:
+        return deny(exc.ServerNotPermitted(permit_id=permit.permit_id, tool=tool, server=server))
 
-    if policies is None:
-        row = fastsql.fetch_row(POLICIES_JSON_SQL, [wallet.ancestry])
-        policies = policies_from_json(row[0] if row is not None else "[]")
-    applied = [p.policy_id for p in policies]
-    statement = permit.signed_statement
-    for policy in policies:
-        # A permit of a wallet's key under human approval: none can be issued now and the policy revoked
-        # those it found; one still here (its row edited) is refused. Read from the signed statement
-        # (verified above, or when the permit was cached), whose approval permit_statement_problem
-        # checked: the issuer and the approval it names, never issued_via_request_id.
-        if (
-            policy.human_approval_required
-            and statement.get("issuer_wallet_id") is not None
-            and statement.get("approval") is None
-        ):
-            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="human_approval_required"), applied)
-    caps = [
-        DailyCap(p.policy_id, daily_cap_wallet(p.wallet_id, wallet), p.max_daily_credits)
-        for p in policies
-        if p.max_daily_credits is not None
-    ]
-    spent_today = spend_windows(sorted({cap.wallet_id for cap in caps}), now=now) if caps else {}
-    for policy in policies:
-        if tool in (policy.denied_tools or []) or tool_allowed(
-            [t for t in (policy.denied_tools or []) if t.endswith("*")], tool
-        ):
-            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="denied_tools", tool=tool), applied)
-        if policy.allowed_tools is not None and not tool_allowed(list(policy.allowed_tools), tool):
-            return deny(exc.PolicyDenied(policy_id=policy.policy_id, rule="allowed_tools", tool=tool), applied)
-        if policy.max_credits_per_call is not None and price > policy.max_credits_per_call:
-            return deny(
-                exc.PolicyDenied(
-                    policy_id=policy.policy_id,
-                    rule="max_credits_per_call",
-                    limit=money(policy.max_credits_per_call),
-                    required=money(price),
-                ),
-                applied,
-            )
-        if policy.allowed_categories is not None and category not in policy.allowed_categories:
-            return deny(
-                exc.PolicyDenied(policy_id=policy.policy_id, rule="allowed_categories", category=category),
-                applied,
-            )
-        if policy.max_daily_credits is not None:
-            measured = daily_cap_wallet(policy.wallet_id, wallet)
-            daily_spent = spent_today[measured].today
-            if daily_spent + price > policy.max_daily_credits:
-                return deny(
-                    policy_daily_cap_refusal(
-                        policy_id=policy.policy_id,
-                        limit=policy.max_daily_credits,
-                        # An ancestor line's spend counts the caller's siblings: not the caller's to read.
-                        spent=daily_spent if measured == wallet.wallet_id else None,
-                        price=price,
-                    ),
-                    applied,
-                )
-    return Decision(decision_id, True, None, applied, caps)
+    if verdict is None:
+        verdict = policy_verdict_read(
+            wallet=wallet, tool=tool, server=server, category=category, amount=price, permit=permit
+        )
+    if verdict.refused_by is not None:
+        policy_id, rule, limit = verdict.refused_by
+        refusal = policy_rule_refusal(
+            policy_id=policy_id, rule=rule, limit=limit, tool=tool, server=server, category=category, price=price
+        )
+        return deny(refusal)
+    return Decision(decision_id, True, None, list(verdict.daily_caps))
+
+
+def policy_rule_refusal(
+    *,
+    policy_id: str,
+    rule: str,
+    limit: Decimal | None,
+    tool: str,
+    server: str | None,
+    category: str | None,
+    price: Decimal,
+) -> exc.PolicyDenied:
+    """The refusal of a call by the rule ``permits_policy_verdict`` names (all but the daily cap)."""
+    if rule == "max_credits_per_call":
+        assert limit is not None
+        return exc.PolicyDenied(policy_id=policy_id, rule=rule, limit=money(limit), required=money(price))
+    if rule == "allowed_categories":
+        return exc.PolicyDenied(policy_id=policy_id, rule=rule, category=category)
+    if rule == "allowed_servers":
+        return exc.PolicyDenied(policy_id=policy_id, rule=rule, tool=tool, server=server)
+    if rule == "human_approval_required":
+        return exc.PolicyDenied(policy_id=policy_id, rule=rule)
+    return exc.PolicyDenied(policy_id=policy_id, rule=rule, tool=tool)  # denied_tools, allowed_tools
 
 
 def policy_daily_cap_refusal(

@@ -32,7 +32,7 @@ from permits import exceptions as exc
 from permits.models import PermitApproval, PermitRequest, PermitRequestStatus, TenantApprover, TenantNotification
 from permits.services.approval_record import approval_record_sign, approval_reference
 from permits.services.notifications import webhook_queue
-from permits.services.permits import _check_subject_key, _created_before, _mint_permit
+from permits.services.permits import PermitTerms, _check_subject_key, _created_before, _mint_permit
 
 logger = logging.getLogger("tollgate.permits")
 
@@ -263,14 +263,15 @@ def permit_request_decide(
     if approve:
         tenant_root = Wallet.objects.get(wallet_id=preq.tenant_id)
         permit = _mint_permit(
-            wallet=preq.wallet,
-            issuer_wallet=tenant_root,
-            issued_by_key_id="",
-            allowed_tools=list(preq.allowed_tools),
-            max_credits=preq.max_credits,
-            max_calls=preq.max_calls,
-            expires_at=now + timedelta(seconds=preq.permit_ttl_seconds),
-            subject_key_id=preq.subject_key_id,
+            terms=PermitTerms(
+                wallet=preq.wallet,
+                issuer_wallet=tenant_root,
+                allowed_tools=list(preq.allowed_tools),
+                max_credits=preq.max_credits,
+                max_calls=preq.max_calls,
+                expires_at=now + timedelta(seconds=preq.permit_ttl_seconds),
+                subject_key_id=preq.subject_key_id,
+            ),
             via_request_id=preq.request_id,
             approval=sign_approval,
             now=now,

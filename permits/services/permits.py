@@ -46,6 +46,9 @@ def _permit_statement(permit: Permit) -> dict[str, Any]:
         "allowed_tools": list(permit.allowed_tools),
         "max_credits": money(permit.max_credits),
         "max_calls": permit.max_calls,
+        # The upstream servers it covers (null: any). Permits signed before it lack the key; their column is
+        # null, which is what ``.get`` reads from their statements (as receipts' upstream_server_id).
+        "allowed_servers": permit.allowed_servers,
         "created_at": iso_utc(permit.created_at),
         "expires_at": iso_utc(permit.expires_at),
     }
@@ -58,6 +61,7 @@ PERMIT_SIGNED_FIELDS = (
     "wallet_id",
     "subject_key_id",
     "allowed_tools",
+    "allowed_servers",
     "max_credits",
     "max_calls",
     "expires_at",
@@ -110,16 +114,26 @@ class PermitIssue:
     replayed: bool
 
 
+@dataclass(frozen=True)
+class PermitTerms:
+    """What a permit grants, to whom and from whom: the terms ``permit_issue`` and an approved request mint
+    and sign. ``issuer_wallet`` None: the operator (or the gateway, for an approved request);
+    ``issued_by_key_id``: the issuing key, empty for the operator; ``allowed_servers`` None: any server."""
+
+    wallet: Wallet
+    issuer_wallet: Wallet | None
+    allowed_tools: list[str]
+    max_credits: Decimal
+    max_calls: int | None
+    expires_at: datetime
+    subject_key_id: str | None = None
+    allowed_servers: list[str] | None = None
+    issued_by_key_id: str = ""
+
+
 def _mint_permit(
     *,
-    wallet: Wallet,
-    issuer_wallet: Wallet | None,
-    issued_by_key_id: str,
-    allowed_tools: list[str],
-    max_credits: Decimal,
-    max_calls: int | None,
-    expires_at: datetime,
-    subject_key_id: str | None,
+    terms: PermitTerms,
     idempotency_scope: str = "",
     idempotency_key: str = "",
     request_hash: str = "",
@@ -137,16 +151,17 @@ def _mint_permit(
     now = now or timezone.now()
     permit = Permit(
         permit_id=new_id("pmt"),
-        tenant_id=wallet.tenant_id,
-        wallet=wallet,
-        issuer_wallet=issuer_wallet,
-        issued_by_key_id=issued_by_key_id,
+        tenant_id=terms.wallet.tenant_id,
+        wallet=terms.wallet,
+        issuer_wallet=terms.issuer_wallet,
+        issued_by_key_id=terms.issued_by_key_id,
         issued_via_request_id=via_request_id,
-        subject_key_id=subject_key_id,
-        allowed_tools=sorted(set(allowed_tools)),
-        max_credits=max_credits,
-        max_calls=max_calls,
-        expires_at=expires_at,
+        subject_key_id=terms.subject_key_id,
+        allowed_tools=sorted(set(terms.allowed_tools)),
+        allowed_servers=sorted(set(terms.allowed_servers)) if terms.allowed_servers is not None else None,
+        max_credits=terms.max_credits,
+        max_calls=terms.max_calls,
+        expires_at=terms.expires_at,
         created_at=now,
         idempotency_scope=idempotency_scope,
         idempotency_key=idempotency_key,
@@ -173,27 +188,16 @@ def _check_subject_key(wallet: Wallet, subject_key_id: str | None) -> None:
         )
 
 
-def permit_issue(
-    *,
-    wallet: Wallet,
-    issuer_wallet: Wallet | None,
-    issued_by_key_id: str,
-    allowed_tools: list[str],
-    max_credits: Decimal,
-    max_calls: int | None,
-    expires_at: datetime,
-    subject_key_id: str | None,
-    idempotency_scope: str,
-    idempotency_key: str,
-    request_hash: str,
-) -> PermitIssue:
+def permit_issue(*, terms: PermitTerms, idempotency_scope: str, idempotency_key: str, request_hash: str) -> PermitIssue:
     """Issue a signed permit once per (scope, idempotency key).
 
     The same key with the same request returns the permit issued first
     (``replayed``); with a different request it is the idempotency conflict.
     The issuer must be the subject wallet or above it (the caller checks reach;
-    this re-checks the hierarchy). Operator keys issue with no issuer wallet.
+    this re-checks the hierarchy). Operator keys issue with no issuer wallet. The terms' ``allowed_servers``
+    (the upstream servers whose tools it covers) are signed with the rest.
     """
+    wallet, issuer_wallet, issued_by_key_id = terms.wallet, terms.issuer_wallet, terms.issued_by_key_id
     existing = _created_before(Permit, idempotency_scope, idempotency_key, request_hash)
     if existing is not None:
         return PermitIssue(permit=existing, replayed=True)
@@ -207,16 +211,9 @@ def permit_issue(
                 approval_lock(wallet.tenant_id, shared=True)
                 if human_approval_required(wallet):
                     raise exc.HumanApprovalRequired(wallet_id=wallet.wallet_id)
-            _check_subject_key(wallet, subject_key_id)
+            _check_subject_key(wallet, terms.subject_key_id)
             permit = _mint_permit(
-                wallet=wallet,
-                issuer_wallet=issuer_wallet,
-                issued_by_key_id=issued_by_key_id,
-                allowed_tools=allowed_tools,
-                max_credits=max_credits,
-                max_calls=max_calls,
-                expires_at=expires_at,
-                subject_key_id=subject_key_id,
+                terms=terms,
                 idempotency_scope=idempotency_scope,
                 idempotency_key=idempotency_key,
                 request_hash=request_hash,
@@ -231,6 +228,7 @@ def permit_issue(
                 detail={
                     "permit_id": permit.permit_id,
                     "allowed_tools": permit.allowed_tools,
+                    **({"allowed_servers": permit.allowed_servers} if permit.allowed_servers is not None else {}),
                     "max_credits": money(permit.max_credits),
                 },
             )

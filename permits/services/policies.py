@@ -36,21 +36,9 @@ from permits.exceptions import (
     ProposalNotFound,
     ProposalStale,
 )
-from permits.models import PolicyBundle, PolicyChangeProposal, ProposalStatus
+from permits.models import POLICY_FIELDS, PolicyBundle, PolicyChangeProposal, ProposalStatus
 from permits.selectors import check_policy_level
 from permits.services.approval import approval_lock, requires_approval, revoke_unapproved
-
-POLICY_FIELDS = (
-    "name",
-    "enabled",
-    "allowed_tools",
-    "denied_tools",
-    "max_credits_per_call",
-    "max_daily_credits",
-    "allowed_categories",
-    "human_approval_required",
-)
-
 
 # The limits of the API's fields (``permits.serializers.PolicyRules``): a tool name or pattern is
 # 1 to 200 characters; an amount has at most 8 decimal places and 12 whole digits (numeric(20, 8)).
@@ -144,6 +132,8 @@ def policy_rules_problems(rules: Mapping[str, Any]) -> list[dict[str, Any]]:
                 for index, category in enumerate(categories)
                 if category not in known
             ]
+    if "allowed_servers" in rules:
+        problems += _list_problems(rules["allowed_servers"], "allowed_servers", nullable=True, item="server slug")
     for name in ("max_credits_per_call", "max_daily_credits"):
         if name in rules:
             problems += _credits_problems(rules[name], name)
@@ -234,8 +224,8 @@ def approval_relaxation(before: Mapping[str, Any] | None, after: Mapping[str, An
 
     - stops requiring it: ``human_approval_required`` off, or the policy disabled;
     - raises its threshold: a higher ``max_credits_per_call`` or ``max_daily_credits``, or one removed;
-    - widens its tools or categories: ``allowed_tools`` or ``allowed_categories`` gaining a name or
-      removed (null: any), ``denied_tools`` losing a name.
+    - widens its tools, categories or servers: ``allowed_tools``, ``allowed_categories`` or
+      ``allowed_servers`` gaining a name or removed (null: any), ``denied_tools`` losing a name.
 
     Those are the names returned. A policy that does not require approval before the change relaxes
     nothing (turning approval on, and any change made together with it, tightens). A new policy never
@@ -259,7 +249,7 @@ def approval_relaxation(before: Mapping[str, Any] | None, after: Mapping[str, An
         old, new = before.get(name), after.get(name)
         if old is not None and (new is None or Decimal(str(new)) > Decimal(str(old))):
             relaxed.append(name)
-    for name in ("allowed_tools", "allowed_categories"):
+    for name in ("allowed_tools", "allowed_categories", "allowed_servers"):
         old, new = before.get(name), after.get(name)
         if old is not None and (new is None or not set(new) <= set(old)):
             relaxed.append(name)

@@ -23,7 +23,7 @@ from billing.selectors import tool_price
 from billing.services import tool_price_set, wallet_create_agent, wallet_create_sponsor
 from common.ids import new_id
 from mcpgateway.models import Tool
-from permits.services import permit_issue
+from permits.services import PermitTerms, permit_issue
 
 DEMO_PRICES = {
     "notes.append": Decimal("0.5"),
@@ -64,14 +64,14 @@ class Command(BaseCommand):
         agent = wallet_create_agent(parent=sponsor, name="demo agent", initial_balance=Decimal("100"))
         issued = api_key_create(wallet=agent, name="demo agent key")
         permit = permit_issue(
-            wallet=agent,
-            issuer_wallet=sponsor,
-            issued_by_key_id="",
-            allowed_tools=sorted(DEMO_PRICES),
-            max_credits=Decimal("50"),
-            max_calls=None,
-            expires_at=timezone.now() + timedelta(days=30),
-            subject_key_id=None,
+            terms=PermitTerms(
+                wallet=agent,
+                issuer_wallet=sponsor,
+                allowed_tools=sorted(DEMO_PRICES),
+                max_credits=Decimal("50"),
+                max_calls=None,
+                expires_at=timezone.now() + timedelta(days=30),
+            ),
             idempotency_scope=sponsor.wallet_id,
             idempotency_key=new_id("demo"),
             request_hash="demo",

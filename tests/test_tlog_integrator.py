@@ -1,0 +1,275 @@
+"""The integrator under concurrency, and the witnesses (docs/audit-chain.md, "The transparency log").
+
+Integrators race on one tenant's log while statements keep arriving: never two leaves at one index,
+never a gap, every statement once, and the tree head equal to the RFC 9162 root of the leaves. The
+integrator posts each checkpoint to a real ``tollgate-witness`` and serves its cosignature; the
+witness refuses a rewritten log and a rolled-back one, and the verifier names every attack.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.db import connection, connections
+from django.utils import timezone
+from tollgate_client.tlog import TlogProof
+from tollgate_client.tlog.policy import Policy, TransparencyVerdict, verify_checkpoint_note, verify_transparency
+from tollgate_client.witness import Witness, load_config, make_server
+
+from common.cache import clear_all
+from common.canonical import b64url_encode
+from tests.factories import make_sponsor
+from tests.test_tlog_log import rfc_root
+from tlog.keys import log_signer, log_verifiers, origin_of
+from tlog.lib import checkpoint, merkle
+from tlog.management.commands.tlog_integrate import integrate_pass
+from tlog.models import Leaf, Log, PendingLeaf
+from tlog.selectors import stored_hash_reader
+from tlog.services import tlog_integrate
+from tlog.witnesses import tlog_witnesses_cosign
+
+
+def _pending(tenant_id: str, prefix: str, count: int) -> None:
+    PendingLeaf.objects.bulk_create(
+        PendingLeaf(
+            tenant_id=tenant_id,
+            kind="audit_checkpoint",
+            statement_id=f"{prefix}_{i}",
+            leaf=f"{prefix}:{i}".encode(),
+            created_at=timezone.now(),
+        )
+        for i in range(count)
+    )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_racing_integrators_never_share_an_index_nor_skip_one() -> None:
+    tenant_id = make_sponsor("race").tenant_id
+    writers, integrators, per_writer = 3, 3, 40
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    sizes: list[int] = []
+
+    def write(n: int) -> None:
+        try:
+            for batch in range(per_writer // 10):
+                _pending(tenant_id, f"w{n}b{batch}", 10)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def integrate() -> None:
+        try:
+            while not stop.is_set():
+                done = tlog_integrate(tenant_id=tenant_id, limit=7)
+                if done is not None:
+                    sizes.append(done.size)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=integrate) for _ in range(integrators)]
+    feeders = [threading.Thread(target=write, args=(n,)) for n in range(writers)]
+    for thread in threads + feeders:
+        thread.start()
+    for thread in feeders:
+        thread.join()
+    while PendingLeaf.objects.filter(tenant_id=tenant_id).exists() and not errors:
+        threading.Event().wait(0.05)
+    stop.set()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    rows = list(Leaf.objects.filter(tenant_id=tenant_id).order_by("idx").values_list("idx", "statement_id", "leaf"))
+    # The sponsor's creation was audited: its event is a leaf too, beside the 120 written here.
+    assert [idx for idx, _, _ in rows] == list(range(len(rows)))
+    written = {f"w{n}b{b}_{i}" for n in range(writers) for b in range(per_writer // 10) for i in range(10)}
+    assert written <= {sid for _, sid, _ in rows}
+    assert (
+        len(rows)
+        == len({sid for _, sid, _ in rows})
+        == len(written) + Leaf.objects.filter(tenant_id=tenant_id, kind="audit_event").count()
+    )
+    assert len(sizes) == len(set(sizes))  # each checkpoint size signed once
+    log = Log.objects.get(tenant_id=tenant_id)
+    assert log.size == len(rows)
+    assert bytes(log.root_hash) == rfc_root([merkle.leaf_hash(bytes(leaf)) for _, _, leaf in rows])
+    assert checkpoint.Checkpoint.from_note(log.checkpoint).size == log.size
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*), count(DISTINCT (level, idx)) FROM tlog_tree_hash WHERE tenant_id = %s", [tenant_id]
+        )
+        total, distinct = cursor.fetchone()
+    assert total == distinct
+
+
+# --- Witnesses and attacks through the gateway's own data -------------------------------------------
+
+
+@pytest.fixture
+def witness(tmp_path: Path, settings: Any) -> Iterator[tuple[Witness, str]]:
+    """A real ``tollgate-witness`` (the client package's server) on a free port, following the tenant's log,
+    configured as the gateway's one witness; yields it and the tenant it follows."""
+    tenant_id = make_sponsor("witnessed").tenant_id
+    (tmp_path / "witness.json").write_text(
+        json.dumps({"name": "witness.test/w1", "logs": [str(log_signer(tenant_id).verifier)]})
+    )
+    server_witness = load_config(tmp_path / "witness.json")
+    server = make_server(server_witness, "127.0.0.1", 0)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    settings.TLOG_WITNESSES = [
+        {
+            "name": "witness.test/w1",
+            "key": server_witness.verifier_key,
+            "url": f"http://127.0.0.1:{server.server_address[1]}",
+        }
+    ]
+    try:
+        yield server_witness, tenant_id
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _policy(tenant_id: str, witness: Witness, quorum: int = 1) -> Policy:
+    return Policy.from_json(
+        {
+            "format": "tollgate.tlog-policy/v1",
+            "logs": [str(v) for v in log_verifiers(tenant_id)],
+            "witnesses": [witness.verifier_key],
+            "quorum": quorum,
+        }
+    )
+
+
+def _rebuild(tenant_id: str, leaves: list[bytes]) -> None:
+    """The operator rewrites history: the tenant's log emptied and rebuilt from ``leaves`` (signed with the log key)."""
+    with connection.cursor() as cursor:
+        for table in ("tlog_leaf", "tlog_tree_hash", "tlog_log", "tlog_pending_leaf"):
+            cursor.execute(f"DELETE FROM {table} WHERE tenant_id = %s", [tenant_id])
+    PendingLeaf.objects.bulk_create(
+        PendingLeaf(
+            tenant_id=tenant_id, kind="audit_checkpoint", statement_id=f"r_{i}", leaf=leaf, created_at=timezone.now()
+        )
+        for i, leaf in enumerate(leaves)
+    )
+
+
+def _stored_leaves(tenant_id: str) -> list[bytes]:
+    return [bytes(b) for b in Leaf.objects.filter(tenant_id=tenant_id).order_by("idx").values_list("leaf", flat=True)]
+
+
+@pytest.mark.django_db
+def test_the_witness_cosigns_each_checkpoint_and_the_cosignature_is_served(witness, anon_client) -> None:
+    server_witness, tenant_id = witness
+    _pending(tenant_id, "a", 5)
+    assert integrate_pass() >= 5
+    first = anon_client.get(f"/tlog/{tenant_id}/checkpoint").content.decode()
+    checked = verify_checkpoint_note(first, _policy(tenant_id, server_witness))
+    assert not isinstance(checked, TransparencyVerdict), checked
+    assert checked[1] == ("witness.test/w1",)
+    _pending(tenant_id, "b", 9)
+    integrate_pass()  # old size and a consistency proof: the witness accepts the extension
+    latest = anon_client.get(f"/tlog/{tenant_id}/checkpoint").content.decode()
+    checked = verify_checkpoint_note(latest, _policy(tenant_id, server_witness))
+    assert not isinstance(checked, TransparencyVerdict), checked
+    assert server_witness.latest(origin_of(tenant_id)) == (checked[0].size, checked[0].root_hash)
+    # A proof served now carries the witness's cosignature: a quorum-1 verifier accepts it.
+    proof = anon_client.get(f"/tlog/{tenant_id}/proof/b_3").content.decode()
+    transparency = {"leaf_index": TlogProof.parse(proof).index, "proof": proof}
+    verdict = verify_transparency(transparency, b"b:3", _policy(tenant_id, server_witness), tenant=tenant_id)
+    assert verdict.status == "verified", verdict
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("attack", ["rewritten_leaf", "deleted_leaf", "rollback", "fork_at_same_size"])
+def test_the_witness_refuses_a_rewritten_log_and_the_verifier_names_the_failure(witness, attack) -> None:
+    server_witness, tenant_id = witness
+    _pending(tenant_id, "a", 12)
+    integrate_pass()
+    honest = Log.objects.get(tenant_id=tenant_id)
+    leaves = _stored_leaves(tenant_id)
+    held = server_witness.latest(origin_of(tenant_id))
+    assert held == (honest.size, bytes(honest.root_hash))
+    honest_path = tuple(merkle.inclusion_proof(3, honest.size, stored_hash_reader(tenant_id)))
+
+    forged = list(leaves)
+    if attack == "rewritten_leaf":
+        forged[3] = b"a rewritten statement"
+        forged += [b"later 1", b"later 2"]
+    elif attack == "deleted_leaf":
+        del forged[3]
+        forged += [b"later 1", b"later 2", b"later 3"]
+    elif attack == "rollback":
+        forged = forged[:-4]
+    else:
+        forged[-1] = b"another last statement"
+    _rebuild(tenant_id, forged)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    (answer,) = tlog_witnesses_cosign(tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint)
+    expected = {"rewritten_leaf": (422, "inconsistent"), "deleted_leaf": (422, "inconsistent"),
+                "rollback": (409, ""), "fork_at_same_size": (422, "fork")}[attack]  # fmt: skip
+    assert answer.line is None
+    assert answer.status == expected[0], answer
+    assert answer.refusal.startswith(expected[1]), answer
+    # The witness still holds the honest head, and the forged checkpoint carries no cosignature.
+    assert server_witness.latest(origin_of(tenant_id)) == held
+    assert Log.objects.get(tenant_id=tenant_id).cosignatures == ""
+    forged_note = Log.objects.get(tenant_id=tenant_id).checkpoint
+    verdict = verify_checkpoint_note(forged_note, _policy(tenant_id, server_witness))
+    assert isinstance(verdict, TransparencyVerdict)
+    assert verdict.reason == "tlog_cosignature_quorum"
+    # A receipt holder's old proof does not lead to the forged root either (a verifier without witnesses).
+    if attack in ("rewritten_leaf", "deleted_leaf"):
+        stale = TlogProof(3, honest_path, forged_note)
+        verdict = verify_transparency({"leaf_index": 3, "proof": stale.text()}, leaves[3],
+                                      _policy(tenant_id, server_witness, quorum=0), tenant=tenant_id)  # fmt: skip
+        assert verdict.reason == "tlog_inclusion_failed", verdict
+
+
+@pytest.mark.django_db
+def test_a_checkpoint_signed_by_another_key_is_refused_by_witness_and_verifier(witness, settings) -> None:
+    server_witness, tenant_id = witness
+    _pending(tenant_id, "a", 4)
+    integrate_pass()
+    trusted = _policy(tenant_id, server_witness, quorum=0)
+    held = server_witness.latest(origin_of(tenant_id))
+    settings.TLOG_KEY_PRIVATE = b64url_encode(b"\x07" * 32)  # an attacker's (or a stale) key
+    clear_all()
+    _pending(tenant_id, "b", 2)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    (answer,) = tlog_witnesses_cosign(
+        tenant_id=tenant_id, old_size=done.old_size, size=done.size, checkpoint_note=done.checkpoint
+    )
+    assert (answer.status, answer.refusal.split(":")[0]) == (403, "not_signed_by_log")
+    assert server_witness.latest(origin_of(tenant_id)) == held
+    verdict = verify_checkpoint_note(done.checkpoint, trusted)
+    assert isinstance(verdict, TransparencyVerdict)
+    assert verdict.reason == "tlog_checkpoint_not_signed_by_log"
+
+
+@pytest.mark.django_db
+def test_a_proof_from_another_tenants_log_is_refused(anon_client, tenant, other_tenant) -> None:
+    mine, theirs = tenant.sponsor.tenant_id, other_tenant.sponsor.tenant_id
+    _pending(mine, "m", 3)
+    _pending(theirs, "m", 3)  # the same bytes and ids in the other tenant's log
+    tlog_integrate(tenant_id=mine)
+    tlog_integrate(tenant_id=theirs)
+    policy = Policy.from_json(
+        {"format": "tollgate.tlog-policy/v1", "logs": [str(log_verifiers(mine)[0]), str(log_verifiers(theirs)[0])]}
+    )
+    proof = anon_client.get(f"/tlog/{theirs}/proof/m_1").content.decode()
+    transparency = {"leaf_index": TlogProof.parse(proof).index, "proof": proof}
+    assert verify_transparency(transparency, b"m:1", policy, tenant=theirs).status == "verified"
+    verdict = verify_transparency(transparency, b"m:1", policy, tenant=mine)
+    assert verdict.reason == "tlog_other_tenant_log", verdict
