@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("mcpgateway", "0024_upstream_server_state"),
+        ("mcpgateway", "0025_claim_names_the_verdict_and_the_one_map"),
     ]
 
     operations = [
