@@ -265,7 +265,7 @@ def test_the_command_integrates_every_tenant_once(tenant, other_tenant):
 
 
 def test_a_new_kind_is_one_trigger_line(tenant):
-    """A statement table the trigger function does not name (the approval decision, to come) needs only its
+    """A statement table the trigger function does not name (as the approval decision's) needs only its
     trigger: the id is read from the row generically, and a row without a tenant is no leaf."""
     with connection.cursor() as cursor:
         cursor.execute("CREATE TEMP TABLE decisions (approval_id text, tenant_id text)")

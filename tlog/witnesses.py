@@ -104,7 +104,9 @@ def witness_standing_record(*, name: str, answered: bool) -> None:
             cursor.execute(
                 "INSERT INTO tlog_witness_state (name, status, failures, retry_at, updated_at) "
                 "VALUES (%s, %s, 0, NULL, %s) ON CONFLICT (name) DO UPDATE "
-                "SET status = EXCLUDED.status, failures = 0, retry_at = NULL, updated_at = EXCLUDED.updated_at",
+                "SET status = EXCLUDED.status, failures = 0, retry_at = NULL, updated_at = EXCLUDED.updated_at "
+                # Already standing: no new row version for each answer of each tenant's checkpoint.
+                "WHERE tlog_witness_state.status <> EXCLUDED.status OR tlog_witness_state.failures <> 0",
                 [name, WitnessStatus.OK, now],
             )
             return
