@@ -126,6 +126,9 @@ if not isinstance(TLOG_WITNESSES, list) or not all(
     for w in TLOG_WITNESSES
 ):
     raise ImproperlyConfigured('TLOG_WITNESSES is a JSON list of {"name", "key", "url"} objects.')
+if len({w["name"] for w in TLOG_WITNESSES}) != len(TLOG_WITNESSES):
+    # Each witness's standing is kept by name (tlog.models.WitnessState): two entries of one name would share it.
+    raise ImproperlyConfigured("TLOG_WITNESSES names each witness once.")
 # Upstream servers' credentials are stored encrypted (mcpgateway.upstream.secrets): a Fernet key in the
 # environment, or a file created mode 0600 on first use.
 UPSTREAM_SECRETS_KEY = env.str("UPSTREAM_SECRETS_KEY", default="")
