@@ -11,7 +11,8 @@ a ``server/discover``). The report is ``healthy`` only when every check that app
 
 Nothing here activates a signing key or changes what an operator set: health observes, it does not
 repair. The one write is readiness keeping each upstream server's last probe for the console
-(``UpstreamServerState``, not audited: docs/decisions.md, "Upstream servers").
+(``UpstreamServerState``, not audited, at most once per server per ``UPSTREAM_STATE_READINESS_INTERVAL``:
+docs/decisions.md, "Upstream servers").
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Final
 
 from django.conf import settings
@@ -214,7 +216,7 @@ def upstream_server_states() -> list[dict[str, Any]]:
     error class (a fixed word, never the upstream's text or its URL). Probed in parallel, with short timeouts."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mcpgateway.models import UpstreamProbeSource, UpstreamServer
+    from mcpgateway.models import UpstreamProbeSource, UpstreamServer, UpstreamServerState
     from mcpgateway.services.upstreams import upstream_headers, upstream_probe, upstream_server_state_record
 
     servers = list(UpstreamServer.objects.filter(enabled=True).order_by("slug"))
@@ -226,7 +228,17 @@ def upstream_server_states() -> list[dict[str, Any]]:
         probes = list(pool.map(lambda s: upstream_probe(s, timeout=settings.HEALTH_UPSTREAM_TIMEOUT), servers))
     checked_at = timezone.now()
     try:  # here, not in the probes' threads (each would open a database connection of its own)
+        # Anyone may call readiness: a server's state is kept at most once per interval, so a flood of
+        # calls is not a flood of writes (docs/decisions.md, "Upstream servers"). One read for all servers.
+        fresh = set(
+            UpstreamServerState.objects.filter(
+                server_id__in=[server.server_id for server in servers],
+                checked_at__gt=checked_at - timedelta(seconds=settings.UPSTREAM_STATE_READINESS_INTERVAL),
+            ).values_list("server_id", flat=True)
+        )
         for server, probe in zip(servers, probes, strict=True):
+            if server.server_id in fresh:
+                continue
             upstream_server_state_record(
                 server_id=server.server_id, probe=probe, checked_by=UpstreamProbeSource.READINESS, checked_at=checked_at
             )

@@ -273,3 +273,41 @@ def test_ready_reports_each_enabled_server_and_waits_only_for_the_required_ones(
             "pay": True,
             "down": False,
         }
+
+
+def test_ready_keeps_a_servers_state_at_most_once_per_interval(anon_client, signing_key, monkeypatch):
+    """An anonymous flood of readiness calls is not a flood of writes: the state row is written again
+    only once the interval has passed; a probe from the console is kept at once all the same."""
+    from mcpgateway.models import UpstreamProbeSource, UpstreamServerState
+    from mcpgateway.services import upstreams
+    from mcpgateway.services.upstreams import upstream_server_create
+
+    server = upstream_server_create(slug="flood", name="Flood", url=closed_port_url(), tool_prefix="f", actor="test")
+    answers = iter([True, False, False, True])
+
+    def probe(s, timeout=None):
+        reachable = next(answers)
+        return {"reachable": reachable, "protocol_version": "2025-06-18" if reachable else None,
+                "error": None if reachable else "unreachable"}  # fmt: skip
+
+    monkeypatch.setattr(upstreams, "upstream_probe", probe)
+    writes = []
+    record = upstreams.upstream_server_state_record
+    monkeypatch.setattr(upstreams, "upstream_server_state_record", lambda **kw: (writes.append(kw), record(**kw)))
+
+    with override_settings(UPSTREAM_STATE_READINESS_INTERVAL=3600):
+        assert anon_client.get("/health/ready").json()["upstream_servers"][0]["reachable"] is True
+        first = UpstreamServerState.objects.get(server_id=server.server_id)
+        # The second call answers with its own probe, and keeps nothing.
+        assert anon_client.get("/health/ready").json()["upstream_servers"][0]["reachable"] is False
+        assert len(writes) == 1
+        state = UpstreamServerState.objects.get(server_id=server.server_id)
+        assert (state.checked_at, state.reachable) == (first.checked_at, True)
+        # The console's "Test connection" is kept at once.
+        upstreams.upstream_server_check(server=server, checked_by=UpstreamProbeSource.CONSOLE)
+        state = UpstreamServerState.objects.get(server_id=server.server_id)
+        assert (state.checked_by, state.reachable) == (UpstreamProbeSource.CONSOLE, False)
+    with override_settings(UPSTREAM_STATE_READINESS_INTERVAL=0):
+        anon_client.get("/health/ready")
+        state = UpstreamServerState.objects.get(server_id=server.server_id)
+        assert (state.checked_by, state.reachable) == (UpstreamProbeSource.READINESS, True)
