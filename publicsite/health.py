@@ -11,8 +11,8 @@ a ``server/discover``). The report is ``healthy`` only when every check that app
 
 Nothing here activates a signing key or changes what an operator set: health observes, it does not
 repair. The one write is readiness keeping each upstream server's last probe for the console
-(``UpstreamServerState``, not audited, at most once per server per ``UPSTREAM_STATE_READINESS_INTERVAL``:
-docs/decisions.md, "Upstream servers").
+(``UpstreamServerState``, not audited); readiness probes and keeps each server at most once per
+``UPSTREAM_STATE_READINESS_INTERVAL`` (docs/decisions.md, "Upstream servers").
 """
 
 from __future__ import annotations
@@ -213,7 +213,14 @@ def dependency_report(*, tool: str | None = None) -> dict[str, Any]:
 
 def upstream_server_states() -> list[dict[str, Any]]:
     """Each enabled upstream server: reachable, the protocol version negotiated, the last successful sync and an
-    error class (a fixed word, never the upstream's text or its URL). Probed in parallel, with short timeouts."""
+    error class (a fixed word, never the upstream's text or its URL). Probed in parallel, with short timeouts.
+
+    Anyone may call readiness, so it probes a server (with the server's own credentials) and keeps its state
+    at most once per ``UPSTREAM_STATE_READINESS_INTERVAL``: a server whose kept state is younger (from
+    readiness, the console, the API or a sync) is answered from it, with no probe and no write. A flood of
+    calls is then neither a flood of authenticated requests to the upstreams nor of writes (docs/decisions.md,
+    "Upstream servers"); calls that find the state stale at the same moment each probe (the newest is kept).
+    """
     from concurrent.futures import ThreadPoolExecutor
 
     from mcpgateway.models import UpstreamProbeSource, UpstreamServer, UpstreamServerState
@@ -222,36 +229,43 @@ def upstream_server_states() -> list[dict[str, Any]]:
     servers = list(UpstreamServer.objects.filter(enabled=True).order_by("slug"))
     if not servers:
         return []
-    for server in servers:  # credentials are read (and cached) here, not in the probes' threads
-        upstream_headers(server=server, tenant_id="")
-    with ThreadPoolExecutor(max_workers=min(8, len(servers))) as pool:
-        probes = list(pool.map(lambda s: upstream_probe(s, timeout=settings.HEALTH_UPSTREAM_TIMEOUT), servers))
-    checked_at = timezone.now()
-    try:  # here, not in the probes' threads (each would open a database connection of its own)
-        # Anyone may call readiness: a server's state is kept at most once per interval, so a flood of
-        # calls is not a flood of writes (docs/decisions.md, "Upstream servers"). One read for all servers.
-        fresh = set(
-            UpstreamServerState.objects.filter(
-                server_id__in=[server.server_id for server in servers],
-                checked_at__gt=checked_at - timedelta(seconds=settings.UPSTREAM_STATE_READINESS_INTERVAL),
-            ).values_list("server_id", flat=True)
+    since = timezone.now() - timedelta(seconds=settings.UPSTREAM_STATE_READINESS_INTERVAL)
+    probes: dict[str, dict[str, Any]] = {
+        state.server_id: {
+            "reachable": state.reachable,
+            "protocol_version": state.protocol_version or None,
+            "error": state.error_class or None,
+        }
+        for state in UpstreamServerState.objects.filter(
+            server_id__in=[server.server_id for server in servers], checked_at__gt=since
         )
-        for server, probe in zip(servers, probes, strict=True):
-            if server.server_id in fresh:
-                continue
-            upstream_server_state_record(
-                server_id=server.server_id, probe=probe, checked_by=UpstreamProbeSource.READINESS, checked_at=checked_at
-            )
-    except Exception:  # keeping the state is a convenience of the console: readiness answers all the same
-        logger.warning("could not keep the upstream servers' last state", exc_info=True)
+    }
+    stale = [server for server in servers if server.server_id not in probes]
+    if stale:
+        for server in stale:  # credentials are read (and cached) here, not in the probes' threads
+            upstream_headers(server=server, tenant_id="")
+        with ThreadPoolExecutor(max_workers=min(8, len(stale))) as pool:
+            fresh = list(pool.map(lambda s: upstream_probe(s, timeout=settings.HEALTH_UPSTREAM_TIMEOUT), stale))
+        probes.update((server.server_id, probe) for server, probe in zip(stale, fresh, strict=True))
+        checked_at = timezone.now()
+        try:  # here, not in the probes' threads (each would open a database connection of its own)
+            for server, probe in zip(stale, fresh, strict=True):
+                upstream_server_state_record(
+                    server_id=server.server_id,
+                    probe=probe,
+                    checked_by=UpstreamProbeSource.READINESS,
+                    checked_at=checked_at,
+                )
+        except Exception:  # keeping the state is a convenience of the console: readiness answers all the same
+            logger.warning("could not keep the upstream servers' last state", exc_info=True)
     return [
         {
             "slug": server.slug,
             "required": server.required,
             "last_synced_at": server.last_synced_at,
-            **probe,
+            **probes[server.server_id],
         }
-        for server, probe in zip(servers, probes, strict=True)
+        for server in servers
     ]
 
 
