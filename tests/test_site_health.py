@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import OperationalError
 from django.test import override_settings
@@ -294,9 +296,14 @@ def test_ready_probes_and_keeps_a_server_at_most_once_per_interval(anon_client, 
                 "error": None if reachable else "unreachable"}  # fmt: skip
 
     monkeypatch.setattr(upstreams, "upstream_probe", probe)
-    writes = []
+    writes: list[dict[str, Any]] = []
     record = upstreams.upstream_server_state_record
-    monkeypatch.setattr(upstreams, "upstream_server_state_record", lambda **kw: (writes.append(kw), record(**kw)))
+
+    def counted(**kwargs: Any) -> None:
+        writes.append(kwargs)
+        record(**kwargs)
+
+    monkeypatch.setattr(upstreams, "upstream_server_state_record", counted)
 
     with override_settings(UPSTREAM_STATE_READINESS_INTERVAL=3600):
         first = anon_client.get("/health/ready").json()["upstream_servers"]
