@@ -389,6 +389,10 @@ LOGGING = {
 TOOL_CATALOG_REQUIRES_KEY = env.bool("TOOL_CATALOG_REQUIRES_KEY", default=PRODUCTION)
 # /health/dependencies and the dashboard ping the upstream with this (short) timeout, in seconds.
 HEALTH_UPSTREAM_TIMEOUT = env.float("HEALTH_UPSTREAM_TIMEOUT", default=2.0)
+# /health/ready probes and keeps each upstream server at most once per this many seconds, answering the kept
+# state in between (it is anonymous: a flood of calls must be neither a flood of authenticated upstream
+# requests nor of writes; docs/decisions.md, "Upstream servers").
+UPSTREAM_STATE_READINESS_INTERVAL = env.float("UPSTREAM_STATE_READINESS_INTERVAL", default=10.0)
 # POST /v1/launch/preflight: agent directory registration addresses (ORACLE), content sources
 # (ASSETS), the payment provider's secret key when the request gives none (KEYS), fetch timeout.
 AGENT_DIRECTORY_URLS = env.list("AGENT_DIRECTORY_URLS", default=[])
