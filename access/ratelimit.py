@@ -347,7 +347,9 @@ def public_cacheable(request: HttpRequest, response: HttpResponse) -> HttpRespon
     etag = f'"{hashlib.sha256(response.content).hexdigest()}"'
     response["ETag"] = etag
     scope = "private" if credential_from_headers(request) is not None else "public"
-    if not response.has_header("Cache-Control") or scope == "private":  # a view may say how long (tlog's tiles)
+    # A view may say how long (tlog's tiles); one that already says private (tlog's entry bundles) keeps it.
+    said = response.get("Cache-Control")
+    if said is None or (scope == "private" and not said.startswith("private")):
         response["Cache-Control"] = f"{scope}, max-age={PUBLIC_MAX_AGE_SECONDS}"
     conditional = get_conditional_response(request, etag=etag, response=response)
     return response if conditional is None else conditional

@@ -45,6 +45,7 @@ from receipts.selectors import request_document_hash
 from receipts.services import receipt_issue, refund_reconciliation_open
 from tests import factories
 from tests.conftest import Tenant, client_for, make_tenant
+from tlog.services import tlog_integrate
 
 pytestmark = pytest.mark.django_db
 
@@ -251,6 +252,9 @@ def build_world() -> World:
         ),
         "A.sibling": build_target("A.sibling", sibling, sibling_client, a.sponsor_client, same_tenant=True),
     }
+    # Each tenant's log has entry bundles to be refused (the pending leaves of its events, integrated).
+    for tenant_id in (a.sponsor.tenant_id, b.sponsor.tenant_id):
+        tlog_integrate(tenant_id=tenant_id)
     attackers = {
         "A.sponsor-key": Attacker(
             "A.sponsor-key",
@@ -465,6 +469,15 @@ def _verify_chain(a: Attacker, t: Target) -> list[Probe]:
     return probes
 
 
+def _log_tile(a: Attacker, t: Target) -> list[Probe]:
+    # Hash tiles are public (ALLOW_LIST's reason); an entry bundle holds the leaves themselves and is
+    # the tenant's only (docs/decisions.md, Evidence, "Who may read a log"): another tenant's key is told
+    # 404. Within a tenant any key reads the tenant's log, as any key reads its checkpoint.
+    if t.same_tenant:
+        return []
+    return [Probe("read the target's entry bundle", "get", f"/tlog/{t.tenant_id}/tile/entries/000.p/1", NOT_FOUND)]
+
+
 def _audit_events(a: Attacker, t: Target) -> list[Probe]:
     # Reach is the subtree for every listing and filter (docs/architecture.md, the reach rule): a filter naming the
     # parent's, a sibling's or another tenant's objects matches nothing.
@@ -555,6 +568,7 @@ CASES: dict[tuple[str, str], Builder] = {
     ),
     ("get", "/v1/audit/events"): _audit_events,
     ("post", "/v1/audit/verify-chain"): _verify_chain,
+    ("get", "/tlog/{tenant_id}/tile/{path}"): _log_tile,
     ("post", "/v1/billing/charge"): _many(
         _simple("post", "/v1/billing/charge?wallet_id={w}&units=1", WALLET_DENIED, w="target.wallet_id"),
         _simple(
@@ -686,7 +700,10 @@ CASES: dict[tuple[str, str], Builder] = {
 }
 
 # Id-bearing operations deliberately without a cross-tenant case.
-_PUBLIC_LOG = "a tenant's transparency log is public by design (docs/decisions.md, Evidence: who may read a log)"
+_PUBLIC_LOG = (
+    "a tenant's log is public by design but for its entry bundles, the tile route's case "
+    "(docs/decisions.md, Evidence: who may read a log)"
+)
 ALLOW_LIST: dict[tuple[str, str], str] = {
     ("get", "/v1/signing-keys/{key_id}"): "evidence signing keys are public by design (docs/architecture.md, Evidence)",
     ("get", "/mcp/tools/{service_id}"): "the tool catalog is global, not tenant-owned (tools are not per tenant)",
@@ -694,7 +711,6 @@ ALLOW_LIST: dict[tuple[str, str], str] = {
     ("get", "/tlog/{tenant_id}/consistency"): _PUBLIC_LOG,
     ("get", "/tlog/{tenant_id}/key"): _PUBLIC_LOG,
     ("get", "/tlog/{tenant_id}/proof/{statement_id}"): _PUBLIC_LOG,
-    ("get", "/tlog/{tenant_id}/tile/{path}"): _PUBLIC_LOG,
 }
 
 # Operations without an identifier that wallet keys must not reach at all.

@@ -32,7 +32,7 @@ from permits.models import PermitApproval, TenantApprover
 from permits.services import permit_request_create, permit_request_decide
 from receipts.verify import verify_portable
 from tests import factories
-from tests.conftest import Tenant
+from tests.conftest import Tenant, client_for
 from tests.gateway_helpers import fresh_upstream, setup_caller
 from tests.test_receipts import make_receipt
 from tests.upstream_server import FaultUpstream
@@ -171,12 +171,50 @@ def test_proofs_consistency_and_tiles_are_served_and_verify(anon_client, tenant)
         return bytes(response.content)
 
     assert merkle.tree_hash(head.size, tiles.hash_reader_from_tiles(head.size, fetch)) == head.root_hash
-    bundle = anon_client.get(f"/tlog/{tenant_id}/{tiles.tile_path('entries', 0)}")
-    assert bundle["Cache-Control"] == "public, max-age=31536000, immutable"
+    bundle = tenant.sponsor_client.get(f"/tlog/{tenant_id}/{tiles.tile_path('entries', 0)}")
+    assert bundle["Cache-Control"] == "private, max-age=31536000, immutable"
     assert tiles.parse_entry_bundle(bundle.content) == leaves[:256]
     assert anon_client.get(f"/tlog/{tenant_id}/{tiles.tile_path(0, 9)}").status_code == 404
     assert anon_client.get(f"/tlog/{tenant_id}/{tiles.tile_path(0, 2, 255)}").status_code == 404
     assert anon_client.get(f"/tlog/{tenant_id}/tile/0/002.p/0255").status_code == 404
+
+
+def test_entry_bundles_are_served_to_the_tenant_and_the_operator_only(
+    anon_client, tenant, other_tenant, operator_client
+):
+    """An entry bundle holds the leaves themselves (audit events, reasons, ids): it is the tenant's. Anyone
+    else, anonymous or another tenant's key, is told 404 as for a log that does not exist; hash tiles,
+    checkpoints and proofs stay public (docs/decisions.md, Evidence, "Who may read a log")."""
+    tenant_id = tenant.sponsor.tenant_id
+    leaves = add_pending(tenant_id, 3)
+    tlog_integrate(tenant_id=tenant_id)
+    size = Log.objects.get(tenant_id=tenant_id).size
+    entries = f"/tlog/{tenant_id}/{tiles.tile_path('entries', 0, size)}"
+    nowhere = f"/tlog/nobody/{tiles.tile_path('entries', 0, size)}"
+    for outsider in (anon_client, other_tenant.sponsor_client, other_tenant.agent_client):
+        for path in (entries, nowhere):
+            r = outsider.get(path)
+            assert r.status_code == 404, (path, r.content)
+            assert r.json()["detail"] == {"error": "not_found", "message": "No such tile in this log (yet)."}
+    assert client_for("tg_not_a_key").get(entries).status_code == 401
+    for reader in (tenant.sponsor_client, tenant.agent_client, operator_client):
+        r = reader.get(entries)
+        assert r.status_code == 200, r.content
+        assert r["Cache-Control"] == "private, max-age=3600"
+        assert tiles.parse_entry_bundle(r.content)[-3:] == leaves
+    # What carries hashes only stays public.
+    r = anon_client.get(f"/tlog/{tenant_id}/{tiles.tile_path(0, 0, size)}")
+    assert (r.status_code, r["Cache-Control"]) == (200, "public, max-age=3600")
+    assert anon_client.get(f"/tlog/{tenant_id}/checkpoint").status_code == 200
+    assert anon_client.get(f"/tlog/{tenant_id}/proof/ckp_1").status_code == 200
+
+
+def test_the_key_of_a_tenant_without_a_log_is_404(anon_client, tenant):
+    r = anon_client.get("/tlog/nobody/key")
+    assert (r.status_code, r.json()["detail"]["error"]) == (404, "not_found")
+    add_pending(tenant.sponsor.tenant_id, 1)
+    tlog_integrate(tenant_id=tenant.sponsor.tenant_id)
+    assert anon_client.get(f"/tlog/{tenant.sponsor.tenant_id}/key").status_code == 200
 
 
 def test_a_statement_is_proven_only_in_its_own_tenants_log(anon_client, tenant, other_tenant):

@@ -1,6 +1,7 @@
 """Reads of a tenant's log: its checkpoint, inclusion and consistency proofs, tiles and entry bundles.
 
-Every log is public and read-only (docs/decisions.md, Evidence, "Who may read a log"): a proof is
+Every log is read-only and public but for its entry bundles, which only its tenant and the operator
+read (docs/decisions.md, Evidence, "Who may read a log"): a proof is
 computed from the stored hashes of complete subtrees (``merkle.HashReader``), O(log n) reads.
 """
 
@@ -103,16 +104,21 @@ def consistency(tenant_id: str, old: int, new: int) -> list[bytes]:
     return merkle.consistency_proof(old, new, stored_hash_reader(tenant_id))
 
 
-def tile(tenant_id: str, path: str) -> tuple[bytes, bool]:
+def tile(tenant_id: str, path: str, *, may_read_entries: bool) -> tuple[bytes, bool]:
     """The bytes of the tlog-tiles ``path`` of the tenant's log and whether it is a full (immutable) tile.
 
-    A hash tile holds stored hashes only; an entry bundle the leaves themselves. A path the log has not
-    reached yet (or a partial tile wider than the log has) is :class:`TileNotFound`.
+    A hash tile holds stored hashes only and is public; an entry bundle holds the leaves themselves and
+    is :class:`TileNotFound` unless ``may_read_entries`` (the caller is the tenant or the operator:
+    docs/decisions.md, Evidence, "Who may read a log"), checked before the log is looked at so that a
+    refusal says nothing of the log's existence. A path the log has not reached yet (or a partial tile
+    wider than the log has) is :class:`TileNotFound`.
     """
     try:
         level, index, width = tiles.parse_tile_path(path)
     except ValueError as exc:
         raise TileNotFound() from exc
+    if level == "entries" and not may_read_entries:
+        raise TileNotFound()
     log = log_head(tenant_id)
     if level == "entries":
         first, height = index * tiles.TILE_WIDTH, 0

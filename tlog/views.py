@@ -1,9 +1,10 @@
 """The transparency log's public, read-only endpoints (docs/audit-chain.md, "The transparency log").
 
-No credentials: a log is readable by anyone (docs/decisions.md, Evidence, "Who may read a log"); the
-requests are charged to the caller's address like the JWKS (access.ratelimit.PUBLIC_PREFIXES) and
-carry an ETag. Full tiles and entry bundles never change and are cached for good; the checkpoint
-changes every few seconds and is revalidated.
+No credentials: a log is readable by anyone, but for its entry bundles (the leaves themselves),
+served only to a key of the log's tenant or an operator key, anyone else being told 404
+(docs/decisions.md, Evidence, "Who may read a log"). The requests are charged to the caller's address
+like the JWKS (access.ratelimit.PUBLIC_PREFIXES) and carry an ETag. Full tiles never change and are
+cached for good (entry bundles privately); the checkpoint changes every few seconds and is revalidated.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework.request import Request
 from rest_framework.views import APIView
 
-from access.authentication import AllowAnyone
+from access.authentication import AllowAnyone, resolve_credential
 from common.pagination import parse_query
 from common.schema import error_responses
 from tlog import selectors
@@ -28,6 +29,8 @@ TEXT = "text/plain; charset=utf-8"
 IMMUTABLE = "public, max-age=31536000, immutable"
 # A checkpoint is replaced every few seconds: a cache keeps it, but asks again (ETag) before using it.
 REVALIDATE = "public, no-cache"
+# An entry bundle is its tenant's (and the operator's) only: never kept by a shared cache.
+PRIVATE_IMMUTABLE = "private, max-age=31536000, immutable"
 
 
 def _text(body: str | bytes, content_type: str = TEXT, cache_control: str = REVALIDATE) -> HttpResponse:
@@ -64,6 +67,7 @@ class LogKeyView(PublicLogView):
         summary="The note verifier string(s) of a tenant's log key, one per line, newest first",
     )
     def get(self, request: Request, tenant_id: str) -> HttpResponse:
+        selectors.log_head(tenant_id)  # no log, no key (404), as the schema says
         return _text(
             "".join(f"{verifier}\n" for verifier in log_verifiers(tenant_id)), cache_control="public, max-age=300"
         )
@@ -114,13 +118,33 @@ class TileView(PublicLogView):
         operation_id="tlog_tile",
         tags=TLOG,
         auth=[],
-        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **error_responses(404)},
+        responses={(200, "application/octet-stream"): OpenApiTypes.BINARY, **error_responses(401, 404)},
         summary="A C2SP tlog-tiles tile (tile/<L>/<N>[.p/<W>]) or entry bundle (tile/entries/<N>[.p/<W>])",
+        description=(
+            "Hash tiles are public. An entry bundle holds the leaves themselves and is served only to an API key "
+            "of the log's tenant or an operator key; anyone else gets 404 (an invalid key 401)."
+        ),
     )
     def get(self, request: Request, tenant_id: str, path: str) -> HttpResponse:
-        data, full = selectors.tile(tenant_id, "tile/" + path)
+        entries = path.startswith("entries/")
+        data, full = selectors.tile(
+            tenant_id, "tile/" + path, may_read_entries=entries and _reads_entries_of(request, tenant_id)
+        )
+        if entries:
+            return _text(data, "application/octet-stream", PRIVATE_IMMUTABLE if full else "private, max-age=3600")
         # Every tile path names content that never changes (a partial tile is replaced by a wider path).
         return _text(data, "application/octet-stream", IMMUTABLE if full else "public, max-age=3600")
+
+
+def _reads_entries_of(request: Request, tenant_id: str) -> bool:
+    """True when the request presents an API key of ``tenant_id`` or an operator key (an invalid key is 401).
+
+    The log views run no authentication (a key is not read for what is public): the entry bundle reads
+    the presented key itself, resolved once per request as for every view (access.authentication)."""
+    key, error = resolve_credential(request._request)
+    if error is not None:
+        raise error
+    return key is not None and (key.wallet_id is None or key.tenant_id == tenant_id)
 
 
 class LogKeysView(PublicLogView):
