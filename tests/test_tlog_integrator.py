@@ -12,6 +12,7 @@ import json
 import socket
 import threading
 from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -26,8 +27,9 @@ from common.cache import clear_all
 from common.canonical import b64url_encode
 from tests.factories import make_sponsor
 from tests.test_tlog_log import rfc_root
+from tlog import witnesses as witnesses_module
 from tlog.keys import log_signer, log_verifiers, origin_of
-from tlog.lib import checkpoint, merkle
+from tlog.lib import checkpoint, merkle, note
 from tlog.management.commands.tlog_integrate import integrate_pass
 from tlog.models import Leaf, Log, PendingLeaf, WitnessState
 from tlog.selectors import stored_hash_reader
@@ -407,3 +409,179 @@ def test_a_backed_off_witness_is_not_asked(witness, settings):
         assert hanging.held == []
     finally:
         hanging.close()
+
+
+class ScriptedWitness:
+    """An HTTP server answering every ``add-checkpoint`` with ``status`` and ``body``, sent in ``chunks``
+    pieces with ``pause`` seconds between them (a witness that misreads, floods or drips)."""
+
+    def __init__(self, status: int, body: bytes, *, chunks: int = 1, pause: float = 0.0) -> None:
+        scripted = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                self.rfile.read(int(self.headers.get("Content-Length", "0")))
+                self.send_response(scripted.status)
+                self.send_header("Content-Length", str(len(scripted.body)))
+                self.end_headers()
+                step = max(1, len(scripted.body) // scripted.chunks)
+                try:
+                    for start in range(0, len(scripted.body), step):
+                        self.wfile.write(scripted.body[start : start + step])
+                        self.wfile.flush()
+                        if scripted.pause:
+                            scripted.stop.wait(scripted.pause)
+                except OSError:
+                    pass  # the gateway gave up reading: what is being tested
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.status, self.body, self.chunks, self.pause = status, body, chunks, pause
+        self.stop = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+
+@pytest.fixture
+def scripted(settings: Any) -> Iterator[Any]:
+    made: list[ScriptedWitness] = []
+
+    def make(status: int, body: bytes, **kwargs: Any) -> ScriptedWitness:
+        made.append(ScriptedWitness(status, body, **kwargs))
+        return made[-1]
+
+    yield make
+    for server in made:
+        server.close()
+
+
+@pytest.mark.parametrize("body", ["²", "٣", "1" * 30, "-1", " 12x"])
+@pytest.mark.django_db
+def test_a_409_naming_no_ascii_size_is_a_refusal_and_the_other_witness_still_cosigns(witness, scripted, body, settings):
+    """``"²".isdigit()`` is true and ``int("²")`` raises: a witness answering so must neither crash the
+    round nor keep the good witness from cosigning; it is a refusal, not asked again."""
+    tenant_id = witness[1]
+    good = settings_witness = dict(settings.TLOG_WITNESSES[0])
+    bad = scripted(409, body.encode())
+    settings.TLOG_WITNESSES = [{**settings_witness, "name": "witness.test/odd", "url": bad.url}, good]
+    _pending(tenant_id, "a", 2)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    odd, cosigned = tlog_witnesses_cosign(
+        tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint
+    )
+    assert (odd.status, odd.line, odd.refusal, odd.failed) == (409, None, body, False)
+    assert cosigned.line is not None
+    assert Log.objects.get(tenant_id=tenant_id).cosignatures == cosigned.line
+
+
+@pytest.mark.django_db
+def test_an_exception_while_asking_one_witness_backs_it_off_and_spares_the_others(witness, monkeypatch, settings):
+    """Whatever goes wrong with one witness (here its answer's handling raises) is logged by class, backs
+    that witness off, and the other witness is asked and cosigns all the same."""
+    _, tenant_id = witness
+    good = dict(settings.TLOG_WITNESSES[0])
+    settings.TLOG_WITNESSES = [{**good, "name": "witness.test/twin"}, good]
+    real_keep = witnesses_module._keep
+
+    calls: list[str] = []
+
+    def keep(tenant: str, note_text: str, verifier: Any, line: str) -> bool:
+        calls.append(line)
+        if len(calls) == 1:  # the first witness answered (the twin: answers are handled in order)
+            raise RuntimeError("boom")
+        return real_keep(tenant, note_text, verifier, line)
+
+    monkeypatch.setattr(witnesses_module, "_keep", keep)
+    _pending(tenant_id, "a", 2)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    twin, cosigned = tlog_witnesses_cosign(
+        tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint
+    )
+    assert (twin.failed, twin.refusal) == (True, "error: RuntimeError")
+    assert WitnessState.objects.get(name="witness.test/twin").status == "backing_off"
+    assert cosigned.line is not None
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_round_that_raises_keeps_the_rest_owed(witness, monkeypatch):
+    """An exception in a witness's round backs the witness off and drops nothing: the checkpoint stays
+    owed and is given at the first round after."""
+    server_witness, tenant_id = witness
+    asked: list[str] = []
+    real = witnesses_module.tlog_witnesses_cosign
+
+    def cosign(**kwargs: Any) -> Any:
+        asked.append(kwargs["tenant_id"])
+        if len(asked) == 1:
+            raise RuntimeError("boom")
+        return real(**kwargs)
+
+    monkeypatch.setattr(witnesses_module, "tlog_witnesses_cosign", cosign)
+    _pending(tenant_id, "a", 2)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    rounds = WitnessRounds()
+    try:
+        rounds.submit([done])
+        rounds.wait()
+        assert asked == [tenant_id]
+        assert WitnessState.objects.get(name="witness.test/w1").status == "backing_off"
+        rounds.submit([])  # backing off: nothing is asked, the checkpoint stays owed
+        rounds.wait()
+        assert asked == [tenant_id]
+        witness_standing_record(name="witness.test/w1", answered=True)
+        rounds.submit([])  # the next pass: what was owed is given
+        rounds.wait()
+        assert asked == [tenant_id, tenant_id]
+        assert server_witness.latest(origin_of(tenant_id))[0] == done.size
+    finally:
+        rounds.shutdown()
+
+
+@pytest.mark.django_db
+def test_an_oversized_answer_is_not_read_past_the_bound(witness, scripted, settings):
+    _, tenant_id = witness
+    flood = scripted(200, b"x" * (4 * 64 * 1024), chunks=16)
+    settings.TLOG_WITNESSES = [{**settings.TLOG_WITNESSES[0], "url": flood.url}]
+    _pending(tenant_id, "a", 1)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    (answer,) = tlog_witnesses_cosign(tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint)
+    assert (answer.failed, answer.refusal) == (True, "answer over 65536 bytes")
+
+
+@pytest.mark.django_db
+def test_a_dripping_witness_is_given_up_at_the_overall_deadline(witness, scripted, settings):
+    """Each piece comes before the read timeout, the whole after ``TLOG_WITNESS_TIMEOUT``: a failure."""
+    _, tenant_id = witness
+    settings.TLOG_WITNESS_TIMEOUT = 0.5
+    drip = scripted(200, b"y" * 40, chunks=40, pause=0.1)
+    settings.TLOG_WITNESSES = [{**settings.TLOG_WITNESSES[0], "url": drip.url}]
+    _pending(tenant_id, "a", 1)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    (answer,) = tlog_witnesses_cosign(tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint)
+    assert (answer.failed, answer.refusal) == (True, "no answer within 0.5 s")
+
+
+@pytest.mark.django_db
+def test_a_cosignature_line_is_stored_once(witness, settings):
+    _, tenant_id = witness
+    _pending(tenant_id, "a", 1)
+    done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    (answer,) = tlog_witnesses_cosign(tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint)
+    assert answer.line is not None
+    verifier = note.Verifier.parse(settings.TLOG_WITNESSES[0]["key"])
+    assert not witnesses_module._keep(tenant_id, done.checkpoint, verifier, answer.line)
+    assert Log.objects.get(tenant_id=tenant_id).cosignatures == answer.line

@@ -19,8 +19,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -35,6 +37,12 @@ from tlog.models import WitnessState, WitnessStatus
 from tlog.services import Integrated
 
 logger = logging.getLogger("tollgate.tlog")
+
+# A witness's answer is one cosignature line, a size or a short refusal: more is not read
+# (docs/decisions.md, Evidence, "A witness's answer is bounded").
+ANSWER_MAX_BYTES = 64 * 1024
+# The size a 409 names: ASCII digits only, at most this many (a tree size fits in 20).
+HELD_SIZE_MAX_DIGITS = 20
 
 
 @dataclass(frozen=True)
@@ -58,8 +66,17 @@ def add_checkpoint_body(tenant_id: str, old_size: int, size: int, checkpoint_not
     return ("\n".join(lines) + "\n\n" + checkpoint_note).encode("utf-8")
 
 
+def held_size(text: str) -> int | None:
+    """The tree size a witness's 409 body names (ASCII digits, bounded), or None for anything else."""
+    digits = text.strip()
+    if digits.isascii() and digits.isdigit() and len(digits) <= HELD_SIZE_MAX_DIGITS:
+        return int(digits)
+    return None
+
+
 def _keep(tenant_id: str, checkpoint_note: str, verifier: note.Verifier, line: str) -> bool:
-    """Append ``line`` to the stored checkpoint's cosignatures if it is one valid cosignature of ``verifier``."""
+    """Append ``line`` to the stored checkpoint's cosignatures if it is one valid cosignature of ``verifier``
+    and not stored already (a witness asked twice for one checkpoint answers the same line)."""
     text, _ = note.parse_note(checkpoint_note)
     try:
         _, signatures = note.parse_note(text + "\n" + line)
@@ -71,19 +88,37 @@ def _keep(tenant_id: str, checkpoint_note: str, verifier: note.Verifier, line: s
         return False
     with connection.cursor() as cursor:
         cursor.execute(
-            "UPDATE tlog_log SET cosignatures = cosignatures || %s WHERE tenant_id = %s AND checkpoint = %s",
-            [line, tenant_id, checkpoint_note],
+            "UPDATE tlog_log SET cosignatures = cosignatures || %s "
+            "WHERE tenant_id = %s AND checkpoint = %s AND strpos(cosignatures, %s) = 0",
+            [line, tenant_id, checkpoint_note, line],
         )
         return cursor.rowcount == 1
 
 
-def _post(name: str, url: str, body: bytes) -> tuple[int, str] | WitnessAnswer:
-    """One ``add-checkpoint`` (HTTP only: it runs in a witness's own thread and touches no database)."""
+def _post(name: str, url: str, body: bytes, deadline: float) -> tuple[int, str] | WitnessAnswer:
+    """One ``add-checkpoint`` (HTTP only: it runs in a witness's own thread and touches no database).
+
+    The answer is streamed and given up (a failure) past ``ANSWER_MAX_BYTES`` or past ``deadline``
+    (``time.monotonic()``), whichever comes first: a witness dripping bytes cannot hold the thread
+    longer than the deadline and one read timeout. Content encodings are refused (identity only), so
+    the bytes counted are the bytes kept."""
+    timeout = settings.TLOG_WITNESS_TIMEOUT
     try:
-        response = httpx.post(url, content=body, timeout=settings.TLOG_WITNESS_TIMEOUT)
+        with httpx.stream(
+            "POST", url, content=body, timeout=timeout, headers={"Accept-Encoding": "identity"}
+        ) as response:
+            received = bytearray()
+            for chunk in response.iter_raw():
+                received += chunk
+                if len(received) > ANSWER_MAX_BYTES:
+                    return WitnessAnswer(
+                        name, response.status_code, refusal=f"answer over {ANSWER_MAX_BYTES} bytes", failed=True
+                    )
+                if time.monotonic() > deadline:
+                    return WitnessAnswer(name, 0, refusal=f"no answer within {timeout} s", failed=True)
+            return response.status_code, received.decode("utf-8", errors="replace")
     except httpx.HTTPError as exc:
         return WitnessAnswer(name, 0, refusal=f"unreachable: {exc!r}", failed=True)
-    return response.status_code, response.text
 
 
 def witness_backing_off(name: str) -> bool:
@@ -138,8 +173,11 @@ def tlog_witnesses_cosign(
     ``old_size`` is the size the witnesses are believed to hold (the log's previous size). A witness
     backing off is not asked (``skipped``). The posts run in one thread per witness and read nothing
     from the database; the bodies, the cosignatures kept and the standings are this thread's (so this
-    runs in the caller's connection and transaction, if any). Never raises for a witness's failure:
-    each answer is returned (and logged). Takes at most about twice ``TLOG_WITNESS_TIMEOUT``.
+    runs in the caller's connection and transaction, if any). Never raises for a witness's failure nor
+    for anything a witness says: an exception while asking one witness or reading its answer is logged
+    (its class), counts as a failure to answer (backed off) and leaves the others be. Each attempt has
+    an overall deadline of ``TLOG_WITNESS_TIMEOUT``; a post still running past it is left to its thread
+    (which gives up on its own) and counted as a failure: this takes at most about twice that.
     """
     chosen = list(settings.TLOG_WITNESSES if witnesses is None else witnesses)
     answers: dict[str, WitnessAnswer] = {}
@@ -159,42 +197,39 @@ def tlog_witnesses_cosign(
     held = {witness["name"]: old_size for witness in asked}
     todo = asked
     if asked:
-        with ThreadPoolExecutor(max_workers=len(asked), thread_name_prefix="tlog-witness") as pool:
+        pool = ThreadPoolExecutor(max_workers=len(asked), thread_name_prefix="tlog-witness")
+        try:
             for attempt in range(2):
-                posts = {
-                    witness["name"]: pool.submit(
-                        _post,
-                        witness["name"],
-                        witness["url"].rstrip("/") + "/add-checkpoint",
-                        body(held[witness["name"]]),
-                    )
-                    for witness in todo
-                }
+                deadline = time.monotonic() + settings.TLOG_WITNESS_TIMEOUT
+                posts: dict[str, Future[tuple[int, str] | WitnessAnswer]] = {}
+                for witness in todo:
+                    name = witness["name"]
+                    try:
+                        url = witness["url"].rstrip("/") + "/add-checkpoint"
+                        posts[name] = pool.submit(_post, name, url, body(held[name]), deadline)
+                    except Exception as exc:
+                        answers[name] = _broken(tenant_id, name, exc)
                 again = []
                 for witness in todo:
-                    name, verifier = witness["name"], note.Verifier.parse(witness["key"])
-                    result = posts[name].result()
-                    if isinstance(result, WitnessAnswer):
-                        answers[name] = result
+                    name = witness["name"]
+                    if name not in posts:
                         continue
-                    status, text = result
-                    if (
-                        attempt == 0
-                        and status == 409
-                        and text.strip().isdigit()
-                        and int(text) <= size
-                        and held[name] != int(text)
-                    ):
-                        held[name] = int(text)
+                    try:
+                        answer = _answer(
+                            tenant_id, checkpoint_note, witness, posts[name], deadline, size, held, retry=attempt == 0
+                        )
+                    except Exception as exc:
+                        answer = _broken(tenant_id, name, exc)
+                    if answer is None:
                         again.append(witness)
-                        continue
-                    if status == 200 and _keep(tenant_id, checkpoint_note, verifier, text):
-                        answers[name] = WitnessAnswer(name, 200, line=text)
                     else:
-                        answers[name] = WitnessAnswer(name, status, refusal=text[:500], failed=status >= 500)
+                        answers[name] = answer
                 todo = again
                 if not todo:
                     break
+        finally:
+            # A post past its deadline is not waited for: its thread ends on its own (``_post``).
+            pool.shutdown(wait=False)
     out = []
     for witness in chosen:
         answer = answers[witness["name"]]
@@ -205,6 +240,51 @@ def tlog_witnesses_cosign(
                            answer.status, answer.refusal.strip())  # fmt: skip
         out.append(answer)
     return out
+
+
+def _answer(
+    tenant_id: str,
+    checkpoint_note: str,
+    witness: dict[str, Any],
+    post: Future[tuple[int, str] | WitnessAnswer],
+    deadline: float,
+    size: int,
+    held: dict[str, int],
+    *,
+    retry: bool,
+) -> WitnessAnswer | None:
+    """The witness's answer to ``post`` (a cosignature kept, a refusal, a failure), or None when it is to
+    be asked again from the size its 409 names (recorded in ``held``)."""
+    name = witness["name"]
+    try:
+        result = post.result(timeout=max(0.0, deadline - time.monotonic()))
+    except FutureTimeout:
+        return WitnessAnswer(name, 0, refusal=f"no answer within {settings.TLOG_WITNESS_TIMEOUT} s", failed=True)
+    if isinstance(result, WitnessAnswer):
+        return result
+    status, text = result
+    named = held_size(text) if status == 409 else None
+    if retry and named is not None and named <= size and held[name] != named:
+        held[name] = named
+        return None
+    if status == 200 and _keep(tenant_id, checkpoint_note, note.Verifier.parse(witness["key"]), text):
+        return WitnessAnswer(name, 200, line=text)
+    return WitnessAnswer(name, status, refusal=text[:500], failed=status >= 500)
+
+
+def _broken(tenant_id: str, name: str, exc: Exception) -> WitnessAnswer:
+    """An exception while asking the witness ``name``: logged by class (never the witness's words), and
+    counted as a failure to answer, so the witness is backed off and the others are asked all the same."""
+    logger.error("tlog %s: asking witness %s failed: %s", tenant_id, name, type(exc).__name__)
+    return WitnessAnswer(name, 0, refusal=f"error: {type(exc).__name__}", failed=True)
+
+
+def _back_off(name: str) -> None:
+    """Count a failure of the witness ``name`` after an exception, if the database lets it be counted."""
+    try:
+        witness_standing_record(name=name, answered=False)
+    except Exception as exc:
+        logger.error("tlog: the standing of witness %s could not be recorded: %s", name, type(exc).__name__)
 
 
 class WitnessRounds:
@@ -250,14 +330,22 @@ class WitnessRounds:
             pending = sorted(jobs.values(), key=lambda d: d.tenant_id)
             while pending:
                 done = pending.pop(0)
-                (answer,) = tlog_witnesses_cosign(
-                    tenant_id=done.tenant_id,
-                    old_size=done.old_size,
-                    size=done.size,
-                    checkpoint_note=done.checkpoint,
-                    witnesses=[witness],
-                )
-                if answer.failed or answer.skipped:
+                try:
+                    (answer,) = tlog_witnesses_cosign(
+                        tenant_id=done.tenant_id,
+                        old_size=done.old_size,
+                        size=done.size,
+                        checkpoint_note=done.checkpoint,
+                        witnesses=[witness],
+                    )
+                    stop = answer.failed or answer.skipped
+                except Exception as exc:
+                    # Never lose the rest of the round: it stays owed, as after a failure to answer.
+                    logger.error("tlog %s: the round of witness %s failed: %s", done.tenant_id, witness["name"],
+                                 type(exc).__name__)  # fmt: skip
+                    _back_off(witness["name"])
+                    stop = True
+                if stop:
                     with self._lock:
                         owed = self._owed.setdefault(witness["name"], {})
                         for left in [done, *pending]:
