@@ -22,6 +22,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from tollgate_client.tlog.policy import Policy, verify_transparency
 from tollgate_client.verify import main as standalone_verify
@@ -215,6 +216,23 @@ def test_the_key_of_a_tenant_without_a_log_is_404(anon_client, tenant):
     add_pending(tenant.sponsor.tenant_id, 1)
     tlog_integrate(tenant_id=tenant.sponsor.tenant_id)
     assert anon_client.get(f"/tlog/{tenant.sponsor.tenant_id}/key").status_code == 200
+
+
+def test_a_proof_for_an_unknown_id_finds_the_pending_table_by_index(anon_client, tenant):
+    """The lookup of a pending statement is one index probe on (tenant, statement id), never a walk of
+    the tenant's pending rows filtered by id (a backlog makes that a scan per anonymous request)."""
+    tenant_id = tenant.sponsor.tenant_id
+    add_pending(tenant_id, 50)
+    with CaptureQueriesContext(connection) as queries:
+        assert anon_client.get(f"/tlog/{tenant_id}/proof/rcpt_unknown").status_code == 404
+    pending = [q["sql"] for q in queries.captured_queries if "tlog_pending_leaf" in q["sql"]]
+    assert len(pending) == 1, pending
+    with connection.cursor() as cursor:
+        cursor.execute("SET LOCAL enable_seqscan = off")  # a few rows: make the planner show its index
+        cursor.execute("EXPLAIN " + pending[0])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    assert "tlog_pending_statement" in plan, plan
+    assert "Filter" not in plan, plan
 
 
 def test_a_statement_is_proven_only_in_its_own_tenants_log(anon_client, tenant, other_tenant):

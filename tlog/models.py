@@ -27,10 +27,14 @@ class PendingLeaf(models.Model):
 
     class Meta:
         db_table = "tlog_pending_leaf"
-        # One index besides the key, the integrator's (a tenant's oldest first): every statement's INSERT
-        # pays for it. A pending proof's lookup by statement id walks the same index: a tenant holds only
-        # a few seconds' worth of pending leaves.
-        indexes = [models.Index(fields=["tenant_id", "id"], name="tlog_pending_tenant")]
+        # The integrator's index (a tenant's oldest first), and the proof lookup's by statement id: a proof
+        # asked for an unknown id must not walk every pending row of the tenant (a backlog after an outage,
+        # or a stuck row, is not a few seconds' worth). Every statement's INSERT pays for both
+        # (docs/decisions.md, Evidence, "A pending statement is found by its id").
+        indexes = [
+            models.Index(fields=["tenant_id", "id"], name="tlog_pending_tenant"),
+            models.Index(fields=["tenant_id", "statement_id"], name="tlog_pending_statement"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} {self.statement_id} (pending)"
