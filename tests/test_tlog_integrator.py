@@ -484,19 +484,19 @@ def test_a_409_naming_no_ascii_size_is_a_refusal_and_the_other_witness_still_cos
 
 
 @pytest.mark.django_db
-def test_an_exception_while_asking_one_witness_backs_it_off_and_spares_the_others(witness, monkeypatch, settings):
+def test_an_exception_while_asking_one_witness_backs_it_off_and_spares_the_others(
+    witness, scripted, monkeypatch, settings
+):
     """Whatever goes wrong with one witness (here its answer's handling raises) is logged by class, backs
     that witness off, and the other witness is asked and cosigns all the same."""
     _, tenant_id = witness
     good = dict(settings.TLOG_WITNESSES[0])
-    settings.TLOG_WITNESSES = [{**good, "name": "witness.test/twin"}, good]
+    twin = scripted(200, b"twin's line\n")
+    settings.TLOG_WITNESSES = [{**good, "name": "witness.test/twin", "url": twin.url}, good]
     real_keep = witnesses_module._keep
 
-    calls: list[str] = []
-
     def keep(tenant: str, note_text: str, verifier: Any, line: str) -> bool:
-        calls.append(line)
-        if len(calls) == 1:  # the first witness answered (the twin: answers are handled in order)
+        if line == "twin's line\n":
             raise RuntimeError("boom")
         return real_keep(tenant, note_text, verifier, line)
 
