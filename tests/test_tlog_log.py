@@ -235,6 +235,29 @@ def test_a_proof_for_an_unknown_id_finds_the_pending_table_by_index(anon_client,
     assert "Filter" not in plan, plan
 
 
+def test_a_pending_leaf_whose_statement_is_missing_is_skipped_not_blocking(tenant, caplog):
+    """A pending receipt whose row is gone (or is another tenant's now) can never be read: it is kept
+    out of the tree, logged at error with its ids, and the leaves after it are integrated."""
+    tenant_id = tenant.sponsor.tenant_id
+    before = add_pending(tenant_id, 2, prefix="x")
+    PendingLeaf.objects.create(
+        tenant_id=tenant_id, kind="receipt", statement_id="rcpt_gone", leaf=None, created_at=timezone.now()
+    )
+    after = add_pending(tenant_id, 2, prefix="y")
+    with caplog.at_level("ERROR", logger="tollgate.tlog"):
+        done = tlog_integrate(tenant_id=tenant_id)
+    assert done is not None
+    leaves = [bytes(b) for b in leaves_of(tenant_id)]
+    assert leaves[-4:] == before + after
+    assert not Leaf.objects.filter(statement_id="rcpt_gone").exists()
+    assert not PendingLeaf.objects.filter(tenant_id=tenant_id).exists()
+    assert any("rcpt_gone" in r.getMessage() and tenant_id in r.getMessage() for r in caplog.records)
+    # The log goes on: the next statement is integrated too.
+    later = add_pending(tenant_id, 1, prefix="z")
+    tlog_integrate(tenant_id=tenant_id)
+    assert [bytes(b) for b in leaves_of(tenant_id)][-1:] == later
+
+
 def test_a_statement_is_proven_only_in_its_own_tenants_log(anon_client, tenant, other_tenant):
     add_pending(tenant.sponsor.tenant_id, 3)
     add_pending(other_tenant.sponsor.tenant_id, 3, prefix="o")

@@ -82,9 +82,16 @@ def tlog_tenants_pending() -> list[str]:
     return list(PendingLeaf.objects.values_list("tenant_id", flat=True).distinct().order_by("tenant_id"))
 
 
-def _leaves_in_order(tenant_id: str, pending: list[tuple[Any, ...]]) -> list[tuple[int, str, str, bytes]]:
-    """``(pending id, kind, statement id, leaf bytes)`` of the pending rows, in order, up to the first whose
-    bytes cannot be read (left pending, and logged: the log never skips or reorders a statement)."""
+def _leaves_in_order(
+    tenant_id: str, pending: list[tuple[Any, ...]]
+) -> tuple[list[tuple[int, str, str, bytes]], list[int]]:
+    """``(pending id, kind, statement id, leaf bytes)`` of the pending rows, in order, and the pending ids
+    of the rows whose bytes cannot be read, each logged at error with its ids.
+
+    A pending row is written in its statement's own INSERT (tlog/sql/tlog_leaf_pending.sql), so a
+    statement row that is not there (deleted, or moved to another tenant) never will be: its pending row
+    is kept out of the tree rather than stop the tenant's log for good (docs/decisions.md, Evidence,
+    "One integrator per tenant at a time")."""
     wanted: dict[str, list[str]] = defaultdict(list)
     for _, kind, statement_id, leaf in pending:
         if leaf is None and kind in KINDS and KINDS[kind].load is not None:
@@ -96,14 +103,16 @@ def _leaves_in_order(tenant_id: str, pending: list[tuple[Any, ...]]) -> list[tup
         for statement_id, data in loader(tenant_id, ids).items():
             loaded[(kind, statement_id)] = data
     out: list[tuple[int, str, str, bytes]] = []
+    unreadable: list[int] = []
     for pending_id, kind, statement_id, leaf in pending:
         found = bytes(leaf) if leaf is not None else loaded.get((kind, statement_id))
         if found is None:
-            logger.error("tlog %s: the %s %s has no readable leaf; integration stops before it", tenant_id, kind,
-                         statement_id)  # fmt: skip
-            break
+            logger.error("tlog %s: the %s %s (pending row %s) has no readable leaf in this tenant; kept out of "
+                         "the log", tenant_id, kind, statement_id, pending_id)  # fmt: skip
+            unreadable.append(pending_id)
+            continue
         out.append((pending_id, kind, statement_id, found))
-    return out
+    return out, unreadable
 
 
 def _new_hashes(old_size: int, leaves: list[bytes], read: merkle.HashReader,
@@ -138,8 +147,10 @@ def tlog_integrate(*, tenant_id: str, limit: int = INTEGRATE_BATCH) -> Integrate
     of the same tenant skips it and answers None): the pending leaves, oldest first, get the indexes
     that follow the log's size, without a gap; their leaf rows, the hashes of every complete subtree
     they close and the log's new size, root and checkpoint (a C2SP signed note, signed by the log key
-    under the log's origin) are written together, and the pending rows deleted. None when the lock is
-    held elsewhere or nothing could be integrated. Witnesses are asked afterwards (``tlog.witnesses``).
+    under the log's origin) are written together, and the pending rows deleted. A pending row whose
+    statement cannot be read (gone, or another tenant's now) is deleted, logged at error with its ids,
+    and never a leaf. None when the lock is held elsewhere or nothing could be integrated. Witnesses
+    are asked afterwards (``tlog.witnesses``).
     """
     with connection.cursor() as cursor:
         cursor.execute("SELECT pg_try_advisory_xact_lock(%s, hashtext(%s))", [TLOG_LOCK_CLASS, tenant_id])
@@ -152,7 +163,9 @@ def tlog_integrate(*, tenant_id: str, limit: int = INTEGRATE_BATCH) -> Integrate
         .order_by("id")
         .values_list("id", "kind", "statement_id", "leaf")[:limit]
     )
-    taken = _leaves_in_order(tenant_id, pending)
+    taken, unreadable = _leaves_in_order(tenant_id, pending)
+    if unreadable:
+        _pending_delete(tenant_id, unreadable)
     # A statement is a leaf once: a repeated one (the same chain checkpoint recorded twice) is dropped.
     seen = set(
         Leaf.objects.filter(tenant_id=tenant_id, statement_id__in=[sid for _, _, sid, _ in taken]).values_list(
