@@ -224,6 +224,14 @@ class PermitRequestCreate(serializers.Serializer):
     )
     subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
     justification = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    # No default: a request without it hashes as before (its idempotency record still replays).
+    allowed_servers = serializers.ListField(
+        child=ServerSlugField(),
+        max_length=100,
+        required=False,
+        allow_null=True,
+        help_text="The upstream servers (slugs) whose tools the permit would cover; null or absent: any server.",
+    )
 
 
 class PermitRequestResponse(serializers.ModelSerializer):
@@ -233,6 +241,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
     status = serializers.SerializerMethodField()
     max_credits = MoneyField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
+    allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
     permit = PermitResponse(allow_null=True)
     approval = serializers.SerializerMethodField()
     poll_url = serializers.SerializerMethodField()
@@ -246,6 +255,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
             "wallet_id",
             "status",
             "allowed_tools",
+            "allowed_servers",
             "max_credits",
             "max_calls",
             "permit_ttl_seconds",

@@ -174,6 +174,7 @@ def admin_form(wallet_id: str, **fields: str) -> dict[str, str]:
         "max_credits_per_call": "",
         "max_daily_credits": "",
         "categories_mode": "any",
+        "servers_mode": "any",
     }
     return {**form, **fields}
 
