@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.openapi import AutoSchema
@@ -189,3 +189,20 @@ class NamedChoiceFieldSchema(OpenApiSerializerFieldExtension):
         )
         auto_schema.registry.register_on_missing(component)
         return component.ref
+
+
+class SignedDocumentVerifyRequest(serializers.Serializer):
+    """A verify request naming a signed record by id (``id_field``) or carrying its document
+    (``document_field``, the signed statement, with ``signature``): the one rule of the permit's and
+    the receipt's verify requests. Subclasses declare the three fields."""
+
+    id_field: ClassVar[str]
+    document_field: ClassVar[str]
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        document = self.document_field
+        if not attrs.get(self.id_field) and attrs.get(document) is None:
+            raise serializers.ValidationError(f"Give {self.id_field}, or {document} with signature.")
+        if attrs.get(document) is not None and not attrs.get("signature"):
+            raise serializers.ValidationError({"signature": f"Required with {document}."})
+        return attrs

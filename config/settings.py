@@ -127,6 +127,8 @@ UPSTREAM_SECRETS_KEY = env.str("UPSTREAM_SECRETS_KEY", default="")
 UPSTREAM_SECRETS_KEY_FILE = env.str(
     "UPSTREAM_SECRETS_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "upstream-secrets.key")
 )
+# An upstream's OAuth access token is fetched again once it is within this many seconds of its expiry.
+UPSTREAM_OAUTH_EXPIRY_MARGIN = env.float("UPSTREAM_OAUTH_EXPIRY_MARGIN", default=30.0)
 
 if PRODUCTION:
     problems = []

@@ -23,7 +23,15 @@ from common.errors import ApplicationError
 from common.formatting import EMPTY, timestamp_text
 from common.listing import short_id_column
 from mcpgateway import services
-from mcpgateway.models import Action, ActionState, Tool, UpstreamProbeSource, UpstreamServer, UpstreamServerState
+from mcpgateway.models import (
+    Action,
+    ActionState,
+    Tool,
+    UpstreamProbeSource,
+    UpstreamServer,
+    UpstreamServerState,
+    UpstreamTransport,
+)
 from mcpgateway.services.upstreams import (
     UPSTREAM_EDITABLE,
     UpstreamServerInvalid,
@@ -311,10 +319,21 @@ class UpstreamServerForm(forms.ModelForm):
         help_text="Tenant ids that may use this server, one per line; empty: every tenant.",
         widget=forms.Textarea(attrs={"rows": 3}),
     )
+    transport = forms.ChoiceField(
+        choices=UpstreamTransport.choices,
+        required=False,
+        initial=UpstreamTransport.STREAMABLE_HTTP,
+        help_text="Streamable HTTP, or the legacy HTTP+SSE transport (MCP 2024-11-05: the URL is its SSE endpoint).",
+    )
     credential_kind = forms.ChoiceField(
         label="Set credentials",
         required=False,
-        choices=[("", "(leave unchanged)"), ("bearer", "Bearer token"), ("headers", "Custom headers")],
+        choices=[
+            ("", "(leave unchanged)"),
+            ("bearer", "Bearer token"),
+            ("headers", "Custom headers"),
+            ("oauth_client_credentials", "OAuth 2.0 client credentials"),
+        ],
     )
     credential_tenant = forms.CharField(
         label="For tenant", required=False, help_text="Empty: the server's own; a tenant id: that tenant's own."
@@ -326,6 +345,15 @@ class UpstreamServerForm(forms.ModelForm):
         help_text="One 'Name: value' per line.",
         widget=forms.Textarea(attrs={"rows": 3, "autocomplete": "off"}),
     )
+    credential_token_url = forms.CharField(label="OAuth token URL", required=False, max_length=2000)
+    credential_client_id = forms.CharField(label="OAuth client id", required=False, max_length=500)
+    credential_client_secret = forms.CharField(
+        label="OAuth client secret", required=False, max_length=500, widget=forms.PasswordInput, strip=False
+    )
+    credential_scope = forms.CharField(label="OAuth scope", required=False, max_length=2000)
+    credential_resource = forms.CharField(
+        label="OAuth resource", required=False, max_length=2000, help_text="RFC 8707 resource indicator (optional)."
+    )
 
     class Meta:
         model = UpstreamServer
@@ -336,6 +364,9 @@ class UpstreamServerForm(forms.ModelForm):
         super().__init__(*args, **kwargs)
         if self.instance and self.instance.pk and self.instance.tenant_ids is not None:
             self.initial["tenant_ids_text"] = "\n".join(self.instance.tenant_ids)
+
+    def clean_transport(self) -> str:
+        return self.cleaned_data.get("transport") or UpstreamTransport.STREAMABLE_HTTP
 
     def clean_tenant_ids_text(self) -> list[str] | None:
         lines = [line.strip() for line in self.cleaned_data["tenant_ids_text"].splitlines() if line.strip()]
@@ -360,6 +391,9 @@ class UpstreamServerForm(forms.ModelForm):
             return None
         if kind == "bearer":
             return kind, {"token": self.cleaned_data.get("credential_token", "")}
+        if kind == "oauth_client_credentials":
+            names = ("token_url", "client_id", "client_secret", "scope", "resource")
+            return kind, {name: self.cleaned_data.get(f"credential_{name}", "") for name in names}
         headers: dict[str, str] = {}
         for line in self.cleaned_data.get("credential_headers", "").splitlines():
             name, _, value = line.partition(":")
@@ -403,6 +437,11 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
             "credential_tenant",
             "credential_token",
             "credential_headers",
+            "credential_token_url",
+            "credential_client_id",
+            "credential_client_secret",
+            "credential_scope",
+            "credential_resource",
         ]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
@@ -414,8 +453,12 @@ class UpstreamServerAdmin(ServiceSavedAdmin):
 
     @admin.display(description="credentials set")
     def credentials(self, obj: UpstreamServer) -> str:
-        owners = sorted((t or "(server)") for t in obj.credentials.values_list("tenant_id", flat=True))
-        return ", ".join(owners) or "none"
+        """Whose credentials are set, their kind and when; never the secret (write-only)."""
+        rows = sorted(
+            obj.credentials.values_list("tenant_id", "kind", "set_at"), key=lambda row: (row[0] is not None, row[0])
+        )
+        shown = [f"{tenant or '(server)'}: {kind}, set on {timestamp_text(set_at)}" for tenant, kind, set_at in rows]
+        return "; ".join(shown) or "none"
 
     @admin.display(description="state")
     def server_state(self, obj: UpstreamServer) -> str:

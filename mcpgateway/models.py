@@ -17,12 +17,17 @@ class ToolSource(models.TextChoices):
 
 class UpstreamTransport(models.TextChoices):
     STREAMABLE_HTTP = "streamable_http"
-    # The legacy HTTP+SSE transport is not spoken yet (docs/decisions.md, "Upstream servers").
+    # The legacy HTTP+SSE transport of MCP 2024-11-05: ``url`` is the SSE endpoint (docs/decisions.md,
+    # "Upstream servers"; ``mcpgateway.upstream.legacy_sse``).
+    HTTP_SSE = "http_sse"
 
 
 class CredentialKind(models.TextChoices):
     BEARER = "bearer"
     HEADERS = "headers"
+    # A token endpoint, a client id and secret, a scope and an RFC 8707 resource: the access token the
+    # gateway obtains with them is sent (docs/decisions.md, "Upstream servers").
+    OAUTH_CLIENT_CREDENTIALS = "oauth_client_credentials"
 
 
 class UpstreamServer(models.Model):
@@ -89,6 +94,7 @@ class UpstreamErrorClass(models.TextChoices):
     TIMEOUT = "timeout"
     UNREACHABLE = "unreachable"
     PROTOCOL_ERROR = "protocol_error"
+    CREDENTIALS_UNAVAILABLE = "credentials_unavailable"  # no OAuth access token could be had
 
 
 class UpstreamProbeSource(models.TextChoices):
@@ -112,7 +118,7 @@ class UpstreamServerState(models.Model):
     checked_by = models.CharField(max_length=16, choices=UpstreamProbeSource.choices)
     reachable = models.BooleanField()
     protocol_version = models.CharField(max_length=32, blank=True, default="")
-    error_class = models.CharField(max_length=16, blank=True, default="", choices=UpstreamErrorClass.choices)
+    error_class = models.CharField(max_length=32, blank=True, default="", choices=UpstreamErrorClass.choices)
 
     class Meta:
         db_table = "mcpgateway_upstream_server_state"
@@ -132,6 +138,9 @@ class UpstreamServerState(models.Model):
 class UpstreamCredential(models.Model):
     """What the gateway sends to one upstream server: server-wide (``tenant_id`` null) or one tenant's own.
 
+    A static bearer token, static headers, or OAuth 2.0 client credentials whose access token the
+    gateway obtains and caches per process (``upstreams.upstream_token``).
+
     ``secret`` is the encrypted blob (``mcpgateway.upstream.secrets``); nothing reads it back out
     of the console or the API (write-only). A tenant's credential replaces the server's for that
     tenant's calls.
@@ -140,7 +149,7 @@ class UpstreamCredential(models.Model):
     credential_id = models.CharField(max_length=40, primary_key=True)
     server = models.ForeignKey(UpstreamServer, on_delete=models.CASCADE, related_name="credentials")
     tenant_id = models.CharField(max_length=40, null=True, blank=True)
-    kind = models.CharField(max_length=16, choices=CredentialKind.choices)
+    kind = models.CharField(max_length=32, choices=CredentialKind.choices)
     secret = models.BinaryField()
     set_at = models.DateTimeField()
 

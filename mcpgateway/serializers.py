@@ -6,6 +6,7 @@ from rest_framework import serializers
 
 from billing.models import ServiceCategory
 from common.pagination import MAX_OFFSET
+from mcpgateway.models import CredentialKind, UpstreamTransport
 
 
 class ToolDefinition(serializers.Serializer):
@@ -80,6 +81,14 @@ class ToolCallResponse(serializers.Serializer):
 # --- Upstream servers (operator API, an extension: /v1/upstreams) ------------------------------------
 
 
+class UpstreamCredentialSetResponse(serializers.Serializer):
+    """Whose credentials are set for a server, of which kind and when (never the secret)."""
+
+    tenant_id = serializers.CharField(allow_null=True)
+    kind = serializers.ChoiceField(choices=CredentialKind.choices)
+    set_at = serializers.DateTimeField()
+
+
 class UpstreamServerResponse(serializers.Serializer):
     """An upstream MCP server as the operator manages it (its credentials are never shown)."""
 
@@ -87,7 +96,7 @@ class UpstreamServerResponse(serializers.Serializer):
     slug = serializers.CharField()
     name = serializers.CharField()
     url = serializers.CharField()
-    transport = serializers.CharField()
+    transport = serializers.ChoiceField(choices=UpstreamTransport.choices)
     connect_timeout = serializers.FloatField()
     read_timeout = serializers.FloatField()
     enabled = serializers.BooleanField()
@@ -100,6 +109,7 @@ class UpstreamServerResponse(serializers.Serializer):
         child=serializers.CharField(allow_null=True),
         help_text="Whose credentials are set: null for the server's own, else tenant ids (never the secrets).",
     )
+    credentials_set = UpstreamCredentialSetResponse(many=True, help_text="Each credential's kind and when it was set.")
     last_synced_at = serializers.DateTimeField(allow_null=True)
 
 
@@ -112,6 +122,11 @@ class UpstreamServerUpdateRequest(serializers.Serializer):
 
     name = serializers.CharField(max_length=200, required=False)
     url = serializers.URLField(max_length=2000, required=False)
+    transport = serializers.ChoiceField(
+        choices=UpstreamTransport.choices,
+        required=False,
+        help_text="streamable_http (default), or http_sse: the legacy HTTP+SSE transport, url being its SSE endpoint.",
+    )
     connect_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
     read_timeout = serializers.FloatField(min_value=0.001, max_value=600, required=False)
     enabled = serializers.BooleanField(required=False)
@@ -119,7 +134,7 @@ class UpstreamServerUpdateRequest(serializers.Serializer):
     default_category = serializers.ChoiceField(choices=ServiceCategory.choices, required=False)
     tool_prefix = serializers.RegexField(r"^[A-Za-z0-9_-]*$", max_length=64, allow_blank=True, required=False)
     tenant_ids = serializers.ListField(
-        child=serializers.CharField(max_length=40), allow_null=True, required=False, max_length=10_000
+        child=serializers.CharField(max_length=40), allow_null=True, required=False, max_length=1000
     )
     credentials_required = serializers.BooleanField(required=False)
 
@@ -132,12 +147,22 @@ class UpstreamServerCreateRequest(UpstreamServerUpdateRequest):
 
 
 class UpstreamCredentialRequest(serializers.Serializer):
-    """Credentials sent to one server: a bearer ``token`` or custom ``headers``; a tenant's own with ``tenant_id``."""
+    """Credentials sent to one server; a tenant's own with ``tenant_id``.
+
+    ``bearer``: ``token``. ``headers``: ``headers``. ``oauth_client_credentials``: ``token_url``,
+    ``client_id``, ``client_secret`` and optionally ``scope`` and ``resource`` (RFC 8707); the gateway
+    sends the access token it obtains with them (client_secret_basic) and caches it until near its expiry.
+    """
 
     tenant_id = serializers.CharField(max_length=40, required=False, allow_null=True, default=None)
-    kind = serializers.ChoiceField(choices=["bearer", "headers"])
+    kind = serializers.ChoiceField(choices=CredentialKind.choices)
     token = serializers.CharField(max_length=8192, required=False)
     headers = serializers.DictField(child=serializers.CharField(max_length=8192), required=False)
+    token_url = serializers.CharField(max_length=2000, required=False)
+    client_id = serializers.CharField(max_length=500, required=False)
+    client_secret = serializers.CharField(max_length=500, required=False, trim_whitespace=False)
+    scope = serializers.CharField(max_length=2000, required=False, allow_blank=True)
+    resource = serializers.CharField(max_length=2000, required=False, allow_blank=True)
 
 
 class UpstreamCredentialClearQuery(serializers.Serializer):

@@ -226,15 +226,20 @@ def _operator(request: Request) -> str:
     return f"key:{caller.key_id}"
 
 
-_SERVER_FIELDS = [name for name in UpstreamServerResponse._declared_fields if name != "credentials"]
+_SERVER_FIELDS = [
+    name for name in UpstreamServerResponse._declared_fields if name not in ("credentials", "credentials_set")
+]
 
 
 def _server_data(server: UpstreamServer) -> dict[str, Any]:
+    credentials = sorted(
+        server.credentials.values("tenant_id", "kind", "set_at"),
+        key=lambda row: (row["tenant_id"] is not None, row["tenant_id"]),
+    )
     return {
         **{name: getattr(server, name) for name in _SERVER_FIELDS},
-        "credentials": sorted(
-            server.credentials.values_list("tenant_id", flat=True), key=lambda tenant: (tenant is not None, tenant)
-        ),
+        "credentials": [row["tenant_id"] for row in credentials],
+        "credentials_set": credentials,
     }
 
 
@@ -305,7 +310,7 @@ class UpstreamCredentialView(APIView):
     def put(self, request: Request, slug: str) -> Response:
         actor = _operator(request)
         data = parse_body(request, UpstreamCredentialRequest)
-        secret = {"token": data.get("token")} if data["kind"] == "bearer" else {"headers": data.get("headers")}
+        secret = {name: data.get(name) for name in upstreams.CREDENTIAL_FIELDS[data["kind"]]}
         upstreams.upstream_credential_set(
             server_id=_server(slug).server_id,
             tenant_id=data["tenant_id"],

@@ -218,6 +218,20 @@ class QuoteAdmin(ReadOnlyAdmin):
 ANY, ONLY = "any", "only"
 
 
+def _any_or_only(label: str, *, any_label: str, only_label: str) -> forms.ChoiceField:
+    """A rule's "any" (stored as null) or "only" the selection of the field below it."""
+    return forms.ChoiceField(
+        label=label, choices=[(ANY, any_label), (ONLY, only_label)], widget=forms.RadioSelect, initial=ANY
+    )
+
+
+def _credits_limit(label: str, help_text: str) -> forms.DecimalField:
+    """An optional limit in credits, held to the ledger's precision (numeric(20, 8)); empty: no limit."""
+    return forms.DecimalField(
+        required=False, max_digits=20, decimal_places=8, min_value=Decimal(0), label=label, help_text=help_text
+    )
+
+
 def _tool_choices(current: list[str] | None, *, patterns: bool) -> list[tuple[str, str]]:
     """The synced tools (``selectors.known_tools``), their namespace patterns (``prefix.*``) when
     ``patterns``, and what the policy already names that is neither (kept selectable, so editing
@@ -247,11 +261,10 @@ class PolicyBundleForm(forms.ModelForm):
     limits as numbers; "any" is a choice of its own, apart from an empty selection (no tool at all).
     The rules are then held to ``policy_rules_problems``, as in the API; a closed wallet is not offered."""
 
-    tools_mode = forms.ChoiceField(
-        label="Tools allowed",
-        choices=[(ANY, "Any tool (the denied tools below excepted)"), (ONLY, "Only the tools selected below")],
-        widget=forms.RadioSelect,
-        initial=ANY,
+    tools_mode = _any_or_only(
+        "Tools allowed",
+        any_label="Any tool (the denied tools below excepted)",
+        only_label="Only the tools selected below",
     )
     allowed_tools = forms.MultipleChoiceField(
         required=False,
@@ -265,11 +278,8 @@ class PolicyBundleForm(forms.ModelForm):
         widget=forms.SelectMultiple(attrs={"size": 8}),
         help_text="Refused even where allowed. A pattern such as notes.* covers every tool of that namespace.",
     )
-    categories_mode = forms.ChoiceField(
-        label="Service categories allowed",
-        choices=[(ANY, "Any category"), (ONLY, "Only the categories ticked below")],
-        widget=forms.RadioSelect,
-        initial=ANY,
+    categories_mode = _any_or_only(
+        "Service categories allowed", any_label="Any category", only_label="Only the categories ticked below"
     )
     allowed_categories = forms.MultipleChoiceField(
         required=False,
@@ -277,11 +287,8 @@ class PolicyBundleForm(forms.ModelForm):
         choices=ServiceCategory.choices,
         widget=forms.CheckboxSelectMultiple,
     )
-    servers_mode = forms.ChoiceField(
-        label="Upstream servers allowed",
-        choices=[(ANY, "Any server"), (ONLY, "Only the servers selected below")],
-        widget=forms.RadioSelect,
-        initial=ANY,
+    servers_mode = _any_or_only(
+        "Upstream servers allowed", any_label="Any server", only_label="Only the servers selected below"
     )
     allowed_servers = forms.MultipleChoiceField(
         required=False,
@@ -290,21 +297,12 @@ class PolicyBundleForm(forms.ModelForm):
         help_text="Used with “Only the servers selected below”: a tool of any other server, or of none "
         "(a local tool), is refused. Selecting none allows no server.",
     )
-    max_credits_per_call = forms.DecimalField(
-        required=False,
-        max_digits=20,
-        decimal_places=8,
-        min_value=Decimal(0),
-        label="Most credits per call",
-        help_text="A call priced above this is refused. Empty: no limit per call.",
+    max_credits_per_call = _credits_limit(
+        "Most credits per call", "A call priced above this is refused. Empty: no limit per call."
     )
-    max_daily_credits = forms.DecimalField(
-        required=False,
-        max_digits=20,
-        decimal_places=8,
-        min_value=Decimal(0),
-        label="Most credits per day",
-        help_text="What the wallets under this policy may spend together in a UTC day. Empty: no daily limit.",
+    max_daily_credits = _credits_limit(
+        "Most credits per day",
+        "What the wallets under this policy may spend together in a UTC day. Empty: no daily limit.",
     )
 
     class Meta:

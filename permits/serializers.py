@@ -13,6 +13,7 @@ from rest_framework import serializers
 from billing.models import ServiceCategory
 from billing.serializers import MoneyField
 from common.pagination import PageQuery, list_envelope
+from common.schema import SignedDocumentVerifyRequest
 from permits.models import POLICY_FIELDS, Permit, PermitRequest, PolicyBundle, PolicyChangeProposal, Quote
 from permits.services.approval_record import permit_signed_approval
 from permits.services.policies import policy_rules_problems
@@ -167,19 +168,15 @@ class MePermitListQuery(PermitListQuery):
     subject_key_id = None  # type: ignore[assignment]
 
 
-class PermitVerifyRequest(serializers.Serializer):
+class PermitVerifyRequest(SignedDocumentVerifyRequest):
     """Verify a permit by id, or a full signed document (``permit`` statement + ``signature``)."""
+
+    id_field = "permit_id"
+    document_field = "permit"
 
     permit_id = serializers.CharField(required=False, max_length=40)
     permit = serializers.DictField(required=False, help_text="The signed statement, as in signed_statement.")
     signature = serializers.CharField(required=False, max_length=200)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if not attrs.get("permit_id") and attrs.get("permit") is None:
-            raise serializers.ValidationError("Give permit_id, or permit with signature.")
-        if attrs.get("permit") is not None and not attrs.get("signature"):
-            raise serializers.ValidationError({"signature": "Required with permit."})
-        return attrs
 
 
 class PermitVerifyResponse(serializers.Serializer):

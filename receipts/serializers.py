@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rest_framework import serializers
 
 from billing.serializers import MoneyField
 from common.pagination import PageQuery, list_envelope
+from common.schema import SignedDocumentVerifyRequest
 from receipts.models import Outcome, Receipt, RefundReconciliation
 
 
@@ -196,19 +195,15 @@ class PortableReceiptResponse(serializers.Serializer):
     )
 
 
-class ReceiptVerifyRequest(serializers.Serializer):
+class ReceiptVerifyRequest(SignedDocumentVerifyRequest):
     """Verify by ``receipt_id``, or a receipt document (``receipt`` statement + ``signature``)."""
+
+    id_field = "receipt_id"
+    document_field = "receipt"
 
     receipt_id = serializers.CharField(required=False, max_length=40)
     receipt = serializers.DictField(required=False)
     signature = serializers.CharField(required=False, max_length=200)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if not attrs.get("receipt_id") and attrs.get("receipt") is None:
-            raise serializers.ValidationError("Give receipt_id, or receipt with signature.")
-        if attrs.get("receipt") is not None and not attrs.get("signature"):
-            raise serializers.ValidationError({"signature": "Required with receipt."})
-        return attrs
 
 
 class ReceiptVerifyResponse(serializers.Serializer):

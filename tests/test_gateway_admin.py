@@ -187,6 +187,46 @@ def test_upstream_server_console_creates_sets_write_only_credentials_syncs_and_t
         assert UpstreamServer.objects.get(pk=server.pk).enabled is True
 
 
+def test_upstream_server_console_sets_the_transport_and_oauth_client_credentials_write_only(staff):
+    from mcpgateway.models import UpstreamCredential, UpstreamServer
+
+    form = {
+        "slug": "ops",
+        "name": "Operations",
+        "url": "http://127.0.0.1:9/mcp",
+        "connect_timeout": "2",
+        "read_timeout": "15",
+        "enabled": "on",
+        "default_category": "tooling",
+        "tool_prefix": "ops",
+        "transport": "http_sse",
+        "credential_kind": "oauth_client_credentials",
+        "credential_token_url": "https://auth.example/token",
+        "credential_client_id": "gw",
+        "credential_client_secret": "console-client-secret",
+        "credential_scope": "tools",
+        "credential_resource": "https://tools.example/mcp",
+    }
+    bad = {**form, "credential_token_url": "auth.example/token"}
+    r = staff.post("/admin/mcpgateway/upstreamserver/add/", bad)
+    assert r.status_code == 200
+    assert "token_url: must be the token endpoint" in r.content.decode()
+    assert not UpstreamServer.objects.exists()
+    r = staff.post("/admin/mcpgateway/upstreamserver/add/", form)
+    assert r.status_code == 302, r.content.decode()[:3000]
+    server = UpstreamServer.objects.get(slug="ops")
+    assert server.transport == "http_sse"
+    credential = UpstreamCredential.objects.get(server=server, tenant_id=None)
+    assert credential.kind == "oauth_client_credentials"
+    assert b"console-client-secret" not in bytes(credential.secret)
+    page = staff.get(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/").content.decode()
+    assert "console-client-secret" not in page  # write-only
+    assert "(server): oauth_client_credentials, set on " in page
+    event = AuditEvent.objects.get(event="upstream_credential.set")
+    assert event.detail["actor"] == "admin:ops"
+    assert "console-client-secret" not in str(event.detail)
+
+
 # --- Each upstream server's last state in the console (issue 29, item 8) ----------------------------
 
 

@@ -7,6 +7,10 @@ import pytest
 
 from common.worker import rounds_run
 
+# Each round starts with close_old_connections, which reads the connection's state: after a database
+# test in the same run the connection is open, and a test without database access would be refused it.
+pytestmark = pytest.mark.django_db
+
 
 @pytest.fixture
 def sigterm_restored():

@@ -904,10 +904,17 @@ class SdkUpstream:
 
 @contextlib.contextmanager
 def running_sdk_upstream(
-    name: str, *, tokens: set[str] | None = None, hang: str | None = None
+    name: str,
+    *,
+    tokens: set[str] | None = None,
+    hang: str | None = None,
+    verifier: Any = None,
+    sse: bool = False,
 ) -> Iterator[SdkUpstream]:
     """An MCP SDK server with tools ``charge``, ``append`` and ``quick`` (and ``hang`` when named: it waits
-    until ``release`` is set); with ``tokens``, the SDK's bearer-token check (401 without one of them)."""
+    until ``release`` is set); with ``tokens``, the SDK's bearer-token check (401 without one of them); with
+    ``verifier`` (an SDK ``TokenVerifier``, such as ``IssuedTokenVerifier``), that check instead. With ``sse``
+    it speaks the legacy HTTP+SSE transport (the SDK's ``sse_app``): ``url`` is its SSE endpoint, ``/sse``."""
     import anyio
     from mcp.server.auth.settings import AuthSettings
     from mcp.server.mcpserver import MCPServer
@@ -919,9 +926,9 @@ def running_sdk_upstream(
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     auth: dict[str, Any] = {}
-    if tokens is not None:
+    if tokens is not None or verifier is not None:
         auth = {
-            "token_verifier": StaticTokenVerifier(tokens),
+            "token_verifier": verifier if verifier is not None else StaticTokenVerifier(tokens or set()),
             "auth": AuthSettings(
                 issuer_url=AnyHttpUrl(base),
                 resource_server_url=AnyHttpUrl(f"{base}/mcp"),
@@ -954,7 +961,10 @@ def running_sdk_upstream(
             await anyio.to_thread.run_sync(release.wait)
             return ChargeResult(charged=0, server=name)
 
-    app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True, host="127.0.0.1")
+    if sse:
+        app = server.sse_app(host="127.0.0.1")
+    else:
+        app = server.streamable_http_app(streamable_http_path="/mcp", json_response=True, host="127.0.0.1")
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind(("127.0.0.1", port))
@@ -967,9 +977,185 @@ def running_sdk_upstream(
             raise RuntimeError("the SDK server did not start")
         time.sleep(0.02)
     try:
-        yield SdkUpstream(url=f"{base}/mcp", calls=calls, requests=seen, release=release)
+        yield SdkUpstream(url=f"{base}/sse" if sse else f"{base}/mcp", calls=calls, requests=seen, release=release)
     finally:
         release.set()
         uv.should_exit = True
         thread.join(10)
         sock.close()
+
+
+# -- an OAuth 2.0 token endpoint (authlib's server side) and the tokens it issued ------------------
+
+
+@dataclass
+class IssuedToken:
+    """A token the endpoint issued: to which client, for which scope and resource, until when (``time.time()``)."""
+
+    client_id: str
+    scope: str
+    resource: str | None
+    expires_at: float
+    revoked: bool = False
+
+
+@dataclass
+class TokenEndpoint:
+    """A running token endpoint: its URL, its clients (id -> secret), what it issued and each request's form.
+
+    ``lifetime`` is the ``expires_in`` it grants; ``gate``, when cleared, holds every answer until set.
+    ``authorization`` records each request's ``Authorization`` header.
+    """
+
+    url: str
+    clients: dict[str, str]
+    tokens: dict[str, IssuedToken]
+    forms: list[dict[str, str]]
+    authorization: list[str | None]
+    gate: threading.Event
+    lifetime: int = 3600
+
+    def issued_to(self, client_id: str) -> list[str]:
+        return [value for value, issued in self.tokens.items() if issued.client_id == client_id]
+
+    def revoke_all(self) -> None:
+        for issued in self.tokens.values():
+            issued.revoked = True
+
+
+class IssuedTokenVerifier:
+    """The SDK's ``TokenVerifier`` accepting only tokens ``endpoint`` issued, neither revoked nor expired."""
+
+    def __init__(self, endpoint: TokenEndpoint, *, resource: str | None = None) -> None:
+        self.endpoint = endpoint
+        self.resource = resource
+
+    async def verify_token(self, token: str) -> Any:
+        from mcp.server.auth.provider import AccessToken
+
+        issued = self.endpoint.tokens.get(token)
+        if issued is None or issued.revoked or issued.expires_at <= time.time():
+            return None
+        if self.resource is not None and issued.resource != self.resource:
+            return None  # RFC 8707: a token for another resource is not for this server
+        return AccessToken(
+            token=token, client_id=issued.client_id, scopes=issued.scope.split(), expires_at=int(issued.expires_at)
+        )
+
+
+@contextlib.contextmanager
+def running_token_endpoint(clients: dict[str, str], *, lifetime: int = 3600) -> Iterator[TokenEndpoint]:
+    """An OAuth 2.0 token endpoint (authlib's ``AuthorizationServer`` with ``ClientCredentialsGrant``,
+    ``client_secret_basic`` only) served by uvicorn on 127.0.0.1 at ``<base>/token``; stopped on exit."""
+    import secrets
+    from urllib.parse import parse_qsl
+
+    import anyio
+    from authlib.oauth2.rfc6749 import AuthorizationServer, ClientMixin, OAuth2Request
+    from authlib.oauth2.rfc6749.grants import ClientCredentialsGrant
+    from authlib.oauth2.rfc6749.requests import BasicOAuth2Payload
+    from authlib.oauth2.rfc6750 import BearerTokenGenerator
+    from starlette.applications import Starlette
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    tokens: dict[str, IssuedToken] = {}
+    forms: list[dict[str, str]] = []
+    authorization: list[str | None] = []
+    gate = threading.Event()
+    gate.set()
+
+    class Client(ClientMixin):
+        def __init__(self, client_id: str, secret: str) -> None:
+            self.client_id, self.secret = client_id, secret
+
+        def get_client_id(self) -> str:
+            return self.client_id
+
+        def get_default_redirect_uri(self) -> None:
+            return None
+
+        def get_allowed_scope(self, scope: str | None) -> str:
+            return scope or ""
+
+        def check_redirect_uri(self, redirect_uri: str) -> bool:
+            return False
+
+        def check_client_secret(self, client_secret: str) -> bool:
+            return secrets.compare_digest(client_secret, self.secret)
+
+        def check_endpoint_auth_method(self, method: str, endpoint: str) -> bool:
+            return method == "client_secret_basic"
+
+        def check_response_type(self, response_type: str) -> bool:
+            return False
+
+        def check_grant_type(self, grant_type: str) -> bool:
+            return grant_type == "client_credentials"
+
+    class FormRequest(OAuth2Request):
+        def __init__(self, uri: str, headers: Any, form: dict[str, str]) -> None:
+            super().__init__("POST", uri, headers=headers)
+            self._form = form
+            self.payload = BasicOAuth2Payload(form)
+
+        @property
+        def form(self) -> dict[str, str]:
+            return self._form
+
+    class Server(AuthorizationServer):
+        def query_client(self, client_id: str) -> Client | None:
+            secret = endpoint.clients.get(client_id)
+            return Client(client_id, secret) if secret is not None else None
+
+        def save_token(self, token: dict[str, Any], request: Any) -> None:
+            tokens[token["access_token"]] = IssuedToken(
+                client_id=request.client.get_client_id(),
+                scope=token.get("scope", ""),
+                resource=request.form.get("resource"),
+                expires_at=time.time() + token["expires_in"],
+            )
+
+        def send_signal(self, name: str, *args: Any, **kwargs: Any) -> None:
+            pass
+
+        def create_oauth2_request(self, request: Any) -> Any:
+            return request
+
+        def handle_response(self, status: int, body: Any, headers: Any) -> tuple[int, Any, Any]:
+            return status, body, headers
+
+    server = Server()
+    server.register_grant(ClientCredentialsGrant)
+    server.register_token_generator(
+        "default",
+        BearerTokenGenerator(
+            access_token_generator=lambda **_: secrets.token_urlsafe(24),
+            expires_generator=lambda client, grant_type: endpoint.lifetime,
+        ),
+    )
+
+    async def token(request: Request) -> Response:
+        form = dict(parse_qsl((await request.body()).decode()))
+        forms.append(form)
+        authorization.append(request.headers.get("authorization"))
+        await anyio.to_thread.run_sync(gate.wait)
+        status, body, headers = server.create_token_response(FormRequest(str(request.url), request.headers, form))
+        return Response(json.dumps(body), status_code=status, headers=dict(headers), media_type="application/json")
+
+    app = Starlette(routes=[Route("/token", token, methods=["POST"])])
+    with running_asgi(app) as base:
+        endpoint: TokenEndpoint = TokenEndpoint(
+            url=f"{base}/token",
+            clients=dict(clients),
+            tokens=tokens,
+            forms=forms,
+            authorization=authorization,
+            gate=gate,
+            lifetime=lifetime,
+        )
+        try:
+            yield endpoint
+        finally:
+            gate.set()

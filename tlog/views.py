@@ -36,10 +36,14 @@ def _text(body: str | bytes, content_type: str = TEXT, cache_control: str = REVA
     return response
 
 
-class CheckpointView(APIView):
+class PublicLogView(APIView):
+    """A log endpoint: readable by anyone; no authentication runs (a presented key is neither needed nor read)."""
+
     permission_classes = [AllowAnyone]
     authentication_classes: list[type] = []
 
+
+class CheckpointView(PublicLogView):
     @extend_schema(
         operation_id="tlog_checkpoint",
         tags=TLOG,
@@ -51,10 +55,7 @@ class CheckpointView(APIView):
         return _text(selectors.cosigned_checkpoint(selectors.log_head(tenant_id)))
 
 
-class LogKeyView(APIView):
-    permission_classes = [AllowAnyone]
-    authentication_classes: list[type] = []
-
+class LogKeyView(PublicLogView):
     @extend_schema(
         operation_id="tlog_log_key",
         tags=TLOG,
@@ -68,10 +69,7 @@ class LogKeyView(APIView):
         )
 
 
-class ProofView(APIView):
-    permission_classes = [AllowAnyone]
-    authentication_classes: list[type] = []
-
+class ProofView(PublicLogView):
     @extend_schema(
         operation_id="tlog_proof",
         tags=TLOG,
@@ -96,10 +94,7 @@ class ProofView(APIView):
         return _text(inclusion.proof or "")
 
 
-class ConsistencyView(APIView):
-    permission_classes = [AllowAnyone]
-    authentication_classes: list[type] = []
-
+class ConsistencyView(PublicLogView):
     @extend_schema(
         operation_id="tlog_consistency",
         tags=TLOG,
@@ -114,10 +109,7 @@ class ConsistencyView(APIView):
         return _text("".join(f"{note.b64encode(h)}\n" for h in proof), cache_control=IMMUTABLE)
 
 
-class TileView(APIView):
-    permission_classes = [AllowAnyone]
-    authentication_classes: list[type] = []
-
+class TileView(PublicLogView):
     @extend_schema(
         operation_id="tlog_tile",
         tags=TLOG,
@@ -131,10 +123,7 @@ class TileView(APIView):
         return _text(data, "application/octet-stream", IMMUTABLE if full else "public, max-age=3600")
 
 
-class LogKeysView(APIView):
-    permission_classes = [AllowAnyone]
-    authentication_classes: list[type] = []
-
+class LogKeysView(PublicLogView):
     @extend_schema(
         operation_id="tlog_keys",
         tags=TLOG,

@@ -15,8 +15,15 @@ from django.utils import timezone
 from common import metrics, tracing
 from mcpgateway.models import Action, Tool, UpstreamServer
 from mcpgateway.services.call import CallRequest
-from mcpgateway.services.upstreams import upstream_client_for, upstream_headers
+from mcpgateway.services.upstreams import (
+    AnyClient,
+    upstream_client_for,
+    upstream_headers,
+    upstream_token,
+    upstream_token_refused,
+)
 from mcpgateway.upstream.client import CallResult, UpstreamClient
+from mcpgateway.upstream.oauth import AccessToken, TokenUnavailable
 
 # --- Upstream client (one per process) -------------------------------------------------
 
@@ -63,23 +70,31 @@ def send_deadline(action: Action) -> float | None:
     return time.monotonic() + budget - elapsed
 
 
-def _server_client(action: Action, server: UpstreamServer | None) -> UpstreamClient:
+def _server_client(action: Action, server: UpstreamServer | None) -> tuple[AnyClient, AccessToken | None]:
     """The client of the server the call was claimed on, to the URL and with the timeouts claimed.
 
     The credentials are the tenant's own for that server, else the server's (``upstream_headers``);
-    they go to that server only, and the agent's API key never leaves the gateway.
+    they go to that server only, and the agent's API key never leaves the gateway. The one place
+    they are put on the call: static headers with the client, an OAuth access token (fetched before
+    the claim, ``upstream_credentials_ready``; from the cache here) on the client as it is sent.
+    Raises ``TokenUnavailable`` when that token is gone from the cache and cannot be fetched again.
     """
     if action.upstream_server_id is None or server is None:
-        return upstream_client()
+        return upstream_client(), None
     assert action.upstream_url is not None
-    return upstream_client_for(
+    client = upstream_client_for(
         server_id=action.upstream_server_id,
         url=action.upstream_url,
         connect_timeout=action.upstream_connect_timeout or settings.UPSTREAM_CONNECT_TIMEOUT,
         read_timeout=action.upstream_read_timeout or settings.UPSTREAM_READ_TIMEOUT,
         credentials=upstream_headers(server=server, tenant_id=action.tenant_id),
         credentials_version=server.credentials_version,
+        transport=server.transport,
     )
+    token = upstream_token(server=server, tenant_id=action.tenant_id)
+    if token is not None:
+        client.authorize(token.authorization)
+    return client, token
 
 
 def _dispatch(action: Action, tool: Tool, req: CallRequest, server: UpstreamServer | None = None) -> CallResult:
@@ -90,9 +105,11 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest, server: UpstreamServ
     cannot compile) is ``not_sent``: the tool did not run, phase 3 refunds.
     """
     try:
-        client = _server_client(action, server)
+        client, token = _server_client(action, server)
     except RuntimeError as exc:
         return CallResult(kind="not_sent", reason=str(exc), request_id=action.action_id)
+    except TokenUnavailable as exc:
+        return CallResult(kind="not_sent", reason=f"no access token: {exc.reason}", request_id=action.action_id)
     slug = server.slug if server is not None else ""
     # The one tracing hook of the dispatch: a CLIENT span, and the trace context sent upstream.
     with tracing.upstream_span(
@@ -121,5 +138,8 @@ def _dispatch(action: Action, tool: Tool, req: CallRequest, server: UpstreamServ
             traced.answered(result.kind, None)
             return result
         traced.answered(result.kind, result.status_code)
+    if token is not None and server is not None and result.status_code in (401, 403):
+        # The upstream refused the token (expired early, revoked): the next call fetches a fresh one.
+        upstream_token_refused(server=server, tenant_id=action.tenant_id, token=token)
     metrics.observe_upstream(result.elapsed, kind=result.kind, server=slug, tool=tool.service_id)
     return result

@@ -56,6 +56,7 @@ from mcpgateway.services.dispatch import _dispatch
 from mcpgateway.services.finish import _phase3, _phase3_local
 from mcpgateway.services.lookup import _cached, _Found, _lookup, _remember, _Stale
 from mcpgateway.services.tools import _RegisteredTool
+from mcpgateway.services.upstreams import UpstreamCredentialsUnavailable, upstream_credentials_ready
 from permits.exceptions import PermitKeyMismatch
 from permits.models import Permit
 
@@ -107,7 +108,8 @@ def _governed_call(req: CallRequest) -> CallAnswer:
     Raises before acceptance (nothing written): ``RequestValidationError``
     (unknown or unpriced tool, arguments that break the inputSchema or its bounds, validated once),
     ``ToolSchemaUnusable`` (422: the tool's inputSchema cannot be used), ``IdempotencyKeyReused``
-    (422) and ``IdempotencyKeyInProgress`` (409).
+    (422), ``IdempotencyKeyInProgress`` (409) and ``UpstreamCredentialsUnavailable`` (503 or 502: no
+    OAuth access token for the tool's server could be had).
 
     A call whose tool, price, permit and policies the process has cached is decided on those
     and claimed without reading them again (the claim compares what can have changed); any
@@ -178,6 +180,17 @@ def _governed(
         if found.cached:
             raise _Stale()  # a replay of the key, or the 422, is for the fresh lookup to tell
         raise _refuse_arguments(error)
+
+    server = found.tool.server
+    if server is not None and tool.source == ToolSource.UPSTREAM:
+        # An OAuth access token is fetched here, off any transaction and before anything is written.
+        wallet = req.principal.key.wallet
+        try:
+            upstream_credentials_ready(server=server, tenant_id=wallet.tenant_id if wallet is not None else "")
+        except UpstreamCredentialsUnavailable:
+            if found.cached:  # decided on a cached server row (older credentials?): decide again on fresh rows
+                raise _Stale() from None
+            raise
 
     if tracing.ENABLED and found.tool.server is not None:
         tracing.current_set("tollgate.upstream.server", found.tool.server.slug)

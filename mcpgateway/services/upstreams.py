@@ -24,9 +24,17 @@ from billing.models import ServiceCategory
 from common.cache import BoundedCache
 from common.errors import ApplicationError, Conflict, NotFound, RequestValidationError
 from common.ids import new_id
-from mcpgateway.models import CredentialKind, UpstreamCredential, UpstreamProbeSource, UpstreamServer
+from mcpgateway.models import (
+    CredentialKind,
+    UpstreamCredential,
+    UpstreamProbeSource,
+    UpstreamServer,
+    UpstreamTransport,
+)
 from mcpgateway.services.tools import SyncReport, tools_sync
 from mcpgateway.upstream.client import UpstreamClient, UpstreamError
+from mcpgateway.upstream.legacy_sse import LegacySseClient
+from mcpgateway.upstream.oauth import AccessToken, ClientCredentials, TokenCache, TokenUnavailable, token_fetch
 from mcpgateway.upstream.secrets import SecretUnreadable, secret_decrypt, secret_encrypt
 from permits.exceptions import PermitDenied
 
@@ -66,6 +74,30 @@ class UpstreamCredentialsMissing(PermitDenied):
     message = (
         "The upstream server of this tool requires credentials and none are set for this tenant or the "
         "server; nothing was charged."
+    )
+
+
+class UpstreamCredentialsUnavailable(ApplicationError):
+    """No access token for the server's OAuth client credentials: refused before anything is written or debited.
+
+    503 when the token endpoint could not answer (unreachable, a 5xx: retry later, with the same
+    idempotency key); ``UpstreamCredentialsRejected`` (502) when it refused the credentials or answered
+    something that is not a token (the operator must act). ``failure`` says which in a word.
+    """
+
+    code = "upstream_credentials_unavailable"
+    http_status = 503
+    message = (
+        "No access token could be obtained for the upstream server of this tool; nothing was charged and the "
+        "call was not recorded (retry later with the same idempotency key)."
+    )
+
+
+class UpstreamCredentialsRejected(UpstreamCredentialsUnavailable):
+    http_status = 502
+    message = (
+        "The token endpoint of the upstream server of this tool refused its client credentials or gave no usable "
+        "token; nothing was charged and the call was not recorded."
     )
 
 
@@ -114,6 +146,7 @@ def upstream_check_open(*, server: UpstreamServer, tenant_id: str) -> None:
 UPSTREAM_EDITABLE = (
     "name",
     "url",
+    "transport",
     "connect_timeout",
     "read_timeout",
     "enabled",
@@ -138,6 +171,9 @@ def upstream_server_validate(values: dict[str, Any]) -> None:
     prefix = values.get("tool_prefix")
     if prefix is not None and (not isinstance(prefix, str) or "." in prefix or len(prefix) > 64):
         problems.append(("tool_prefix", "must be at most 64 characters without a dot"))
+    transport = values.get("transport")
+    if transport is not None and transport not in UpstreamTransport.values:
+        problems.append(("transport", "must be streamable_http or http_sse"))
     category = values.get("default_category")
     if category is not None and category not in ServiceCategory.values:
         problems.append(("default_category", "must be a service category"))
@@ -207,6 +243,7 @@ def _public(server: UpstreamServer) -> dict[str, Any]:
     return {
         "name": server.name,
         "url": server.url,
+        "transport": server.transport,
         "connect_timeout": server.connect_timeout,
         "read_timeout": server.read_timeout,
         "enabled": server.enabled,
@@ -258,10 +295,63 @@ def upstream_default_ensure() -> UpstreamServer | None:
 def upstream_credential_validate(*, kind: str, secret: dict[str, Any]) -> None:
     """Raise ``UpstreamServerInvalid`` when ``secret`` is not a credential of ``kind`` that can be sent."""
     _credential_headers(kind, secret)
+    _client_credentials(kind, secret)
+
+
+# The fields a credential of each kind stores (whatever else a form or a body carries is not stored).
+CREDENTIAL_FIELDS: dict[str, tuple[str, ...]] = {
+    CredentialKind.BEARER: ("token",),
+    CredentialKind.HEADERS: ("headers",),
+    CredentialKind.OAUTH_CLIENT_CREDENTIALS: ("token_url", "client_id", "client_secret", "scope", "resource"),
+}
+
+
+def _printable(value: Any, *, max_length: int = 2000) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= max_length and value.isascii() and value.isprintable()
+
+
+def _client_credentials(kind: str, secret: dict[str, Any]) -> ClientCredentials | None:
+    """The OAuth client credentials of an ``oauth_client_credentials`` secret (None for another kind).
+
+    Raises ``UpstreamServerInvalid`` naming each field that cannot be used: an http(s) token URL,
+    a client id and secret of printable ASCII, a scope of RFC 6749 scope tokens, an absolute
+    ``resource`` URI without a fragment (RFC 8707).
+    """
+    if kind != CredentialKind.OAUTH_CLIENT_CREDENTIALS:
+        return None
+    problems: list[tuple[str, str]] = []
+    token_url = secret.get("token_url")
+    if not (_printable(token_url) and str(token_url).startswith(("http://", "https://")) and " " not in str(token_url)):
+        problems.append(("token_url", "must be the token endpoint's http(s) URL"))
+    if not _printable(secret.get("client_id"), max_length=500):
+        problems.append(("client_id", "must be a non-empty client id of printable ASCII"))
+    if not _printable(secret.get("client_secret"), max_length=500):
+        problems.append(("client_secret", "must be a non-empty client secret of printable ASCII"))
+    scope = secret.get("scope") or ""
+    if scope and not (_printable(scope) and '"' not in scope and "\\" not in scope):
+        problems.append(("scope", "must be space-separated scope tokens of printable ASCII"))
+    resource = secret.get("resource") or ""
+    if resource and not (_printable(resource) and ":" in resource and "#" not in resource and " " not in resource):
+        problems.append(("resource", "must be an absolute URI without a fragment (RFC 8707)"))
+    if problems:
+        raise UpstreamServerInvalid(*problems)
+    return ClientCredentials(
+        token_url=str(token_url),
+        client_id=str(secret["client_id"]),
+        client_secret=str(secret["client_secret"]),
+        scope=str(scope),
+        resource=str(resource),
+    )
 
 
 def _credential_headers(kind: str, secret: dict[str, Any]) -> dict[str, str]:
-    """The headers a credential sends; raises ``UpstreamServerInvalid`` for a malformed secret."""
+    """The static headers a credential sends (none for OAuth client credentials: their token changes).
+
+    Raises ``UpstreamServerInvalid`` for a malformed secret or an unknown kind.
+    """
+    if kind == CredentialKind.OAUTH_CLIENT_CREDENTIALS:
+        _client_credentials(kind, secret)
+        return {}
     if kind == CredentialKind.BEARER:
         token = secret.get("token")
         if not isinstance(token, str) or not token or not token.isascii() or not token.isprintable():
@@ -300,6 +390,7 @@ def upstream_credential_set(
     Audited without the secret.
     """
     _credential_headers(kind, secret)  # refuse a malformed secret before anything is stored
+    secret = {name: secret[name] for name in CREDENTIAL_FIELDS.get(kind, ()) if secret.get(name) is not None}
     server = _server_locked(server_id)
     blob = secret_encrypt({"kind": kind, **secret})
     credential = UpstreamCredential.objects.filter(server=server, tenant_id=tenant_id).first()
@@ -346,10 +437,15 @@ def _credentials_changed(server: UpstreamServer, event: str, *, tenant_id: str |
 
 @dataclass(frozen=True)
 class _Headers:
-    """The headers a tenant's calls to a server carry, and whose they are (``scope``: the tenant or ``*``)."""
+    """The headers a tenant's calls to a server carry, and whose they are (``scope``: the tenant or ``*``).
+
+    ``oauth``: the OAuth client credentials whose access token every request carries as well
+    (``upstream_token``); ``headers`` is then empty.
+    """
 
     scope: str
     headers: dict[str, str]
+    oauth: ClientCredentials | None = None
 
 
 # (server id, credentials version, tenant id) -> the headers, or None when neither has credentials.
@@ -377,20 +473,103 @@ def upstream_headers(*, server: UpstreamServer, tenant_id: str) -> _Headers | No
     if row is not None:
         try:
             secret = secret_decrypt(bytes(row.secret))
-            found = _Headers(scope=row.tenant_id or "*", headers=_credential_headers(row.kind, secret))
+            found = _Headers(
+                scope=row.tenant_id or "*",
+                headers=_credential_headers(row.kind, secret),
+                oauth=_client_credentials(row.kind, secret),
+            )
         except (SecretUnreadable, UpstreamServerInvalid):
             found = None
     _headers.set(key, found)
     return found
 
 
+# --- OAuth access tokens ----------------------------------------------------------------------
+
+# (server id, credential scope, credentials version) -> the access token, per process. A credential
+# change moves the version, so a token is never used for other client credentials.
+_tokens = TokenCache("upstream.oauth_tokens")
+
+
+def _token_key(server: UpstreamServer, credentials: _Headers) -> tuple[str, str, int]:
+    return (server.server_id, credentials.scope, server.credentials_version)
+
+
+def upstream_token(*, server: UpstreamServer, tenant_id: str, timeout: float | None = None) -> AccessToken | None:
+    """The access token for ``tenant_id``'s calls to ``server`` (None unless its credentials are OAuth's).
+
+    From the process's cache while it is more than ``UPSTREAM_OAUTH_EXPIRY_MARGIN`` seconds from its
+    expiry, else fetched from the token endpoint (with the server's timeouts, or ``timeout`` when they are
+    longer), once for all the callers
+    that need it at that moment. Raises ``TokenUnavailable`` (no secret in it) when none could be had.
+    Call it outside any transaction: it may wait for the token endpoint.
+    """
+    credentials = upstream_headers(server=server, tenant_id=tenant_id)
+    if credentials is None or credentials.oauth is None:
+        return None
+    oauth = credentials.oauth
+    connect, read = server.connect_timeout, server.read_timeout
+    if timeout is not None:
+        connect, read = min(connect, timeout), min(read, timeout)
+    return _tokens.get(
+        _token_key(server, credentials),
+        lambda: token_fetch(oauth, connect_timeout=connect, read_timeout=read),
+        margin=float(settings.UPSTREAM_OAUTH_EXPIRY_MARGIN),
+    )
+
+
+def upstream_token_refused(*, server: UpstreamServer, tenant_id: str, token: AccessToken) -> None:
+    """The upstream refused ``token`` (401 or 403): forget it, so that the next call fetches a fresh one.
+
+    Only that token: one another caller fetched since stays.
+    """
+    credentials = upstream_headers(server=server, tenant_id=tenant_id)
+    if credentials is not None and credentials.oauth is not None:
+        _tokens.drop(_token_key(server, credentials), token)
+
+
+def upstream_credentials_ready(*, server: UpstreamServer, tenant_id: str) -> None:
+    """Before a call is accepted: make sure the access token its dispatch needs is at hand (fetch it now).
+
+    Off any transaction, before anything is written or debited: a token endpoint that fails refuses
+    the call with ``UpstreamCredentialsUnavailable`` (503, unreachable or 5xx) or
+    ``UpstreamCredentialsRejected`` (502, refused or malformed), and the idempotency key stays free.
+    A server the tenant may not call is left to the claim's refusal (``upstream_check_open``).
+    """
+    if not server.enabled or not server.open_to(tenant_id):
+        return
+    try:
+        upstream_token(server=server, tenant_id=tenant_id)
+    except TokenUnavailable as exc:
+        lasting = exc.failure in ("refused", "malformed")
+        refusal = UpstreamCredentialsRejected if lasting else UpstreamCredentialsUnavailable
+        extra: dict[str, Any] = {"server": server.slug, "failure": exc.failure}
+        if exc.oauth_error:
+            extra["oauth_error"] = exc.oauth_error
+        headers = {"Retry-After": "5"} if refusal is UpstreamCredentialsUnavailable else None
+        raise refusal(f"{refusal.message} ({exc.reason})", headers=headers, **extra) from None
+
+
 # --- One client per server ------------------------------------------------------------------
+
+AnyClient = UpstreamClient | LegacySseClient
+
+
+def upstream_client_new(url: str, *, transport: str, **options: Any) -> AnyClient:
+    """A client for a server at ``url`` speaking ``transport`` (Streamable HTTP, or the legacy HTTP+SSE).
+
+    ``options`` are the clients' common keyword arguments (timeouts, ``headers``).
+    """
+    if transport == UpstreamTransport.HTTP_SSE:
+        return LegacySseClient(url, **options)
+    return UpstreamClient(url, **options)
+
 
 _clients_lock = threading.Lock()
 # (server id, credential scope) -> (what the client was built for, the client). Bounded by the rows:
 # servers times the tenants holding credentials of their own. A client built for another URL,
 # other timeouts or other credentials is replaced and closed.
-_clients: dict[tuple[str, str], tuple[tuple[Any, ...], UpstreamClient]] = {}
+_clients: dict[tuple[str, str], tuple[tuple[Any, ...], AnyClient]] = {}
 
 
 def upstream_client_for(
@@ -401,7 +580,8 @@ def upstream_client_for(
     read_timeout: float,
     credentials: _Headers | None,
     credentials_version: int = 0,
-) -> UpstreamClient:
+    transport: str = UpstreamTransport.STREAMABLE_HTTP,
+) -> AnyClient:
     """The process's client for one server as a call was claimed on it (thread-safe).
 
     Each server (and each tenant holding credentials of its own for it) has its own client, hence
@@ -410,6 +590,7 @@ def upstream_client_for(
     scope = credentials.scope if credentials is not None else "*"
     built_for = (
         url,
+        transport,
         connect_timeout,
         read_timeout,
         credentials_version,
@@ -419,8 +600,9 @@ def upstream_client_for(
         entry = _clients.get((server_id, scope))
         if entry is not None and entry[0] == built_for:
             return entry[1]
-        client = UpstreamClient(
+        client = upstream_client_new(
             url,
+            transport=transport,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             total_timeout=read_timeout * 2,
@@ -444,15 +626,24 @@ def upstream_clients_close() -> None:
         client.close()
 
 
-def server_client(server: UpstreamServer, *, tenant_id: str | None = None) -> UpstreamClient:
-    """A new client for ``server`` with its server-wide credentials (or ``tenant_id``'s); the caller closes it."""
+def server_client(server: UpstreamServer, *, tenant_id: str | None = None) -> AnyClient:
+    """A new client for ``server`` with its server-wide credentials (or ``tenant_id``'s); the caller closes it.
+
+    Raises ``TokenUnavailable`` (an ``UpstreamError``) when they are OAuth's and no token could be had.
+    """
     creds = upstream_headers(server=server, tenant_id=tenant_id or "")
-    return UpstreamClient(
+    token = upstream_token(server=server, tenant_id=tenant_id or "")
+    client = upstream_client_new(
         server.url,
+        transport=server.transport,
         connect_timeout=server.connect_timeout,
         read_timeout=server.read_timeout,
+        total_timeout=server.read_timeout * 2,
         headers=creds.headers if creds is not None else None,
     )
+    if token is not None:
+        client.authorize(token.authorization)
+    return client
 
 
 # --- Health and connection tests --------------------------------------------------------------
@@ -460,6 +651,8 @@ def server_client(server: UpstreamServer, *, tenant_id: str | None = None) -> Up
 
 def upstream_error_class(exc: UpstreamError) -> str:
     """A fixed word for why a server could not be used, without the upstream's free text."""
+    if isinstance(exc, TokenUnavailable):
+        return "credentials_unavailable"
     status = exc.status_code
     if status in (401, 403):
         return "auth_refused"
@@ -482,18 +675,25 @@ def upstream_probe(server: UpstreamServer, *, timeout: float | None = None) -> d
     """
     wait = timeout if timeout is not None else min(server.read_timeout, float(settings.HEALTH_UPSTREAM_TIMEOUT))
     creds = upstream_headers(server=server, tenant_id="")
-    client = UpstreamClient(
+    client = upstream_client_new(
         server.url,
+        transport=server.transport,
         connect_timeout=min(server.connect_timeout, wait),
         read_timeout=wait,
         total_timeout=wait * 2,
         headers=creds.headers if creds is not None else None,
     )
+    token = None
     try:
+        token = upstream_token(server=server, tenant_id="", timeout=wait)
+        if token is not None:
+            client.authorize(token.authorization)
         session = client.initialize()
         client.ping()
         return {"reachable": True, "protocol_version": session.protocol_version, "error": None}
     except UpstreamError as exc:
+        if token is not None and exc.status_code in (401, 403):
+            upstream_token_refused(server=server, tenant_id="", token=token)
         return {"reachable": False, "protocol_version": None, "error": upstream_error_class(exc)}
     finally:
         client.close()

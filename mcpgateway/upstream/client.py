@@ -395,6 +395,7 @@ class UpstreamClient:
             f"POST {origin.target} HTTP/1.1\r\n{common}Content-Type: application/json\r\nAccept: {ACCEPT}\r\n"
         )
         self._delete_head = f"DELETE {origin.target} HTTP/1.1\r\n{common}"
+        self._authorization = ""  # the ``Authorization`` line of a token that rotates (``authorize``)
         self._lock = threading.Lock()
         self._state: _Negotiated | None = None
         _clients.add(self)
@@ -418,7 +419,7 @@ class UpstreamClient:
         state, self._state = self._state, None
         if state is not None and state.session.session_id is not None:
             try:
-                head = f"{self._delete_head}{state.lines}\r\n".encode("ascii")
+                head = f"{self._delete_head}{self._authorization}{state.lines}\r\n".encode("ascii")
                 response = self._pool.request(head, b"", self._deadline(), close=self._request_close)
                 try:
                     for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
@@ -428,6 +429,15 @@ class UpstreamClient:
             except (TransportError, _IncompleteReply, _InvalidReply, ValueError):
                 logger.debug("upstream session DELETE failed", exc_info=True)
         self._pool.close()
+
+    def authorize(self, value: str) -> None:
+        """Send ``Authorization: value`` with every request from now on, negotiation included.
+
+        For a credential whose value changes while the client lives (an OAuth access token): the
+        client, its connections and its negotiated session stay. Raises ``ValueError`` for a value
+        that cannot be sent. Not combined with an ``Authorization`` in ``headers`` (the caller's).
+        """
+        self._authorization = f"{_check_header('Authorization', value)}\r\n"
 
     @property
     def session(self) -> UpstreamSession | None:
@@ -464,23 +474,7 @@ class UpstreamClient:
 
     def list_tools(self) -> list[dict[str, Any]]:
         """All tools the upstream lists, following ``nextCursor``; raises ``UpstreamError`` on any failure."""
-        tools: list[dict[str, Any]] = []
-        cursor: str | None = None
-        seen: set[str] = set()
-        for _ in range(_MAX_LIST_PAGES):
-            result = self._safe_request("tools/list", {"cursor": cursor} if cursor is not None else None)
-            page = result.get("tools")
-            if not isinstance(page, list) or not all(isinstance(tool, dict) for tool in page):
-                raise UpstreamError("tools/list: result.tools is not a list of objects")
-            tools.extend(page)
-            next_cursor = result.get("nextCursor")
-            if next_cursor is None:
-                return tools
-            if not isinstance(next_cursor, str) or next_cursor in seen:
-                raise UpstreamError("tools/list: invalid or repeated nextCursor")
-            seen.add(next_cursor)
-            cursor = next_cursor
-        raise UpstreamError(f"tools/list: more than {_MAX_LIST_PAGES} pages")
+        return _all_tools(self._safe_request)
 
     def call_tool(
         self,
@@ -548,12 +542,8 @@ class UpstreamClient:
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
 
         started = time.monotonic()
-        if send_by is not None and started > send_by:
-            return CallResult(
-                kind="not_sent",
-                reason=f"not sent: the session was ready {started - send_by:.1f} s after the call's send deadline",
-                request_id=rid,
-            )
+        if (late := _past_send_by(started, send_by, rid)) is not None:
+            return late
         try:
             response = self._pool.request(head, body, self._deadline(started), close=self._request_close)
         except RequestNotSent as exc:
@@ -639,31 +629,7 @@ class UpstreamClient:
         payload: dict[str, Any] = message["result"]
         if state.envelope and (bad := _not_complete(payload)) is not None:
             return result("invalid_response", bad, result=payload)
-        if (bad := _invalid_call_result(payload)) is not None:
-            return result("invalid_response", bad, result=payload)
-        if payload.get("isError") is True:
-            return result("tool_error", "tool reported isError", result=payload)
-        if validator is not None:
-            structured = payload.get("structuredContent")
-            if structured is None:
-                return result(
-                    "invalid_response", "structuredContent missing for a tool with an outputSchema", result=payload
-                )
-            try:
-                # is_valid first: a conforming result (the usual case) needs no error objects.
-                violation = (
-                    None
-                    if validator.is_valid(structured)
-                    else jsonschema.exceptions.best_match(validator.iter_errors(structured))
-                )
-            except Exception as exc:
-                # An unresolvable $ref and the like: the result cannot be shown to conform.
-                return result("invalid_response", f"outputSchema not evaluable: {_describe(exc)}", result=payload)
-            if violation is not None:
-                path = "/".join(str(part) for part in violation.absolute_path)
-                reason = f"structuredContent violates outputSchema at '{path}': {violation.message}"
-                return result("invalid_response", reason[:500], result=payload)
-        return result("success", "ok", result=payload)
+        return _classify_result(payload, validator, result)
 
     # -- negotiation -----------------------------------------------------------------------------
 
@@ -890,7 +856,7 @@ class UpstreamClient:
         ``lines`` holds the request's own header lines, already checked (each ending in CRLF).
         """
         body = json.dumps(payload, separators=(",", ":"), ensure_ascii=False).encode()
-        head = f"{self._post_head}{lines}Content-Length: {len(body)}\r\n\r\n"
+        head = f"{self._post_head}{self._authorization}{lines}Content-Length: {len(body)}\r\n\r\n"
         return head.encode("ascii"), body
 
     def _read_reply(self, response: _Response, rid: str | int, on_chunk: Callable[[bytes], None]) -> dict[str, Any]:
@@ -933,6 +899,77 @@ if hasattr(os, "register_at_fork"):
     # A client created before a fork (gunicorn --preload) must not share its sockets with the
     # children: two processes reading one connection would take each other's responses.
     os.register_at_fork(after_in_child=_forget_inherited_connections)
+
+
+def _all_tools(request: Callable[[str, dict[str, Any] | None], dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every page of ``tools/list`` through ``request(method, params)``, following ``nextCursor``.
+
+    Raises ``UpstreamError`` for a page that is not a list of tools, a cursor that repeats, or too many pages.
+    """
+    tools: list[dict[str, Any]] = []
+    cursor: str | None = None
+    seen: set[str] = set()
+    for _ in range(_MAX_LIST_PAGES):
+        result = request("tools/list", {"cursor": cursor} if cursor is not None else None)
+        page = result.get("tools")
+        if not isinstance(page, list) or not all(isinstance(tool, dict) for tool in page):
+            raise UpstreamError("tools/list: result.tools is not a list of objects")
+        tools.extend(page)
+        next_cursor = result.get("nextCursor")
+        if next_cursor is None:
+            return tools
+        if not isinstance(next_cursor, str) or next_cursor in seen:
+            raise UpstreamError("tools/list: invalid or repeated nextCursor")
+        seen.add(next_cursor)
+        cursor = next_cursor
+    raise UpstreamError(f"tools/list: more than {_MAX_LIST_PAGES} pages")
+
+
+def _past_send_by(started: float, send_by: float | None, rid: str | int) -> CallResult | None:
+    """The ``not_sent`` result of a call whose session was ready after its send deadline, else None."""
+    if send_by is None or started <= send_by:
+        return None
+    return CallResult(
+        kind="not_sent",
+        reason=f"not sent: the session was ready {started - send_by:.1f} s after the call's send deadline",
+        request_id=rid,
+    )
+
+
+def _classify_result(
+    payload: dict[str, Any],
+    validator: jsonschema.protocols.Validator | None,
+    result: Callable[..., CallResult],
+) -> CallResult:
+    """The outcome of a ``tools/call`` result for our id: ``success``, ``tool_error`` or ``invalid_response``.
+
+    ``result(kind, reason, result=...)`` builds the ``CallResult`` (with the caller's id, status and timing).
+    """
+    if (bad := _invalid_call_result(payload)) is not None:
+        return result("invalid_response", bad, result=payload)
+    if payload.get("isError") is True:
+        return result("tool_error", "tool reported isError", result=payload)
+    if validator is not None:
+        structured = payload.get("structuredContent")
+        if structured is None:
+            return result(
+                "invalid_response", "structuredContent missing for a tool with an outputSchema", result=payload
+            )
+        try:
+            # is_valid first: a conforming result (the usual case) needs no error objects.
+            violation = (
+                None
+                if validator.is_valid(structured)
+                else jsonschema.exceptions.best_match(validator.iter_errors(structured))
+            )
+        except Exception as exc:
+            # An unresolvable $ref and the like: the result cannot be shown to conform.
+            return result("invalid_response", f"outputSchema not evaluable: {_describe(exc)}", result=payload)
+        if violation is not None:
+            path = "/".join(str(part) for part in violation.absolute_path)
+            reason = f"structuredContent violates outputSchema at '{path}': {violation.message}"
+            return result("invalid_response", reason[:500], result=payload)
+    return result("success", "ok", result=payload)
 
 
 def _dict_or_empty(value: Any) -> dict[str, Any]:

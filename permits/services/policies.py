@@ -286,6 +286,23 @@ def _lock_policy(policy_id: str, changes: Mapping[str, Any]) -> PolicyBundle:
     return PolicyBundle.objects.select_for_update(no_key=True).get(policy_id=policy_id)
 
 
+def _lock_for_change(
+    policy_id: str, changes: Mapping[str, Any], *, actor_wallet_id: str
+) -> tuple[PolicyBundle, dict[str, Any], dict[str, Any], list[str]]:
+    """The first steps of ``policy_update`` and ``policy_change``: the changed rules checked
+    (``policy_rules_check``, before any lock), the policy's row locked (``_lock_policy``), the
+    changer's level checked on it when ``actor_wallet_id`` is a wallet's (403 ``policy_read_only``).
+    Returns the locked policy, its rules before the change, the changed rules and what the change
+    relaxes (``approval_relaxation``, judged on the locked row)."""
+    rules = {k: v for k, v in changes.items() if k in POLICY_FIELDS}
+    policy_rules_check(rules)
+    policy = _lock_policy(policy_id, changes)
+    if actor_wallet_id:
+        check_policy_level(policy, actor_wallet_id)
+    before = _rules(policy)
+    return policy, before, rules, approval_relaxation(before, {**before, **rules})
+
+
 def _apply_locked(
     policy: PolicyBundle,
     changes: Mapping[str, Any],
@@ -371,12 +388,7 @@ def policy_update(
     refused (409 ``approval_relaxation_needs_confirmation``, nothing written): it is made through
     ``policy_change`` (a proposal) and ``policy_proposal_confirm`` (a second person).
     """
-    policy_rules_check({k: v for k, v in changes.items() if k in POLICY_FIELDS})
-    policy = _lock_policy(policy_id, changes)
-    if actor_wallet_id:
-        check_policy_level(policy, actor_wallet_id)
-    before = _rules(policy)
-    relaxes = approval_relaxation(before, {**before, **{k: v for k, v in changes.items() if k in POLICY_FIELDS}})
+    policy, _, _, relaxes = _lock_for_change(policy_id, changes, actor_wallet_id=actor_wallet_id)
     if relaxes:
         raise ApprovalRelaxationNeedsConfirmation(policy_id=policy.policy_id, relaxes=relaxes)
     return _apply_locked(
@@ -422,13 +434,7 @@ def policy_change(
     whole. The same proposer asking for the same change of the same version again gets the pending
     proposal back (a retried request makes no second one). Audited ``policy.relaxation_proposed``.
     """
-    policy_rules_check({k: v for k, v in changes.items() if k in POLICY_FIELDS})
-    policy = _lock_policy(policy_id, changes)
-    if actor_wallet_id:
-        check_policy_level(policy, actor_wallet_id)
-    before = _rules(policy)
-    rules = {k: v for k, v in changes.items() if k in POLICY_FIELDS}
-    relaxes = approval_relaxation(before, {**before, **rules})
+    policy, before, rules, relaxes = _lock_for_change(policy_id, changes, actor_wallet_id=actor_wallet_id)
     if not relaxes:
         applied = _apply_locked(
             policy, changes, actor_key_id=actor_key_id, actor_wallet_id=actor_wallet_id, actor=actor, endpoint=endpoint

@@ -6,13 +6,11 @@
 
 from __future__ import annotations
 
-import signal
-import time
 from typing import Any
 
 from django.core.management.base import BaseCommand
-from django.db import close_old_connections
 
+from common.worker import rounds_run
 from permits.services import webhook_deliver_due
 
 
@@ -24,21 +22,8 @@ class Command(BaseCommand):
         parser.add_argument("--interval", type=float, default=2.0, help="seconds between rounds with --loop")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        stop = False
-
-        def _stop(*_: Any) -> None:
-            nonlocal stop
-            stop = True
-
-        signal.signal(signal.SIGTERM, _stop)
-        while True:
-            close_old_connections()
+        def deliver() -> None:
             for delivery in webhook_deliver_due():
                 self.stdout.write(f"webhook {delivery.delivery_id}: {delivery.status} after {delivery.attempts}")
-            if not options["loop"] or stop:
-                break
-            deadline = time.monotonic() + options["interval"]
-            while time.monotonic() < deadline and not stop:
-                time.sleep(0.2)
-            if stop:
-                break
+
+        rounds_run(deliver, loop=options["loop"], interval=options["interval"])
