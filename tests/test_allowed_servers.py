@@ -43,6 +43,7 @@ from tests import factories
 from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
 from tests.gateway_helpers import tools_call_body
+from tests.test_permits_hardening import admin_form, staff_client
 
 pytestmark = pytest.mark.django_db
 
@@ -230,8 +231,6 @@ def console_servers() -> None:
 def test_the_console_edits_a_policys_servers(tenant: Tenant) -> None:
     """A staff user with the one permission to change policies: the form shows the list as "only" these
     servers and edits it; "any" clears it; a slug that is no server is refused on the form."""
-    from tests.test_permits_hardening import admin_form, staff_client
-
     console_servers()
     policy = policy_create(wallet=tenant.sponsor, allowed_servers=["alpha"], denied_tools=["math.add"])
     client = staff_client("permits.view_policybundle", "permits.change_policybundle")
@@ -276,34 +275,19 @@ def test_the_console_edits_a_policys_servers(tenant: Tenant) -> None:
     policy.refresh_from_db()
     assert policy.allowed_servers is None
     # A staff user who may only view policies changes nothing.
-    viewer = staff_client_named("policy-viewer", "permits.view_policybundle")
+    viewer = staff_client("permits.view_policybundle", username="policy-viewer")
     assert viewer.post(url, admin_form(tenant.sponsor.wallet_id, servers_mode="only")).status_code == 403
     policy.refresh_from_db()
     assert policy.allowed_servers is None
-
-
-def staff_client_named(username: str, *permissions: str) -> Client:
-    from django.contrib.auth.models import Permission
-
-    user = get_user_model().objects.create_user(username, password="pw-for-tests-only", is_staff=True)
-    for label in permissions:
-        app_label, codename = label.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
-    client = Client(raise_request_exception=False)
-    client.force_login(user)
-    return client
 
 
 def test_widening_an_approval_policys_servers_from_the_console_is_a_proposal(tenant: Tenant) -> None:
     """A staff user holding change_policybundle (and even confirm_policy_relaxation) cannot widen the
     servers of a human-approval policy alone: the console records a proposal; the proposer cannot confirm
     it; narrowing applies at once."""
-    from tests.test_permits_hardening import admin_form
-
     console_servers()
     policy = policy_create(wallet=tenant.agent, allowed_servers=["alpha"], human_approval_required=True)
-    proposer = staff_client_named(
-        "proposer",
+    proposer = staff_client(
         "permits.view_policybundle",
         "permits.change_policybundle",
         "permits.confirm_policy_relaxation",

@@ -155,8 +155,8 @@ MALFORMED: list[dict[str, Any]] = [
 ]
 
 
-def staff_client(*permissions: str) -> Client:
-    user = get_user_model().objects.create_user("policy-admin", password="pw-for-tests-only", is_staff=True)
+def staff_client(*permissions: str, username: str = "policy-admin") -> Client:
+    user = get_user_model().objects.create_user(username, password="pw-for-tests-only", is_staff=True)
     for label in permissions:
         app_label, codename = label.split(".")
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
