@@ -436,3 +436,24 @@ def test_a_requests_servers_are_checked(tenant: Tenant, servers: Any) -> None:
     assert r.status_code == 422, r.content
     assert r.json()["detail"][0]["loc"][:2] == ["body", "allowed_servers"]
     assert not PermitRequest.objects.exists()
+
+
+def test_a_request_replayed_with_other_servers_is_the_idempotency_conflict(tenant: Tenant) -> None:
+    """The servers are part of what an idempotency key names: the agent cannot reuse the key of its
+    [alpha] request to have it read as another list."""
+    body = {"wallet_id": tenant.agent.wallet_id, "allowed_tools": ["*"], "max_credits": "5"}
+    first = tenant.agent_client.post(
+        "/v1/permit-requests", {**body, "allowed_servers": ["alpha"]}, format="json", HTTP_IDEMPOTENCY_KEY="same"
+    )
+    assert first.status_code == 202, first.content
+    for other in (["beta"], None):
+        again = tenant.agent_client.post(
+            "/v1/permit-requests", {**body, "allowed_servers": other}, format="json", HTTP_IDEMPOTENCY_KEY="same"
+        )
+        assert again.status_code == 422, again.content
+        assert again.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+    replay = tenant.agent_client.post(
+        "/v1/permit-requests", {**body, "allowed_servers": ["alpha"]}, format="json", HTTP_IDEMPOTENCY_KEY="same"
+    )
+    assert (replay.status_code, replay["Idempotent-Replayed"]) == (202, "true")
+    assert PermitRequest.objects.get().allowed_servers == ["alpha"]
