@@ -22,6 +22,9 @@ key and a permit, then measures at concurrency 1 and 8:
   ``OTEL_EXPORTER_OTLP_ENDPOINT`` pointing at a local OTLP/HTTP sink process that reads and
   discards every export) against tracing off (the first instance), in alternating windows;
   the gateway party counts both instances (the idle one adds about nothing);
+* at concurrency 8, the governed call with the transparency log on (the pending-leaf triggers of
+  tlog/sql/tlog_leaf_pending.sql present) against off (the triggers dropped), same gateway, in
+  alternating windows (target: throughput with the log at least 0.95 of without, as a ratio);
 * with ``--history N``, at concurrency 8, the measured wallet after N earlier calls copied
   into its tenant's tables, against an agent wallet of a second tenant without history,
   in alternating windows (history, fresh, fresh, history, ``--seconds`` each case in all)
@@ -52,6 +55,7 @@ import itertools
 import json
 import os
 import platform
+import re
 import signal
 import socket
 import subprocess
@@ -248,6 +252,20 @@ def _columns(conn: Any, table: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+def log_triggers(dsn: str, *, on: bool) -> None:
+    """The transparency log on: tlog/sql/tlog_leaf_pending.sql applied (each trigger dropped and created
+    anew); off: its triggers dropped, so a governed call's statements append no pending leaf."""
+    import psycopg
+
+    sql = (Path(__file__).resolve().parent.parent / "tlog" / "sql" / "tlog_leaf_pending.sql").read_text()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        if on:
+            conn.execute(sql.encode())
+            return
+        for trigger, table in re.findall(r"CREATE TRIGGER (\w+) AFTER INSERT ON (\w+)", sql):
+            conn.execute(f"DROP TRIGGER IF EXISTS {trigger} ON {table}".encode())
+
+
 def add_history(dsn: str, wallet_id: str, calls: int) -> dict[str, Any]:
     """Give ``wallet_id`` (and its tenant) ``calls`` earlier governed calls, by copying its real ones.
 
@@ -436,6 +454,7 @@ def main() -> int:
             cases: dict[str, Callable[[int], loadgen.Request]],
             meters: dict[str, loadgen.CpuMeter | None],
             ports: dict[str, int] | None = None,
+            before: dict[str, Callable[[], None]] | None = None,
         ) -> None:
             """``cases`` at concurrency 8 in alternating windows (the gateway's port unless ``ports`` says)."""
             results.update(
@@ -448,11 +467,20 @@ def main() -> int:
                     seconds=args.seconds,
                     parties=meters,
                     ports=ports,
+                    before=before,
                 )
             )
 
         # Three upstream servers against one; the upstream party is all three.
         alternating({"governed_one_server_c8": governed, "governed_three_servers_c8": governed_three}, three_parties)
+        # The transparency log on (its pending-leaf triggers present) against off (dropped), same gateway.
+        alternating(
+            {"governed_log_on_c8": governed, "governed_log_off_c8": governed},
+            parties,
+            before={"governed_log_on_c8": lambda: log_triggers(dsn, on=True),
+                    "governed_log_off_c8": lambda: log_triggers(dsn, on=False)},
+        )  # fmt: skip
+        log_triggers(dsn, on=True)
         # Tracing on (the second instance, exporting to the sink) against off.
         alternating(
             {"governed_untraced_c8": governed, "governed_traced_c8": governed},
@@ -482,6 +510,7 @@ def main() -> int:
             ),
             "three_servers_ratio_c8": _rate_ratio(results, "governed_three_servers_c8", "governed_one_server_c8"),
             "traced_ratio_c8": _rate_ratio(results, "governed_traced_c8", "governed_untraced_c8"),
+            "log_ratio_c8": _rate_ratio(results, "governed_log_on_c8", "governed_log_off_c8"),
             "history": history,
             "history_ratio_c8": (
                 round(results["governed_history_c8"]["calls_per_s"] / results["governed_fresh_c8"]["calls_per_s"], 3)
@@ -496,6 +525,7 @@ def main() -> int:
                 "history_ratio_c8_min": 0.9,
                 "three_servers_ratio_c8_min": 0.9,
                 "traced_ratio_c8_min": 0.9,
+                "log_ratio_c8_min": 0.95,
             },
         }
         print("| path | concurrency | calls/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|")
@@ -506,6 +536,7 @@ def main() -> int:
         print(f"throughput ratio at c=8 (governed / direct): {report['throughput_ratio_c8']}")
         print(f"throughput ratio at c=8 (three servers / one): {report['three_servers_ratio_c8']}")
         print(f"throughput ratio at c=8 (tracing on / off): {report['traced_ratio_c8']}")
+        print(f"throughput ratio at c=8 (transparency log on / off): {report['log_ratio_c8']}")
         print("\n" + loadgen.cpu_table(results))
         loadgen.report_errors(results)
         if args.json:

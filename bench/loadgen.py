@@ -467,16 +467,20 @@ def run_alternating(
     parties: Mapping[str, CpuMeter | None] | None = None,
     rounds: int = 2,
     ports: Mapping[str, int] | None = None,
+    before: Mapping[str, Callable[[], None]] | None = None,
 ) -> dict[str, dict[str, Any]]:
     """Each of ``cases`` (``{label: make_request}``) for ``seconds`` in all, in ``rounds`` windows taken in
     turn, the order reversed every round (A B, B A, ...), so that a change of the machine's speed during
     the measurement (a shared host's) weighs on every case alike; each case's figures are those of its
     windows together, as :func:`run` gives them for one window. ``ports``: a case's own port, when the
-    cases are served by different servers (``port`` for the others)."""
+    cases are served by different servers (``port`` for the others). ``before``: what to do before each of
+    a case's windows (a case that differs by the database's state, not by its requests)."""
     windows: dict[str, list[tuple[dict[str, Any], list[float]]]] = {label: [] for label in cases}
     order = list(cases)
     for round_ in range(rounds):
         for label in order if round_ % 2 == 0 else order[::-1]:
+            if before and label in before:
+                before[label]()
             windows[label].append(
                 _load(
                     host,

@@ -73,6 +73,7 @@ LOCAL_TABLES: frozenset[str] = frozenset(
         "billing_tool_price_change",
         "mcpgateway_session",
         "mcpgateway_upstream_server_state",
+        "tlog_witness_state",
         "auth_group",
         "auth_group_permissions",
         "auth_permission",

@@ -54,6 +54,7 @@ _FUNCTION = re.compile(r"CREATE\s+(?:OR\s+REPLACE\s+)?FUNCTION\s+([\w.]+)\s*\(",
 _TRIGGER = re.compile(
     r"CREATE\s+(?:OR\s+REPLACE\s+)?(?:CONSTRAINT\s+)?TRIGGER\s+(\w+)\s.*?\sON\s+([\w.]+)", re.IGNORECASE | re.DOTALL
 )
+_DROP_TRIGGER = re.compile(r"DROP\s+TRIGGER\s+(?:IF\s+EXISTS\s+)?(\w+)\s+ON\s+([\w.]+)", re.IGNORECASE)
 _SCRATCH_SCHEMA = "sqlfiles_scratch"
 
 
@@ -349,6 +350,30 @@ _TRIGGERS = """
 """
 
 
+def migration_state_tables(connection: BaseDatabaseWrapper) -> set[str]:
+    """The tables of the models at the connection's migration state (the migrations it has applied).
+
+    Read from the migration graph, not from the catalogue: a table the applied migrations create but
+    the database lacks is still expected there.
+    """
+    from django.db.migrations.loader import MigrationLoader
+
+    loader = MigrationLoader(connection, ignore_no_migrations=True)
+    applied = set(loader.applied_migrations)
+    heads = [key for key in applied if not any(child.key in applied for child in loader.graph.node_map[key].children)]
+    state = loader.graph.make_state(nodes=heads, at_end=True, real_apps=loader.unmigrated_apps)
+    return {
+        model.options.get("db_table") or f"{app_label}_{model_name}"
+        for (app_label, model_name), model in state.models.items()
+        if model.options.get("managed", True) and not model.options.get("proxy", False)
+    }
+
+
+def _on_absent_table(statement: str, absent: set[str]) -> bool:
+    match = _TRIGGER.match(_bare(statement)) or _DROP_TRIGGER.match(_bare(statement))
+    return match is not None and match.group(2) in absent
+
+
 def sql_database_differences(connection: BaseDatabaseWrapper, files: list[SqlFile] | None = None) -> list[str]:
     """How the database's functions and triggers differ from the SQL files ([] when they are the files').
 
@@ -357,9 +382,16 @@ def sql_database_differences(connection: BaseDatabaseWrapper, files: list[SqlFil
     prints (``pg_get_functiondef``, ``pg_get_triggerdef``) for the file applied to a scratch schema
     (with empty copies of the triggers' tables) that is rolled back; and no other function or
     trigger exists there (functions of extensions aside).
+
+    What is expected follows the connection's migration state (:func:`migration_state_tables`), not
+    the latest migrations on disk: a trigger whose table the applied migrations have not created (a
+    database migrated back, the table's migration unapplied) is not expected; one whose table they
+    have created is, whether or not the table is really there.
     """
     files = sql_files() if files is None else files
     problems: list[str] = []
+    present = migration_state_tables(connection)
+    absent = {table for file in files for _, table in file.trigger_statements() if table not in present}
     try:
         with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
             cursor.execute("SELECT current_schema()")
@@ -374,13 +406,17 @@ def sql_database_differences(connection: BaseDatabaseWrapper, files: list[SqlFil
             # The files applied again where they change nothing: a scratch schema first on the search_path.
             quoted = connection.ops.quote_name(schema)
             cursor.execute(f"CREATE SCHEMA {_SCRATCH_SCHEMA}")
-            for table in sorted({table for file in files for _, table in file.trigger_statements()}):
-                cursor.execute(f"CREATE TABLE {_SCRATCH_SCHEMA}.{table} (LIKE {quoted}.{table})")
+            for table in sorted({table for file in files for _, table in file.trigger_statements()} - absent):
+                cursor.execute("SELECT to_regclass(%s)", [f"{quoted}.{table}"])
+                # A table the migrations created but the database lacks: its trigger is reported missing.
+                like = f"LIKE {quoted}.{table}" if cursor.fetchone()[0] is not None else ""
+                cursor.execute(f"CREATE TABLE {_SCRATCH_SCHEMA}.{table} ({like})")
             cursor.execute(f"SET LOCAL search_path = {_SCRATCH_SCHEMA}, {quoted}")
             cursor.execute("SET LOCAL check_function_bodies = off")
             for file in files:
                 for statement in file.statements():
-                    cursor.execute(statement)
+                    if not _on_absent_table(statement, absent):
+                        cursor.execute(statement)
             cursor.execute(_FUNCTIONS, [_SCRATCH_SCHEMA])
             expected_functions = dict(cursor.fetchall())
             cursor.execute(_TRIGGERS, [_SCRATCH_SCHEMA])
@@ -401,6 +437,8 @@ def sql_database_differences(connection: BaseDatabaseWrapper, files: list[SqlFil
                     if found and same(expected_functions[function]) not in [same(d) for d in found]:
                         problems.append(f"{file.label}: function {function} in the database is not the file's")
                 for trigger, table in file.trigger_statements():
+                    if table in absent:
+                        continue
                     definition, enabled = triggers.get((trigger, table), (None, None))
                     if definition is None:
                         problems.append(f"{file.label}: trigger {trigger} on {table} is not in the database")

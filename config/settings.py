@@ -114,6 +114,11 @@ TLOG_KEY_FILE = env.str("TLOG_KEY_FILE", default=str(BASE_DIR / ".data" / "keys"
 TLOG_CHECKPOINT_INTERVAL = env.float("TLOG_CHECKPOINT_INTERVAL", default=2.0)
 TLOG_WITNESSES = env.json("TLOG_WITNESSES", default=[])
 TLOG_WITNESS_TIMEOUT = env.float("TLOG_WITNESS_TIMEOUT", default=5.0)
+# A witness that fails to answer is skipped for TLOG_CHECKPOINT_INTERVAL doubled per consecutive failure,
+# at most TLOG_WITNESS_BACKOFF_MAX seconds (docs/audit-chain.md).
+TLOG_WITNESS_BACKOFF_MAX = env.float("TLOG_WITNESS_BACKOFF_MAX", default=300.0)
+if not 0 < TLOG_WITNESS_BACKOFF_MAX <= 86400:
+    raise ImproperlyConfigured("TLOG_WITNESS_BACKOFF_MAX is a number of seconds above 0 and at most 86400.")
 if not 0 < TLOG_CHECKPOINT_INTERVAL <= 60:
     raise ImproperlyConfigured("TLOG_CHECKPOINT_INTERVAL is a number of seconds above 0 and at most 60.")
 if not isinstance(TLOG_WITNESSES, list) or not all(

@@ -28,6 +28,7 @@ from django.db import connection
 from django.utils import timezone
 
 from publicsite.discovery import LOCAL_TOOLS
+from tlog.selectors import witness_states
 
 logger = logging.getLogger("tollgate.health")
 
@@ -260,4 +261,6 @@ def readiness_report() -> dict[str, Any]:
         "checked_at": timezone.now(),
         "dependencies": checks,
         "upstream_servers": servers,
+        # Shown, never holding readiness back: the log's checkpoints are signed without them.
+        "tlog_witnesses": witness_states(),
     }

@@ -288,6 +288,15 @@ class UpstreamServerState(serializers.Serializer):
     )
 
 
+class TlogWitnessState(serializers.Serializer):
+    """A transparency-log witness's standing with the integrator (docs/audit-chain.md); never its URL."""
+
+    name = serializers.CharField()
+    status = serializers.ChoiceField(choices=["ok", "backing_off", "unknown"])
+    failures = serializers.IntegerField(help_text="Consecutive failures to answer.")
+    retry_at = serializers.DateTimeField(allow_null=True, help_text="While backing off: not asked before then.")
+
+
 class ReadinessChecks(serializers.Serializer):
     database = DependencyCheck()
     signing_key = DependencyCheck()
@@ -301,6 +310,7 @@ class HealthReadyResponse(serializers.Serializer):
     checked_at = serializers.DateTimeField()
     dependencies = ReadinessChecks()
     upstream_servers = UpstreamServerState(many=True)
+    tlog_witnesses = TlogWitnessState(many=True, help_text="Shown only: readiness does not depend on them.")
 
 
 class HealthDependenciesQuery(serializers.Serializer):

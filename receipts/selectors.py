@@ -22,6 +22,7 @@ from common.canonical import (
     sha256_hex,
 )
 from common.errors import NotFound
+from permits.models import PermitApproval
 from permits.services import permit_approval_of, permit_approval_problem, permit_statement_problem
 from receipts.models import Receipt, RefundReconciliation
 from receipts.services import SIGNATURE_STATEMENT, receipt_statement_problem
@@ -263,6 +264,15 @@ def _signed_row(row: Any, id_field: str) -> dict[str, Any]:
     }
 
 
+def _approval_row(approval: PermitApproval) -> dict[str, Any]:
+    """The approval as the evidence carries it: its signed row and, unsigned, its place in the tenant's
+    transparency log (an approval decision is a leaf like every statement; docs/audit-chain.md, "Approvals")."""
+    return {
+        **_signed_row(approval, "approval_id"),
+        "transparency": statement_transparency(approval.tenant_id, approval.approval_id),
+    }
+
+
 def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
     """Receipt, permit, ledger entries, audit event and the verification map computed now."""
     event = receipt_audit_event(receipt)
@@ -271,7 +281,7 @@ def evidence_bundle(receipt: Receipt) -> dict[str, Any]:
     approval = permit_approval_of(permit) if permit is not None else None
     return {
         "receipt": receipt,
-        "approval": None if approval is None else _signed_row(approval, "approval_id"),
+        "approval": None if approval is None else _approval_row(approval),
         "permit": None if permit is None else _signed_row(permit, "permit_id"),
         "ledger_entry": _ledger_data(receipt.ledger_entry),
         "refund_ledger_entry": _ledger_data(receipt.refund_entry),

@@ -135,6 +135,11 @@ class EvidenceApproval(serializers.Serializer):
     signed_statement = serializers.DictField()
     signature = serializers.CharField()
     key_id = serializers.CharField()
+    transparency = serializers.DictField(
+        allow_null=True,
+        help_text='The approval in its tenant\'s transparency log: {"leaf_index", "proof": "<tlog-proof@v1>"} '
+        'once integrated, {"status": "pending", "fetch": "<url>"} before (docs/audit-chain.md).',
+    )
 
 
 class EvidenceBundleResponse(serializers.Serializer):

@@ -686,9 +686,15 @@ CASES: dict[tuple[str, str], Builder] = {
 }
 
 # Id-bearing operations deliberately without a cross-tenant case.
+_PUBLIC_LOG = "a tenant's transparency log is public by design (docs/decisions.md, Evidence: who may read a log)"
 ALLOW_LIST: dict[tuple[str, str], str] = {
     ("get", "/v1/signing-keys/{key_id}"): "evidence signing keys are public by design (docs/architecture.md, Evidence)",
     ("get", "/mcp/tools/{service_id}"): "the tool catalog is global, not tenant-owned (tools are not per tenant)",
+    ("get", "/tlog/{tenant_id}/checkpoint"): _PUBLIC_LOG,
+    ("get", "/tlog/{tenant_id}/consistency"): _PUBLIC_LOG,
+    ("get", "/tlog/{tenant_id}/key"): _PUBLIC_LOG,
+    ("get", "/tlog/{tenant_id}/proof/{statement_id}"): _PUBLIC_LOG,
+    ("get", "/tlog/{tenant_id}/tile/{path}"): _PUBLIC_LOG,
 }
 
 # Operations without an identifier that wallet keys must not reach at all.

@@ -143,6 +143,15 @@ def test_migrating_applies_the_file_and_refuses_one_changed_without_a_migration(
         assert sqlfiles.sql_database_differences(connection) == [
             f"billing/sql/{name}.sql: trigger {name} on billing_ledger_entry is disabled (D)"
         ]
+        # Expectations follow the migration state: the approvals' table (permits 0015) is not created yet, so
+        # its log trigger is not expected; a trigger whose table the applied migrations created still is.
+        assert "permits_permit_approval" not in sqlfiles.migration_state_tables(connection)
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TRIGGER tlog_leaf_permit ON permits_permit")
+        assert sqlfiles.sql_database_differences(connection) == [
+            "tlog/sql/tlog_leaf_pending.sql: trigger tlog_leaf_permit on permits_permit is not in the database",
+            f"billing/sql/{name}.sql: trigger {name} on billing_ledger_entry is disabled (D)",
+        ]
     finally:
         MigrationExecutor(connection).migrate(graph.leaf_nodes())
     assert sqlfiles.sql_database_differences(connection) == []
@@ -206,6 +215,18 @@ def test_a_missing_disabled_or_different_trigger_is_reported():
         " billing_ledger_entry is disabled (D)",
         "billing/sql/billing_ledger_transaction_balanced.sql: trigger billing_ledger_transaction_balanced in the"
         " database is not the file's",
+    ]
+
+
+@pytest.mark.django_db
+def test_a_trigger_whose_table_the_migrations_created_but_the_database_lacks_is_reported():
+    """The expectations come from the migration state, not from the tables the database happens to hold."""
+    assert "permits_permit_approval" in sqlfiles.migration_state_tables(connection)
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TABLE permits_permit_approval CASCADE")
+    assert sqlfiles.sql_database_differences(connection) == [
+        "tlog/sql/tlog_leaf_pending.sql: trigger tlog_leaf_permit_approval on permits_permit_approval is not in"
+        " the database"
     ]
 
 

@@ -9,6 +9,7 @@ witness refuses a rewritten log and a rolled-back one, and the verifier names ev
 from __future__ import annotations
 
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -28,10 +29,10 @@ from tests.test_tlog_log import rfc_root
 from tlog.keys import log_signer, log_verifiers, origin_of
 from tlog.lib import checkpoint, merkle
 from tlog.management.commands.tlog_integrate import integrate_pass
-from tlog.models import Leaf, Log, PendingLeaf
+from tlog.models import Leaf, Log, PendingLeaf, WitnessState
 from tlog.selectors import stored_hash_reader
 from tlog.services import tlog_integrate
-from tlog.witnesses import tlog_witnesses_cosign
+from tlog.witnesses import WitnessRounds, tlog_witnesses_cosign, witness_backing_off, witness_standing_record
 
 
 def _pending(tenant_id: str, prefix: str, count: int) -> None:
@@ -273,3 +274,136 @@ def test_a_proof_from_another_tenants_log_is_refused(anon_client, tenant, other_
     assert verify_transparency(transparency, b"m:1", policy, tenant=theirs).status == "verified"
     verdict = verify_transparency(transparency, b"m:1", policy, tenant=mine)
     assert verdict.reason == "tlog_other_tenant_log", verdict
+
+
+# --- A dead witness does not slow the log -----------------------------------------------------------
+
+
+class HangingWitness:
+    """A socket that accepts and never answers: each connection is held open until :meth:`release`."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.held: list[socket.socket] = []
+        self.accepted = threading.Event()
+        self.thread = threading.Thread(target=self._accept, daemon=True)
+        self.thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            self.held.append(conn)
+            self.accepted.set()
+
+    def release(self) -> None:
+        """Close every held connection: the gateway's post fails (as a timeout would end it)."""
+        for conn in self.held:
+            conn.close()
+
+    def close(self) -> None:
+        self.release()
+        self.sock.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_hanging_witness_neither_delays_the_checkpoints_nor_the_good_witness(witness, settings, anon_client):
+    """One witness accepts and never answers, the other is a real tollgate-witness. The integrator's pass
+    commits its checkpoint and returns while the hanging witness still holds the request; the next pass
+    integrates new leaves all the same; the good witness cosigns each checkpoint. Once the hanging one
+    fails it is backed off: the next pass does not ask it, and readiness shows its state."""
+    server_witness, tenant_id = witness
+    good = settings.TLOG_WITNESSES[0]
+    hanging = HangingWitness()
+    # The hanging post ends when the test releases it, never by a timeout; the back-off outlasts the test.
+    settings.TLOG_WITNESS_TIMEOUT = 600
+    settings.TLOG_CHECKPOINT_INTERVAL = 600
+    settings.TLOG_WITNESSES = [{"name": "witness.test/dead", "key": good["key"], "url": hanging.url}, good]
+    rounds = WitnessRounds()
+    policy = _policy(tenant_id, server_witness)
+    try:
+        _pending(tenant_id, "a", 3)
+        assert integrate_pass(rounds) >= 3
+        first_size = Log.objects.get(tenant_id=tenant_id).size
+        assert hanging.accepted.wait(60)  # a guard, not a measure: the request is open
+        # The checkpoint is committed while the hanging witness holds the request unanswered ...
+        assert hanging.held[0].fileno() != -1
+        rounds.wait(["witness.test/w1"])
+        # ... and the good witness's cosignature is stored.
+        checked = verify_checkpoint_note(anon_client.get(f"/tlog/{tenant_id}/checkpoint").content.decode(), policy)
+        assert not isinstance(checked, TransparencyVerdict), checked
+        assert checked[0].size == first_size
+
+        # A new leaf is integrated while the hanging witness still hangs, and the good one cosigns it.
+        _pending(tenant_id, "b", 4)
+        assert integrate_pass(rounds) == 4
+        assert Log.objects.get(tenant_id=tenant_id).size == first_size + 4
+        assert len(hanging.held) == 1
+        rounds.wait(["witness.test/w1"])
+        checked = verify_checkpoint_note(anon_client.get(f"/tlog/{tenant_id}/checkpoint").content.decode(), policy)
+        assert not isinstance(checked, TransparencyVerdict), checked
+        assert checked[0].size == first_size + 4
+        assert server_witness.latest(origin_of(tenant_id))[0] == first_size + 4
+
+        # The hanging witness is abandoned: backed off, shown as such, and not asked by the next pass.
+        hanging.release()
+        rounds.wait()
+        state = WitnessState.objects.get(name="witness.test/dead")
+        assert (state.status, state.failures) == ("backing_off", 1)
+        assert state.retry_at is not None
+        assert state.retry_at > state.updated_at
+        shown = anon_client.get("/health/ready").json()["tlog_witnesses"]
+        assert [(w["name"], w["status"], w["failures"]) for w in shown] == [
+            ("witness.test/dead", "backing_off", 1),
+            ("witness.test/w1", "ok", 0),
+        ]
+        _pending(tenant_id, "c", 2)
+        assert integrate_pass(rounds) == 2
+        rounds.wait()
+        assert len(hanging.held) == 1
+        assert server_witness.latest(origin_of(tenant_id))[0] == first_size + 6
+    finally:
+        rounds.shutdown()
+        hanging.close()
+
+
+@pytest.mark.django_db
+def test_a_failing_witness_is_backed_off_longer_each_time_and_forgiven_when_it_answers(settings):
+    settings.TLOG_CHECKPOINT_INTERVAL = 2
+    settings.TLOG_WITNESS_BACKOFF_MAX = 5
+    intervals = []
+    for _ in range(3):
+        witness_standing_record(name="w", answered=False)
+        state = WitnessState.objects.get(name="w")
+        assert state.retry_at is not None
+        intervals.append((state.retry_at - state.updated_at).total_seconds())
+    assert intervals == [2, 4, 5]
+    assert witness_backing_off("w")
+    assert state.failures == 3
+    witness_standing_record(name="w", answered=True)
+    state = WitnessState.objects.get(name="w")
+    assert (state.status, state.failures, state.retry_at) == ("ok", 0, None)
+    assert not witness_backing_off("w")
+
+
+@pytest.mark.django_db
+def test_a_backed_off_witness_is_not_asked(witness, settings):
+    """``tlog_witnesses_cosign`` skips a witness backing off (no connection is made) and answers so."""
+    _, tenant_id = witness
+    hanging = HangingWitness()
+    try:
+        settings.TLOG_WITNESSES = [{**settings.TLOG_WITNESSES[0], "name": "witness.test/dead", "url": hanging.url}]
+        witness_standing_record(name="witness.test/dead", answered=False)
+        _pending(tenant_id, "a", 1)
+        done = tlog_integrate(tenant_id=tenant_id)
+        assert done is not None
+        (answer,) = tlog_witnesses_cosign(
+            tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint
+        )
+        assert (answer.skipped, answer.failed, answer.refusal) == (True, False, "backing_off")
+        assert hanging.held == []
+    finally:
+        hanging.close()

@@ -14,21 +14,27 @@ import os
 import signal
 import stat
 from collections.abc import Iterator
+from decimal import Decimal
 from typing import Any
 
 import pytest
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
-from tollgate_client.tlog.policy import Policy
+from tollgate_client.tlog.policy import Policy, verify_transparency
 from tollgate_client.verify import main as standalone_verify
 
 from audit.chain_verification import audit_chain_verify
 from common.canonical import canonical_bytes
+from permits.models import PermitApproval, TenantApprover
+from permits.services import permit_request_create, permit_request_decide
 from receipts.verify import verify_portable
+from tests import factories
 from tests.conftest import Tenant
 from tests.gateway_helpers import fresh_upstream, setup_caller
+from tests.test_receipts import make_receipt
 from tests.upstream_server import FaultUpstream
 from tlog.keys import key_file_path, log_verifiers, origin_of
 from tlog.lib import checkpoint, merkle, note, tiles
@@ -259,7 +265,7 @@ def test_the_command_integrates_every_tenant_once(tenant, other_tenant):
 
 
 def test_a_new_kind_is_one_trigger_line(tenant):
-    """A statement table the trigger function does not name (the approval decision, to come) needs only its
+    """A statement table the trigger function does not name (as the approval decision's) needs only its
     trigger: the id is read from the row generically, and a row without a tenant is no leaf."""
     with connection.cursor() as cursor:
         cursor.execute("CREATE TEMP TABLE decisions (approval_id text, tenant_id text)")
@@ -270,3 +276,50 @@ def test_a_new_kind_is_one_trigger_line(tenant):
         cursor.execute("INSERT INTO decisions VALUES ('apr_1', %s), ('apr_2', NULL)", [tenant.sponsor.tenant_id])
     found = PendingLeaf.objects.filter(kind="approval_decision").values_list("tenant_id", "statement_id")
     assert list(found) == [(tenant.sponsor.tenant_id, "apr_1")]
+
+
+def test_an_approval_decision_is_a_leaf_whose_inclusion_proof_verifies(tenant, anon_client):
+    """A person's signed decision (approve or reject) is a pending leaf of its tenant's log in its own INSERT;
+    integrated, its proof leads from its signed bytes to the signed checkpoint, and the evidence bundle of a
+    receipt under the approved permit carries the approval's transparency."""
+    tenant_id = tenant.sponsor.tenant_id
+    permit = factories.approved_permit(tenant.agent, allowed_tools=["demo.echo"])
+    approval = PermitApproval.objects.get(permit_id=permit.permit_id)
+    pending = PendingLeaf.objects.filter(kind="permit_approval").values_list("tenant_id", "statement_id")
+    assert list(pending) == [(tenant_id, approval.approval_id)]
+    receipt = make_receipt(tenant, permit=permit)
+    body = tenant.agent_client.get(f"/v1/evidence/{receipt.receipt_id}").json()
+    assert body["approval"]["transparency"]["status"] == "pending"
+
+    tlog_integrate(tenant_id=tenant_id)
+    leaf = Leaf.objects.get(tenant_id=tenant_id, statement_id=approval.approval_id)
+    assert (leaf.kind, bytes(leaf.leaf)) == ("permit_approval", canonical_bytes(approval.signed_statement))
+    body = tenant.agent_client.get(f"/v1/evidence/{receipt.receipt_id}").json()
+    transparency = body["approval"]["transparency"]
+    assert transparency["leaf_index"] == leaf.idx
+    policy = Policy.from_json(
+        {"format": "tollgate.tlog-policy/v1", "logs": [str(v) for v in log_verifiers(tenant_id)], "quorum": 0}
+    )
+    verdict = verify_transparency(transparency, canonical_bytes(approval.signed_statement), policy, tenant=tenant_id)
+    assert verdict.status == "verified", verdict
+    # The proof is of this statement only: another statement's bytes do not lead to the root.
+    other = verify_transparency(transparency, canonical_bytes(permit.signed_statement), policy, tenant=tenant_id)
+    assert other.status != "verified"
+    # The served proof is the same.
+    assert anon_client.get(f"/tlog/{tenant_id}/proof/{approval.approval_id}").status_code == 200
+
+
+def test_a_rejection_is_a_leaf_too(tenant):
+    tenant_id = tenant.sponsor.tenant_id
+    approver = get_user_model().objects.create_user("rejecter")
+    TenantApprover.objects.create(user=approver, tenant_id=tenant_id)
+    preq = permit_request_create(
+        wallet=tenant.agent, requested_by_key_id="", allowed_tools=["demo.echo"], max_credits=Decimal(5),
+        max_calls=None, permit_ttl_seconds=3600, subject_key_id=None, justification="",
+        idempotency_scope="test:reject", idempotency_key="k1", request_hash="k1",
+    ).permit_request  # fmt: skip
+    permit_request_decide(request_id=preq.request_id, user=approver, approve=False)
+    approval = PermitApproval.objects.get(decision="rejected")
+    tlog_integrate(tenant_id=tenant_id)
+    leaf = Leaf.objects.get(tenant_id=tenant_id, statement_id=approval.approval_id)
+    assert (leaf.kind, bytes(leaf.leaf)) == ("permit_approval", canonical_bytes(approval.signed_statement))

@@ -62,6 +62,7 @@ KINDS: dict[str, Kind] = {
     "receipt": Kind(signed_statement_loader("receipts_receipt", "receipt_id")),
     "permit": Kind(signed_statement_loader("permits_permit", "permit_id")),
     "quote": Kind(signed_statement_loader("permits_quote", "quote_id")),
+    "permit_approval": Kind(signed_statement_loader("permits_permit_approval", "approval_id")),
     "audit_event": Kind(audit_event_leaves),
     "audit_checkpoint": Kind(None),
 }

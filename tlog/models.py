@@ -106,3 +106,25 @@ class LogKey(models.Model):
 
     def __str__(self) -> str:
         return self.public_key
+
+
+class WitnessStatus(models.TextChoices):
+    OK = "ok"
+    BACKING_OFF = "backing_off"
+
+
+class WitnessState(models.Model):
+    """One configured witness's standing with the integrator: answering, or skipped until ``retry_at``
+    after ``failures`` consecutive failures to answer (tlog.witnesses; docs/audit-chain.md)."""
+
+    name = models.CharField(max_length=200, primary_key=True, help_text="The witness's name in TLOG_WITNESSES.")
+    status = models.CharField(max_length=16, choices=WitnessStatus.choices)
+    failures = models.IntegerField(default=0, help_text="Consecutive failures to answer (0 once it answers).")
+    retry_at = models.DateTimeField(null=True, blank=True, help_text="Skipped until then while backing off.")
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        db_table = "tlog_witness_state"
+
+    def __str__(self) -> str:
+        return f"{self.name} {self.status}"

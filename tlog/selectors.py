@@ -15,7 +15,7 @@ from django.urls import reverse
 from common.errors import RequestValidationError
 from tlog.exceptions import LogNotFound, StatementNotLogged, TileNotFound
 from tlog.lib import checkpoint, merkle, tiles
-from tlog.models import Leaf, Log, PendingLeaf
+from tlog.models import Leaf, Log, PendingLeaf, WitnessState
 
 
 def log_head(tenant_id: str) -> Log:
@@ -145,3 +145,23 @@ def statement_transparency(tenant_id: str, statement_id: str) -> dict[str, objec
         return statement_inclusion(tenant_id, statement_id).transparency()
     except StatementNotLogged:
         return None
+
+
+def witness_states() -> list[dict[str, object]]:
+    """Each configured witness's standing with the integrator, in the order of ``TLOG_WITNESSES``:
+    ``ok``, ``backing_off`` (skipped until ``retry_at`` after ``failures`` failures to answer) or
+    ``unknown`` (not asked yet). Names and states only: never a URL nor a witness's words."""
+    names = [str(witness["name"]) for witness in settings.TLOG_WITNESSES]
+    stored = {state.name: state for state in WitnessState.objects.filter(name__in=names)}
+    out: list[dict[str, object]] = []
+    for name in names:
+        state = stored.get(name)
+        out.append(
+            {
+                "name": name,
+                "status": "unknown" if state is None else state.status,
+                "failures": 0 if state is None else state.failures,
+                "retry_at": None if state is None else state.retry_at,
+            }
+        )
+    return out

@@ -8,14 +8,16 @@
 -- (tlog.services.tlog_integrate) gives pending leaves their index later, under the tenant's log lock,
 -- and reads the leaf bytes back from the statement's table (tlog.kinds). A row whose tenant_id is
 -- null (an audit event of the system chain) belongs to no tenant's log and is not appended.
--- Guarantees: every row inserted into receipts_receipt, permits_permit, permits_quote or audit_event
--- (a tenant's event) appends one pending leaf in the same transaction: a statement is committed if and
+-- Guarantees: every row inserted into receipts_receipt, permits_permit, permits_quote,
+-- permits_permit_approval (a person's signed decision on a permit request) or audit_event (a tenant's
+-- event) appends one pending leaf in the same transaction: a statement is committed if and
 -- only if its pending leaf is. The kinds named by the triggers below are the keys of tlog.kinds.KINDS;
 -- adding a kind is one CREATE TRIGGER here and one KINDS entry. The file can be applied again: the
 -- function is replaced, each trigger dropped and created anew.
 -- Every statement table has a tenant_id. The governed call's kinds read their id column directly; a kind
 -- added by its trigger alone takes the generic way (the row as jsonb: about 30 us more for a 3 KB
--- receipt row than the direct read), which is why the hot ones are named here.
+-- receipt row than the direct read), which is why the hot ones are named here. An approval decision is
+-- rare (a person decides it) and takes the generic way.
 CREATE OR REPLACE FUNCTION tlog_leaf_pending() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     statement_id text;
@@ -55,3 +57,7 @@ CREATE TRIGGER tlog_leaf_quote AFTER INSERT ON permits_quote
 DROP TRIGGER IF EXISTS tlog_leaf_audit_event ON audit_event;
 CREATE TRIGGER tlog_leaf_audit_event AFTER INSERT ON audit_event
     FOR EACH ROW EXECUTE FUNCTION tlog_leaf_pending('audit_event', 'event_id');
+
+DROP TRIGGER IF EXISTS tlog_leaf_permit_approval ON permits_permit_approval;
+CREATE TRIGGER tlog_leaf_permit_approval AFTER INSERT ON permits_permit_approval
+    FOR EACH ROW EXECUTE FUNCTION tlog_leaf_pending('permit_approval', 'approval_id');

@@ -2,7 +2,8 @@
 
 Runs beside the gateway (``make run`` starts it; docs/audit-chain.md, "The transparency log"). Each pass
 integrates the tenants with pending leaves (several instances may run: a tenant's log lock lets one of
-them at a time) and asks the witnesses to cosign each new checkpoint; the loop then sleeps
+them at a time) and then hands the new checkpoints to the witnesses, whose rounds run in the background
+(tlog.witnesses.WitnessRounds: a dead witness never delays a checkpoint); the loop then sleeps
 ``TLOG_CHECKPOINT_INTERVAL`` seconds, so a statement is in a checkpoint a few seconds after its call.
 """
 
@@ -15,26 +16,37 @@ from django.conf import settings
 from django.core.management.base import BaseCommand, CommandParser
 
 from common.worker import rounds_run
-from tlog.services import INTEGRATE_BATCH, tlog_integrate, tlog_tenants_pending
-from tlog.witnesses import tlog_witnesses_cosign
+from tlog.services import INTEGRATE_BATCH, Integrated, tlog_integrate, tlog_tenants_pending
+from tlog.witnesses import WitnessRounds, tlog_witnesses_cosign
 
 logger = logging.getLogger("tollgate.tlog")
 
 
-def integrate_pass() -> int:
-    """One pass over the tenants with pending leaves; the number of leaves integrated."""
+def integrate_pass(rounds: WitnessRounds | None = None) -> int:
+    """One pass over the tenants with pending leaves; the number of leaves integrated.
+
+    Every tenant's checkpoints are committed first; the witnesses are asked after, outside any
+    transaction: handed to ``rounds`` (the loop's, which it does not wait for), or, without it, asked
+    here, all witnesses at once for each checkpoint (``--once``).
+    """
     count = 0
+    committed: list[Integrated] = []
     for tenant_id in tlog_tenants_pending():
         while True:
             done = tlog_integrate(tenant_id=tenant_id)
             if done is None:
                 break
             count += done.size - done.old_size
-            tlog_witnesses_cosign(
-                tenant_id=tenant_id, old_size=done.old_size, size=done.size, checkpoint_note=done.checkpoint
-            )
+            committed.append(done)
             if done.size - done.old_size < INTEGRATE_BATCH:  # the rest waits for the next pass
                 break
+    if rounds is not None:
+        rounds.submit(committed)
+        return count
+    for done in committed:
+        tlog_witnesses_cosign(
+            tenant_id=done.tenant_id, old_size=done.old_size, size=done.size, checkpoint_note=done.checkpoint
+        )
     return count
 
 
@@ -45,11 +57,17 @@ class Command(BaseCommand):
         parser.add_argument("--once", action="store_true", help="One pass, then exit.")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        rounds = None if options["once"] else WitnessRounds()
+
         def one_pass() -> None:
-            count = integrate_pass()
+            count = integrate_pass(rounds)
             if options["once"]:
                 self.stdout.write(f"integrated {count} leaves\n")
             elif count:
                 logger.info("tlog: integrated %s leaves", count)
 
-        rounds_run(one_pass, loop=not options["once"], interval=settings.TLOG_CHECKPOINT_INTERVAL)
+        try:
+            rounds_run(one_pass, loop=not options["once"], interval=settings.TLOG_CHECKPOINT_INTERVAL)
+        finally:
+            if rounds is not None:
+                rounds.shutdown()
