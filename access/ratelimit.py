@@ -6,9 +6,10 @@
   or for child wallets does not multiply its limit (docs/decisions.md, "Rate limits count per
   wallet line");
 * one shared bucket for all other requests without credentials, but public key material and
-  public catalogues (``PUBLIC_PATHS``) are charged to a bucket of the client address, so one
-  anonymous client cannot lock everyone out of them; their GET answers carry a strong ``ETag``
-  and ``Cache-Control: public`` and answer ``If-None-Match`` with 304 (``public_cacheable``);
+  public catalogues (``PUBLIC_PATHS``) and readiness (``PROBE_PATHS``) are charged to a bucket of
+  the client address, so one anonymous client cannot lock everyone out of them; the public
+  documents' GET answers carry a strong ``ETag`` and ``Cache-Control: public`` and answer
+  ``If-None-Match`` with 304 (``public_cacheable``);
 * a bucket of its own for a ``/metrics`` scrape with ``METRICS_SCRAPE_TOKEN``
   (marked by ``metrics.middleware``), so anonymous traffic cannot lock the
   scraper out;
@@ -99,6 +100,11 @@ PUBLIC_PATHS = frozenset(
 )
 # The transparency logs (tlog.views): checkpoints, proofs and tiles, read without credentials.
 PUBLIC_PREFIXES = ("/v1/signing-keys/", "/tlog/")
+# Readiness (an orchestrator's probe, anonymous): charged to a bucket of the caller's address like the
+# public documents, so that no client can fill the shared anonymous bucket and make every instance
+# answer its orchestrator 429, i.e. not ready; never made cacheable (docs/decisions.md, "Rate-limit
+# exemptions"). Its cost per call is bounded (publicsite.health: the upstreams at most once per interval).
+PROBE_PATHS = frozenset({"/health/ready"})
 # How long a client or a shared cache may keep a public document (the JWKS keeps a retired key
 # published, so a verifier holding a stale copy for this long still finds the keys it needs).
 PUBLIC_MAX_AGE_SECONDS = 300
@@ -202,7 +208,7 @@ def charge_request(request: HttpRequest) -> tuple[str, int, int, int]:
         cost = settings.RATE_LIMIT_REJECTED_MULTIPLIER
     elif getattr(request, "_tollgate_scrape", False):  # the scrape token, checked by metrics.middleware
         kind, bucket, cost = "scrape", "scrape", 1
-    elif request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIXES):
+    elif request.path in PUBLIC_PATHS or request.path.startswith(PUBLIC_PREFIXES) or request.path in PROBE_PATHS:
         kind, bucket, cost = "public", f"public:{_client_address(request)}", 1
     else:
         kind, bucket, cost = "anonymous", "anonymous", 1

@@ -16,7 +16,8 @@ span ``tools/call <tool>`` (continuing the agent's ``traceparent``), its phases 
 (``tollgate.claim``, the upstream request as a CLIENT span ``tools/call <upstream tool>``,
 ``tollgate.finish``), and the W3C trace context goes to the upstream on the dispatch request,
 as the ``traceparent`` header and in ``params._meta`` (where the MCP conventions carry it).
-Only the W3C trace context is read and sent: never baggage, credentials, API keys or arguments.
+Only the W3C trace context is read and sent: never baggage, credentials, API keys or arguments, and
+of the agent's context only its ``traceparent`` (its ``tracestate`` is dropped: docs/decisions.md).
 
 This module imports no app, so any app may import it.
 """
@@ -44,9 +45,11 @@ ENDPOINT_ENV = "OTEL_EXPORTER_OTLP_ENDPOINT"
 SERVICE_NAME = "tollgate"
 INSTRUMENTATION = "tollgate.gateway"
 
-# W3C trace context only (docs/decisions.md): no baggage is read from the agent or passed upstream.
+# W3C trace context only (docs/decisions.md): no baggage is read from the agent or passed upstream, and
+# of the agent's context only ``traceparent``: its ``tracestate`` is free text of the agent's choosing that
+# the dispatch would pass to the upstream as the gateway's own (and that the SDK logs when malformed).
 _PROPAGATOR = TraceContextTextMapPropagator()
-_CONTEXT_HEADERS = ("traceparent", "tracestate")
+_CONTEXT_HEADERS = ("traceparent",)
 
 ENABLED = False
 """True once this process exports spans (``tracing_setup``, or ``tracing_use`` in tests)."""
@@ -124,7 +127,7 @@ _NO_SPAN: contextlib.nullcontext[None] = contextlib.nullcontext()
 
 
 def incoming_context(headers: Mapping[str, str]) -> dict[str, str] | None:
-    """The agent's W3C trace context (``traceparent``, ``tracestate``) to continue, or None when off."""
+    """The agent's W3C ``traceparent`` to continue (never its ``tracestate``), or None when off."""
     if not ENABLED:
         return None
     found = {name: value for name in _CONTEXT_HEADERS if (value := headers.get(name))}

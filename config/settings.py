@@ -126,6 +126,9 @@ if not isinstance(TLOG_WITNESSES, list) or not all(
     for w in TLOG_WITNESSES
 ):
     raise ImproperlyConfigured('TLOG_WITNESSES is a JSON list of {"name", "key", "url"} objects.')
+if len({w["name"] for w in TLOG_WITNESSES}) != len(TLOG_WITNESSES):
+    # Each witness's standing is kept by name (tlog.models.WitnessState): two entries of one name would share it.
+    raise ImproperlyConfigured("TLOG_WITNESSES names each witness once.")
 # Upstream servers' credentials are stored encrypted (mcpgateway.upstream.secrets): a Fernet key in the
 # environment, or a file created mode 0600 on first use.
 UPSTREAM_SECRETS_KEY = env.str("UPSTREAM_SECRETS_KEY", default="")
@@ -386,6 +389,10 @@ LOGGING = {
 TOOL_CATALOG_REQUIRES_KEY = env.bool("TOOL_CATALOG_REQUIRES_KEY", default=PRODUCTION)
 # /health/dependencies and the dashboard ping the upstream with this (short) timeout, in seconds.
 HEALTH_UPSTREAM_TIMEOUT = env.float("HEALTH_UPSTREAM_TIMEOUT", default=2.0)
+# /health/ready probes and keeps each upstream server at most once per this many seconds, answering the kept
+# state in between (it is anonymous: a flood of calls must be neither a flood of authenticated upstream
+# requests nor of writes; docs/decisions.md, "Upstream servers").
+UPSTREAM_STATE_READINESS_INTERVAL = env.float("UPSTREAM_STATE_READINESS_INTERVAL", default=10.0)
 # POST /v1/launch/preflight: agent directory registration addresses (ORACLE), content sources
 # (ASSETS), the payment provider's secret key when the request gives none (KEYS), fetch timeout.
 AGENT_DIRECTORY_URLS = env.list("AGENT_DIRECTORY_URLS", default=[])

@@ -107,7 +107,7 @@ class UpstreamProbeSource(models.TextChoices):
 class UpstreamServerState(models.Model):
     """The last probe of an upstream server: reachable or not (with an error class), its protocol version, when.
 
-    A row of its own, not columns of ``UpstreamServer``: a probe runs at every ``/health/ready``, and any
+    A row of its own, not columns of ``UpstreamServer``: readiness probes every few seconds, and any
     write to the server's row moves ``gateway_tool_version`` for all its tools, so every process would
     decide their calls again (docs/decisions.md, "Upstream servers"). Written only by
     ``upstreams.upstream_server_state_record``, never audited (a probe is not an operator's change).

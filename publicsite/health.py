@@ -11,7 +11,8 @@ a ``server/discover``). The report is ``healthy`` only when every check that app
 
 Nothing here activates a signing key or changes what an operator set: health observes, it does not
 repair. The one write is readiness keeping each upstream server's last probe for the console
-(``UpstreamServerState``, not audited: docs/decisions.md, "Upstream servers").
+(``UpstreamServerState``, not audited); readiness probes and keeps each server at most once per
+``UPSTREAM_STATE_READINESS_INTERVAL`` (docs/decisions.md, "Upstream servers").
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import logging
 import secrets
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any, Final
 
 from django.conf import settings
@@ -212,35 +214,59 @@ def dependency_report(*, tool: str | None = None) -> dict[str, Any]:
 
 def upstream_server_states() -> list[dict[str, Any]]:
     """Each enabled upstream server: reachable, the protocol version negotiated, the last successful sync and an
-    error class (a fixed word, never the upstream's text or its URL). Probed in parallel, with short timeouts."""
+    error class (a fixed word, never the upstream's text or its URL). Probed in parallel, with short timeouts.
+
+    Anyone may call readiness, so it probes a server (with the server's own credentials) and keeps its state
+    at most once per ``UPSTREAM_STATE_READINESS_INTERVAL``: a server whose kept state is younger (from
+    readiness, the console, the API or a sync) is answered from it, with no probe and no write. A flood of
+    calls is then neither a flood of authenticated requests to the upstreams nor of writes (docs/decisions.md,
+    "Upstream servers"); calls that find the state stale at the same moment each probe (the newest is kept).
+    """
     from concurrent.futures import ThreadPoolExecutor
 
-    from mcpgateway.models import UpstreamProbeSource, UpstreamServer
+    from mcpgateway.models import UpstreamProbeSource, UpstreamServer, UpstreamServerState
     from mcpgateway.services.upstreams import upstream_headers, upstream_probe, upstream_server_state_record
 
     servers = list(UpstreamServer.objects.filter(enabled=True).order_by("slug"))
     if not servers:
         return []
-    for server in servers:  # credentials are read (and cached) here, not in the probes' threads
-        upstream_headers(server=server, tenant_id="")
-    with ThreadPoolExecutor(max_workers=min(8, len(servers))) as pool:
-        probes = list(pool.map(lambda s: upstream_probe(s, timeout=settings.HEALTH_UPSTREAM_TIMEOUT), servers))
-    checked_at = timezone.now()
-    try:  # here, not in the probes' threads (each would open a database connection of its own)
-        for server, probe in zip(servers, probes, strict=True):
-            upstream_server_state_record(
-                server_id=server.server_id, probe=probe, checked_by=UpstreamProbeSource.READINESS, checked_at=checked_at
-            )
-    except Exception:  # keeping the state is a convenience of the console: readiness answers all the same
-        logger.warning("could not keep the upstream servers' last state", exc_info=True)
+    since = timezone.now() - timedelta(seconds=settings.UPSTREAM_STATE_READINESS_INTERVAL)
+    probes: dict[str, dict[str, Any]] = {
+        state.server_id: {
+            "reachable": state.reachable,
+            "protocol_version": state.protocol_version or None,
+            "error": state.error_class or None,
+        }
+        for state in UpstreamServerState.objects.filter(
+            server_id__in=[server.server_id for server in servers], checked_at__gt=since
+        )
+    }
+    stale = [server for server in servers if server.server_id not in probes]
+    if stale:
+        for server in stale:  # credentials are read (and cached) here, not in the probes' threads
+            upstream_headers(server=server, tenant_id="")
+        with ThreadPoolExecutor(max_workers=min(8, len(stale))) as pool:
+            fresh = list(pool.map(lambda s: upstream_probe(s, timeout=settings.HEALTH_UPSTREAM_TIMEOUT), stale))
+        probes.update((server.server_id, probe) for server, probe in zip(stale, fresh, strict=True))
+        checked_at = timezone.now()
+        try:  # here, not in the probes' threads (each would open a database connection of its own)
+            for server, probe in zip(stale, fresh, strict=True):
+                upstream_server_state_record(
+                    server_id=server.server_id,
+                    probe=probe,
+                    checked_by=UpstreamProbeSource.READINESS,
+                    checked_at=checked_at,
+                )
+        except Exception:  # keeping the state is a convenience of the console: readiness answers all the same
+            logger.warning("could not keep the upstream servers' last state", exc_info=True)
     return [
         {
             "slug": server.slug,
             "required": server.required,
             "last_synced_at": server.last_synced_at,
-            **probe,
+            **probes[server.server_id],
         }
-        for server, probe in zip(servers, probes, strict=True)
+        for server in servers
     ]
 
 

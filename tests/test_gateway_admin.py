@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from django.contrib.auth import get_user_model
-from django.test import Client
+from django.test import Client, override_settings
 
 from audit.models import AuditEvent
 from mcpgateway.models import Action, Tool, UpstreamProbeSource
@@ -278,6 +278,7 @@ def test_the_servers_list_shows_each_servers_last_probe_and_probes_nothing(staff
     assert AuditEvent.objects.count() == audited  # showing the state writes nothing
 
 
+@override_settings(UPSTREAM_STATE_READINESS_INTERVAL=0)  # each readiness call probes (bounded otherwise)
 def test_readiness_and_a_sync_keep_the_state_and_the_tools_version_does_not_move(staff, anon_client):
     from django.db import connection
 

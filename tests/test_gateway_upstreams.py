@@ -865,6 +865,7 @@ def test_a_server_speaking_http_sse_is_synced_called_governed_and_probed(
     operator_client: Any, anon_client: Any, settings: Any
 ) -> None:
     settings.ENABLE_DOGFOOD_TOOL = False
+    settings.UPSTREAM_STATE_READINESS_INTERVAL = 0  # each readiness call probes (bounded otherwise)
     acme = make_tenant("acme")
     with running_sdk_upstream("legacy", sse=True, tokens={"legacy-token"}) as legacy:
         body = {"slug": "legacy", "url": legacy.url, "transport": "http_sse", "tool_prefix": "old"}

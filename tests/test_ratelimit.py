@@ -53,6 +53,23 @@ def test_anonymous_requests_share_one_bucket():
     assert b.get("/v1/api-keys/spn_x").status_code == 429
 
 
+def test_no_client_can_make_readiness_answer_429_to_the_orchestrator(signing_key) -> None:
+    """Readiness was charged to the shared anonymous bucket: any client's 120 anonymous requests made
+    every instance answer its orchestrator's probe 429 (not ready). Now each address has a bucket."""
+    greedy, orchestrator = APIClient(REMOTE_ADDR="10.0.0.1"), APIClient(REMOTE_ADDR="10.0.0.2")
+    for _ in range(120):
+        assert greedy.get("/docs").status_code == 200
+    assert greedy.get("/docs").status_code == 429  # the shared anonymous bucket is full
+    r = orchestrator.get("/health/ready")
+    assert r.status_code == 200, r.content
+    assert r["X-RateLimit-Remaining"] == "119"
+    assert "ETag" not in r  # readiness is never made cacheable
+    # Readiness is still limited, per address.
+    statuses = [greedy.get("/health/ready").status_code for _ in range(121)]
+    assert statuses == [200] * 120 + [429]
+    assert orchestrator.get("/health/ready").status_code == 200
+
+
 def test_health_is_not_metered():
     client = APIClient()
     for _ in range(130):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from django.db import OperationalError
 from django.test import override_settings
@@ -232,6 +234,7 @@ def test_a_transport_failure_is_reported_by_its_class(anon_client, signing_key, 
 # --- /health/ready: each enabled upstream server --------------------------------------------------------
 
 
+@override_settings(UPSTREAM_STATE_READINESS_INTERVAL=0)  # every call probes (the bound is tested below)
 def test_ready_reports_each_enabled_server_and_waits_only_for_the_required_ones(anon_client, signing_key):
     from mcpgateway.services.upstreams import (
         upstream_credential_set,
@@ -273,3 +276,51 @@ def test_ready_reports_each_enabled_server_and_waits_only_for_the_required_ones(
             "pay": True,
             "down": False,
         }
+
+
+def test_ready_probes_and_keeps_a_server_at_most_once_per_interval(anon_client, signing_key, monkeypatch):
+    """An anonymous flood of readiness calls is neither a flood of authenticated probes of the upstream nor
+    of writes: within the interval the kept state answers; the console's probe runs and is kept at once."""
+    from mcpgateway.models import UpstreamProbeSource, UpstreamServerState
+    from mcpgateway.services import upstreams
+    from mcpgateway.services.upstreams import upstream_server_create
+
+    server = upstream_server_create(slug="flood", name="Flood", url=closed_port_url(), tool_prefix="f", actor="test")
+    answers = iter([True, False, True])
+    probed = []
+
+    def probe(s, timeout=None):
+        probed.append(s.slug)
+        reachable = next(answers)
+        return {"reachable": reachable, "protocol_version": "2025-06-18" if reachable else None,
+                "error": None if reachable else "unreachable"}  # fmt: skip
+
+    monkeypatch.setattr(upstreams, "upstream_probe", probe)
+    writes: list[dict[str, Any]] = []
+    record = upstreams.upstream_server_state_record
+
+    def counted(**kwargs: Any) -> None:
+        writes.append(kwargs)
+        record(**kwargs)
+
+    monkeypatch.setattr(upstreams, "upstream_server_state_record", counted)
+
+    with override_settings(UPSTREAM_STATE_READINESS_INTERVAL=3600):
+        first = anon_client.get("/health/ready").json()["upstream_servers"]
+        kept = UpstreamServerState.objects.get(server_id=server.server_id)
+        for _ in range(3):
+            assert anon_client.get("/health/ready").json()["upstream_servers"] == first
+        assert (probed, len(writes)) == (["flood"], 1)
+        assert UpstreamServerState.objects.get(server_id=server.server_id).checked_at == kept.checked_at
+        # The console's "Test connection" probes and is kept at once; readiness then answers what it found.
+        upstreams.upstream_server_check(server=server, checked_by=UpstreamProbeSource.CONSOLE)
+        state = UpstreamServerState.objects.get(server_id=server.server_id)
+        assert (state.checked_by, state.reachable) == (UpstreamProbeSource.CONSOLE, False)
+        r = anon_client.get("/health/ready").json()["upstream_servers"][0]
+        assert (r["reachable"], r["protocol_version"], r["error"]) == (False, None, "unreachable")
+        assert len(probed) == 2
+    with override_settings(UPSTREAM_STATE_READINESS_INTERVAL=0):
+        assert anon_client.get("/health/ready").json()["upstream_servers"][0]["reachable"] is True
+        state = UpstreamServerState.objects.get(server_id=server.server_id)
+        assert (state.checked_by, state.reachable) == (UpstreamProbeSource.READINESS, True)
+        assert len(probed) == 3

@@ -6,6 +6,7 @@ Each case imports the settings in a fresh interpreter with ``DJANGO_ENV=producti
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -77,3 +78,13 @@ def test_catalog_key_requirement_can_be_set_explicitly():
     result = run_settings(TOOL_CATALOG_REQUIRES_KEY="false")
     assert result.returncode == 0, result.stderr
     assert result.stdout.split()[0] == "False"
+
+
+def test_witnesses_are_named_once():
+    """Two TLOG_WITNESSES entries of one name would share one standing (back-off) row: refused at start."""
+    witness = {"name": "w.example/1", "key": "w.example/1+00000000+AQ", "url": "http://127.0.0.1:9/"}
+    twice = run_settings(TLOG_WITNESSES=json.dumps([witness, {**witness, "url": "http://127.0.0.1:10/"}]))
+    assert twice.returncode != 0
+    assert "TLOG_WITNESSES names each witness once" in twice.stderr
+    once = run_settings(TLOG_WITNESSES=json.dumps([witness]))
+    assert once.returncode == 0, once.stderr

@@ -336,6 +336,26 @@ def test_a_malformed_trace_context_from_the_agent_starts_a_new_trace(upstreams, 
     assert "tracestate" not in call.headers  # the agent's oversized tracestate went nowhere
 
 
+def test_the_agents_tracestate_reaches_neither_the_upstream_nor_the_logs(upstreams, spans, tenant, caplog):
+    """The trace is continued (``traceparent``), but the agent's ``tracestate``, free text of its own
+    choosing, is not carried to the upstream (header or ``_meta``) as if the gateway had written it, and a
+    malformed one is not written into the logs."""
+    alpha, _ = upstreams
+    caller = setup_caller(tenant)
+    forged = "tollgate=forged,dd=s:2;o:rum"
+    answer = _call(tenant, caller.permit_id, "alpha.quick", {}, traceparent=AGENT_TRACEPARENT, tracestate=forged)
+    assert answer["result"]["_meta"]["io.tollgate/outcome"] == "success"
+    root, children = _tree(spans.get_finished_spans())
+    assert f"{root.context.trace_id:032x}" == AGENT_TRACE_ID  # the trace is continued
+    assert all(not span.context.trace_state for span in (root, *children.values()))
+    call = [r for r in alpha.requests if r.method == "tools/call"][-1]
+    assert call.headers["traceparent"].split("-")[1] == AGENT_TRACE_ID
+    assert "tracestate" not in call.headers
+    assert "tracestate" not in call.meta
+    _call(tenant, caller.permit_id, "alpha.quick", {}, traceparent=AGENT_TRACEPARENT, tracestate="ACCESS DENIED x")
+    assert "ACCESS DENIED" not in caplog.text
+
+
 SETUP_PROBE = """
 import json, os, sys
 from common import tracing

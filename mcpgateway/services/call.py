@@ -50,7 +50,7 @@ class CallRequest:
     # The key's rate-limit charge, deferred to the claim (access.ratelimit): the principal's key then
     # comes from the process's cache, and the request must be charged before it writes anything else.
     deferred: DeferredCharge | None = None
-    # The agent's W3C trace context (``traceparent``, ``tracestate``) to continue; None while tracing is off.
+    # The agent's W3C trace context (its ``traceparent``) to continue; None while tracing is off.
     trace_context: dict[str, str] | None = None
 
     def __post_init__(self) -> None:
