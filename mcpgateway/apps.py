@@ -12,7 +12,7 @@ class McpgatewayConfig(AppConfig):
     def ready(self) -> None:
         # Permits sits below the gateway (docs/architecture.md, "The apps") and cannot import the tool registry;
         # the approval card asks for tool descriptions through this hook.
-        from mcpgateway.models import Tool
+        from mcpgateway.models import Tool, UpstreamServer
         from permits import selectors
 
         def describe(names: list[str]) -> dict[str, str]:
@@ -21,8 +21,12 @@ class McpgatewayConfig(AppConfig):
         def known() -> list[str]:
             return list(Tool.objects.filter(enabled=True).values_list("service_id", flat=True))
 
+        def servers() -> list[str]:
+            return list(UpstreamServer.objects.order_by("slug").values_list("slug", flat=True))
+
         selectors.describe_tools = describe
         selectors.known_tools = known
+        selectors.known_servers = servers
 
         # Billing sits below the gateway and receipts too; closing a wallet asks whether a refund may
         # still come back to it.

@@ -246,6 +246,15 @@ def _tool_choices(current: list[str] | None, *, patterns: bool) -> list[tuple[st
     return choices
 
 
+def _server_choices(current: list[str] | None) -> list[tuple[str, str]]:
+    """The upstream servers (``selectors.known_servers``) and what the policy already names that is not
+    one (kept selectable and marked, as for tools)."""
+    slugs = permit_selectors.known_servers()  # the hook, read at call time (mcpgateway.apps sets it)
+    return [(slug, slug) for slug in slugs] + [
+        (slug, f"{slug} (not an upstream server)") for slug in current or [] if slug not in slugs
+    ]
+
+
 class PolicyBundleForm(forms.ModelForm):
     """A policy's rules as people set them (docs/decisions.md, Operator console): tools from the synced
     tools (a name that is not one, such as ``notes.apend``, is refused), categories as checkboxes,
@@ -278,6 +287,16 @@ class PolicyBundleForm(forms.ModelForm):
         choices=ServiceCategory.choices,
         widget=forms.CheckboxSelectMultiple,
     )
+    servers_mode = _any_or_only(
+        "Upstream servers allowed", any_label="Any server", only_label="Only the servers selected below"
+    )
+    allowed_servers = forms.MultipleChoiceField(
+        required=False,
+        label="Allowed servers",
+        widget=forms.CheckboxSelectMultiple,
+        help_text="Used with “Only the servers selected below”: a tool of any other server, or of none "
+        "(a local tool), is refused. Selecting none allows no server.",
+    )
     max_credits_per_call = _credits_limit(
         "Most credits per call", "A call priced above this is refused. Empty: no limit per call."
     )
@@ -297,6 +316,8 @@ class PolicyBundleForm(forms.ModelForm):
         denied = policy.denied_tools if policy is not None else []
         self.fields["allowed_tools"].choices = _tool_choices(allowed, patterns=True)  # type: ignore[attr-defined]
         self.fields["denied_tools"].choices = _tool_choices(denied, patterns=True)  # type: ignore[attr-defined]
+        servers = policy.allowed_servers if policy is not None else None
+        self.fields["allowed_servers"].choices = _server_choices(servers)  # type: ignore[attr-defined]
         if policy is not None:
             self.initial.update(
                 tools_mode=ONLY if allowed is not None else ANY,
@@ -304,6 +325,8 @@ class PolicyBundleForm(forms.ModelForm):
                 denied_tools=list(denied or []),
                 categories_mode=ONLY if policy.allowed_categories is not None else ANY,
                 allowed_categories=list(policy.allowed_categories or []),
+                servers_mode=ONLY if servers is not None else ANY,
+                allowed_servers=list(servers or []),
                 max_credits_per_call=policy.max_credits_per_call,
                 max_daily_credits=policy.max_daily_credits,
             )
@@ -316,6 +339,8 @@ class PolicyBundleForm(forms.ModelForm):
         data["denied_tools"] = list(data.get("denied_tools") or [])
         only_categories = data.get("categories_mode") == ONLY
         data["allowed_categories"] = list(data.get("allowed_categories") or []) if only_categories else None
+        only_servers = data.get("servers_mode") == ONLY
+        data["allowed_servers"] = list(data.get("allowed_servers") or []) if only_servers else None
         rules = {name: data[name] for name in services.POLICY_FIELDS if name in data}
         for problem in policy_rules_problems(rules):
             name, *at = problem["loc"]
@@ -339,7 +364,6 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         "created_by_key_id",
         "created_by_wallet_id",
         "authority_wallet_id",
-        "allowed_servers",  # set through the API (docs/decisions.md, Authority): shown, kept by a console save
     ]
     fields = [
         "policy_id",
@@ -351,6 +375,7 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
         "denied_tools",
         "categories_mode",
         "allowed_categories",
+        "servers_mode",
         "allowed_servers",
         "max_credits_per_call",
         "max_daily_credits",

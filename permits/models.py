@@ -137,6 +137,7 @@ class PermitRequest(Lapsing, models.Model):
     wallet = models.ForeignKey(Wallet, on_delete=models.PROTECT, db_constraint=False, related_name="permit_requests")
     requested_by_key_id = models.CharField(max_length=40)
     allowed_tools = models.JSONField(default=list)
+    allowed_servers = models.JSONField(null=True, blank=True)  # upstream server slugs the permit would cover; null: any
     max_credits = models.DecimalField(max_digits=20, decimal_places=8)
     max_calls = models.PositiveIntegerField(null=True, blank=True)
     permit_ttl_seconds = models.PositiveIntegerField()

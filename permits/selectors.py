@@ -189,6 +189,8 @@ def _no_tools() -> list[str]:
 describe_tools: Callable[[list[str]], dict[str, str]] = _no_descriptions
 # The enabled tools' names (the console's policy form offers these and refuses any other name).
 known_tools: Callable[[], list[str]] = _no_tools
+# The upstream servers' slugs (the console's policy form offers these for ``allowed_servers``).
+known_servers: Callable[[], list[str]] = _no_tools
 
 
 def duration_words(seconds: float) -> str:

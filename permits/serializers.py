@@ -42,6 +42,18 @@ class ServerSlugField(serializers.SlugField):
         super().__init__(max_length=64, **kwargs)
 
 
+def permit_servers_field(what: str) -> serializers.ListField:
+    """A permit's (or a request's) ``allowed_servers`` in a body: optional, with no default, so a body
+    without it hashes as before (its idempotency record still replays); null or absent: any server."""
+    return serializers.ListField(
+        child=ServerSlugField(),
+        max_length=100,
+        required=False,
+        allow_null=True,
+        help_text=f"{what}; null or absent: any server.",
+    )
+
+
 class PermitCreateRequest(serializers.Serializer):
     """Issue a permit for ``wallet_id`` (the issuer is the caller's wallet)."""
 
@@ -51,14 +63,7 @@ class PermitCreateRequest(serializers.Serializer):
     max_calls = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     expires_in_seconds = serializers.IntegerField(min_value=60, max_value=MAX_PERMIT_TTL, default=3600)
     subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
-    # No default: a request without it hashes as before (its idempotency record still replays).
-    allowed_servers = serializers.ListField(
-        child=ServerSlugField(),
-        max_length=100,
-        required=False,
-        allow_null=True,
-        help_text="The upstream servers (slugs) whose tools the permit covers; null or absent: any server.",
-    )
+    allowed_servers = permit_servers_field("The upstream servers (slugs) whose tools the permit covers")
 
 
 class SignedDocumentField(serializers.JSONField):
@@ -221,6 +226,7 @@ class PermitRequestCreate(serializers.Serializer):
     )
     subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
     justification = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
+    allowed_servers = permit_servers_field("The upstream servers (slugs) whose tools the permit would cover")
 
 
 class PermitRequestResponse(serializers.ModelSerializer):
@@ -230,6 +236,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
     status = serializers.SerializerMethodField()
     max_credits = MoneyField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
+    allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
     permit = PermitResponse(allow_null=True)
     approval = serializers.SerializerMethodField()
     poll_url = serializers.SerializerMethodField()
@@ -243,6 +250,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
             "wallet_id",
             "status",
             "allowed_tools",
+            "allowed_servers",
             "max_credits",
             "max_calls",
             "permit_ttl_seconds",

@@ -260,6 +260,7 @@ class PermitRequestCreateView(APIView):
             permit_ttl_seconds=data["expires_in_seconds"],
             subject_key_id=data["subject_key_id"],
             justification=data["justification"],
+            allowed_servers=data.get("allowed_servers"),
             idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
             idempotency_key=key,
             request_hash=request_hash(_normalized(data)),

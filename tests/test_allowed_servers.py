@@ -4,16 +4,24 @@ A tool call to a server outside a permit's list is refused before any debit (403
 one outside a bundle's list too (``policy_denied``, rule ``allowed_servers``; the bundle binds its wallet's
 subtree); a tool of no server is in no list. The permit's signed statement carries its list: a statement
 edited to add a server no longer verifies, and permits signed before the list existed still do. Widening
-the list of a bundle that requires human approval is a relaxation a second person confirms. Each rule is
-attacked as the agent it governs, its sibling and its child.
+the list of a bundle that requires human approval is a relaxation a second person confirms, from the API
+and from the console's policy form alike. A permit request carries its list to the approver and the
+approved permit has exactly it. Each rule is attacked as the agent it governs, its sibling and its child,
+and as a staff user with one permission.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from typing import Any
 
 import pytest
+from django.contrib.auth import get_user_model
+from django.test import Client
 
+from audit.evidence_core import permit_terms_digest
+from audit.models import AuditEvent
 from audit.signing import sign_statement
 from billing.models import Wallet
 from common.cache import clear_all
@@ -21,12 +29,21 @@ from common.ids import new_id
 from mcpgateway.models import Tool, UpstreamServer
 from mcpgateway.services.upstreams import upstream_server_create
 from permits.exceptions import ApprovalRelaxationNeedsConfirmation
-from permits.models import Permit, PolicyBundle
-from permits.services import permit_statement_problem, policy_create, policy_update
+from permits.models import (
+    Permit,
+    PermitApproval,
+    PermitRequest,
+    PolicyBundle,
+    PolicyChangeProposal,
+    TenantApprover,
+)
+from permits.services import permit_approval_standing, permit_statement_problem, policy_create, policy_update
+from permits.services.notifications import webhook_body
 from tests import factories
 from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
 from tests.gateway_helpers import tools_call_body
+from tests.test_permits_hardening import admin_form, staff_client
 
 pytestmark = pytest.mark.django_db
 
@@ -205,20 +222,238 @@ def test_the_lists_are_checked(tenant: Tenant) -> None:
     assert Permit.objects.count() == 0
 
 
-def test_a_console_save_keeps_the_servers_and_shows_them(tenant: Tenant) -> None:
-    """A staff user with the one permission to change policies: the console shows the list and its save
-    (of another rule) keeps it; widening it goes through the API's two-person path."""
-    from tests.test_permits_hardening import admin_form, staff_client
+def console_servers() -> None:
+    """Two upstream servers the console's form offers (no tool of theirs is called here)."""
+    for slug in ("alpha", "beta"):
+        upstream_server_create(slug=slug, name=slug, url="http://127.0.0.1:9/mcp", tool_prefix=slug, actor="test")
 
+
+def test_the_console_edits_a_policys_servers(tenant: Tenant) -> None:
+    """A staff user with the one permission to change policies: the form shows the list as "only" these
+    servers and edits it; "any" clears it; a slug that is no server is refused on the form."""
+    console_servers()
     policy = policy_create(wallet=tenant.sponsor, allowed_servers=["alpha"], denied_tools=["math.add"])
     client = staff_client("permits.view_policybundle", "permits.change_policybundle")
-    page = client.get(f"/admin/permits/policybundle/{policy.policy_id}/change/")
-    assert page.status_code == 200
-    assert "alpha" in page.content.decode()
+    url = f"/admin/permits/policybundle/{policy.policy_id}/change/"
+    page = client.get(url).content.decode()
+    assert re.search(r'name="allowed_servers" value="alpha"[^>]*checked', page)
+    assert not re.search(r'name="allowed_servers" value="beta"[^>]*checked', page)
+    assert re.search(r'name="servers_mode" value="only"[^>]*checked', page)
+    # Another rule saved: the list stays.
     r = client.post(
-        f"/admin/permits/policybundle/{policy.policy_id}/change/",
-        {**admin_form(tenant.sponsor.wallet_id, name="renamed"), "allowed_servers": "null"},
+        url, admin_form(tenant.sponsor.wallet_id, name="renamed", servers_mode="only", allowed_servers="alpha")
     )
     assert r.status_code == 302, r.content.decode()[:2000]
     policy.refresh_from_db()
     assert (policy.name, policy.allowed_servers) == ("renamed", ["alpha"])
+    r = client.post(
+        url, {**admin_form(tenant.sponsor.wallet_id, servers_mode="only"), "allowed_servers": ["alpha", "beta"]}
+    )
+    assert r.status_code == 302, r.content.decode()[:2000]
+    policy.refresh_from_db()
+    assert policy.allowed_servers == ["alpha", "beta"]
+    r = client.post(url, admin_form(tenant.sponsor.wallet_id, servers_mode="any"))
+    assert r.status_code == 302, r.content.decode()[:2000]
+    policy.refresh_from_db()
+    assert policy.allowed_servers is None
+    audited = [
+        (e.detail["actor"], e.detail["before"]["allowed_servers"], e.detail["after"]["allowed_servers"])
+        for e in AuditEvent.objects.filter(event="policy.updated")
+    ]
+    assert sorted(audited, key=repr) == sorted(
+        [
+            ("admin:policy-admin", ["alpha"], ["alpha"]),
+            ("admin:policy-admin", ["alpha"], ["alpha", "beta"]),
+            ("admin:policy-admin", ["alpha", "beta"], None),
+        ],
+        key=repr,
+    )
+    for bad in ("gamma", "not a slug"):
+        r = client.post(url, admin_form(tenant.sponsor.wallet_id, servers_mode="only", allowed_servers=bad))
+        assert r.status_code == 200  # the form again, with its error
+        assert "Select a valid choice" in r.content.decode()
+    policy.refresh_from_db()
+    assert policy.allowed_servers is None
+    # A staff user who may only view policies changes nothing.
+    viewer = staff_client("permits.view_policybundle", username="policy-viewer")
+    assert viewer.post(url, admin_form(tenant.sponsor.wallet_id, servers_mode="only")).status_code == 403
+    policy.refresh_from_db()
+    assert policy.allowed_servers is None
+
+
+def test_widening_an_approval_policys_servers_from_the_console_is_a_proposal(tenant: Tenant) -> None:
+    """A staff user holding change_policybundle (and even confirm_policy_relaxation) cannot widen the
+    servers of a human-approval policy alone: the console records a proposal; the proposer cannot confirm
+    it; narrowing applies at once."""
+    console_servers()
+    policy = policy_create(wallet=tenant.agent, allowed_servers=["alpha"], human_approval_required=True)
+    proposer = staff_client(
+        "permits.view_policybundle",
+        "permits.change_policybundle",
+        "permits.confirm_policy_relaxation",
+        "permits.view_policychangeproposal",
+    )
+    url = f"/admin/permits/policybundle/{policy.policy_id}/change/"
+    form = admin_form(tenant.agent.wallet_id, human_approval_required="on")
+    for widened in ({"servers_mode": "only", "allowed_servers": ["alpha", "beta"]}, {"servers_mode": "any"}):
+        r = proposer.post(url, {**form, **widened})
+        assert (r.status_code, r["Location"]) == (302, url), r.content.decode()[:3000]
+        assert "Nothing changed yet" in proposer.get(url).content.decode()
+        policy.refresh_from_db()
+        assert (policy.allowed_servers, policy.version) == (["alpha"], 1)
+    proposals = PolicyChangeProposal.objects.filter(policy=policy)
+    assert [p.relaxes for p in proposals] == [["allowed_servers"], ["allowed_servers"]]
+    latest = proposals.order_by("-created_at").first()
+    assert latest is not None
+    r = proposer.post(
+        "/admin/permits/policychangeproposal/",
+        {"action": "confirm_selected", "_selected_action": [latest.proposal_id], "post": "yes"},
+        follow=True,
+    )
+    assert "second person" in r.content.decode()
+    policy.refresh_from_db()
+    assert policy.allowed_servers == ["alpha"]  # the proposer cannot confirm its own proposal
+    narrowed = proposer.post(url, {**form, "servers_mode": "only", "allowed_servers": []})
+    assert narrowed.status_code == 302, narrowed.content.decode()[:2000]
+    policy.refresh_from_db()
+    assert policy.allowed_servers == []
+
+
+# --- Permit requests and their approval -------------------------------------------------------------
+
+
+def ask_for(tenant: Tenant, **fields: Any) -> dict[str, Any]:
+    r = tenant.agent_client.post(
+        "/v1/permit-requests",
+        {"wallet_id": tenant.agent.wallet_id, "allowed_tools": ["*"], "max_credits": "5", **fields},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=new_id("rq"),
+    )
+    assert r.status_code == 202, r.content
+    body: dict[str, Any] = r.json()
+    return body
+
+
+def approver_browser(tenant: Tenant) -> Client:
+    user = get_user_model().objects.create_user(username="approver", password="pw-for-tests-only")
+    TenantApprover.objects.create(user=user, tenant=tenant.sponsor)
+    browser = Client()
+    browser.force_login(user)
+    return browser
+
+
+def shown_terms(page: str) -> str:
+    found = re.search(r'name="terms" value="([0-9a-f]{64})"', page)
+    assert found is not None
+    return found[1]
+
+
+def test_a_request_approved_for_server_a_mints_a_permit_that_refuses_server_b(
+    fault: Any, servers: dict[str, UpstreamServer], tenant: Tenant
+) -> None:
+    """The agent asks for alpha's tools; the approver sees the servers on the page and approves; the permit
+    names exactly alpha (signed, and covered by the approval's terms digest) and refuses beta's tool
+    before any debit."""
+    factories.top_up(tenant.agent, 20)
+    preq = ask_for(tenant, allowed_servers=["alpha", "alpha"])
+    assert preq["allowed_servers"] == ["alpha"]
+    browser = approver_browser(tenant)
+    page = browser.get(f"/approvals/{preq['request_id']}").content.decode()
+    assert 'data-field="servers">only <code>alpha</code>' in page
+    assert "only on alpha" in browser.get("/approvals/").content.decode()
+    r = browser.post(f"/approvals/{preq['request_id']}/decide", {"decision": "approve", "terms": shown_terms(page)})
+    assert r.status_code == 302
+    polled = tenant.agent_client.get(f"/v1/permit-requests/{preq['request_id']}").json()
+    assert (polled["status"], polled["allowed_servers"]) == ("approved", ["alpha"])
+    assert polled["permit"]["allowed_servers"] == ["alpha"]
+    permit = Permit.objects.get(pk=polled["permit"]["permit_id"])
+    assert permit.signed_statement["allowed_servers"] == ["alpha"]
+    approval = PermitApproval.objects.get(permit_request_id=preq["request_id"])
+    assert approval.terms_digest == permit_terms_digest(permit.signed_statement)
+    assert permit_approval_standing(permit) == "approved"
+    assert ok(call(tenant.agent, permit.permit_id, "echo"))
+    before = Wallet.objects.get(pk=tenant.agent.pk).balance
+    data = refusal(call(tenant.agent, permit.permit_id, "sse_echo"))
+    assert (data["error"], data["server"]) == ("server_not_permitted", "beta")
+    assert Wallet.objects.get(pk=tenant.agent.pk).balance == before
+    assert fault.count("tools/call") == 1
+    # A request naming no server gives a permit for any, as before.
+    open_request = ask_for(tenant)
+    assert open_request["allowed_servers"] is None
+    page = browser.get(f"/approvals/{open_request['request_id']}").content.decode()
+    assert 'data-field="servers">any server' in page
+    browser.post(f"/approvals/{open_request['request_id']}/decide", {"decision": "approve", "terms": shown_terms(page)})
+    assert Permit.objects.get(issued_via_request_id=open_request["request_id"]).allowed_servers is None
+
+
+def test_servers_widened_on_the_request_after_the_page_was_shown_mint_nothing(tenant: Tenant) -> None:
+    """The approval page's terms digest covers the servers: a request row edited from [alpha] to any
+    server (or to another) between the page and the click is refused, and the approver reviews again."""
+    preq = ask_for(tenant, allowed_servers=["alpha"])
+    browser = approver_browser(tenant)
+    shown = shown_terms(browser.get(f"/approvals/{preq['request_id']}").content.decode())
+    for edited in (None, ["beta"], ["alpha", "beta"]):
+        PermitRequest.objects.filter(pk=preq["request_id"]).update(allowed_servers=edited)
+        r = browser.post(
+            f"/approvals/{preq['request_id']}/decide", {"decision": "approve", "terms": shown}, follow=True
+        )
+        assert "terms changed after the page was shown" in r.content.decode()
+    assert not Permit.objects.exists()
+    assert PermitRequest.objects.get(pk=preq["request_id"]).status == "pending"
+
+
+def test_a_request_carries_its_servers_to_the_approvers_and_the_audit(
+    tenant: Tenant, django_capture_on_commit_callbacks: Any
+) -> None:
+    from django.core import mail
+
+    user = get_user_model().objects.create_user(username="mailme", email="mailme@example.test")
+    TenantApprover.objects.create(user=user, tenant=tenant.sponsor)
+    with django_capture_on_commit_callbacks(execute=True):
+        preq = ask_for(tenant, allowed_servers=["beta", "alpha"])
+    assert preq["allowed_servers"] == ["alpha", "beta"]
+    assert "Servers: alpha, beta" in mail.outbox[0].body
+    assert "<code>alpha</code>, <code>beta</code>" in mail.outbox[0].alternatives[0][0]  # type: ignore[attr-defined]
+    created = AuditEvent.objects.get(event="permit_request.created")
+    assert created.detail["allowed_servers"] == ["alpha", "beta"]
+    body = json.loads(webhook_body(PermitRequest.objects.get(pk=preq["request_id"]), approval_url="https://x.test"))
+    assert body["allowed_servers"] == ["alpha", "beta"]
+    assert "only on alpha, beta" in body["text"]
+
+
+@pytest.mark.parametrize(
+    "servers",
+    [["not a slug"], "alpha", [None], [""], ["a" * 65], ["x"] * 101, {"alpha": 1}],
+    ids=lambda value: repr(value)[:30],
+)
+def test_a_requests_servers_are_checked(tenant: Tenant, servers: Any) -> None:
+    r = tenant.agent_client.post(
+        "/v1/permit-requests",
+        {"wallet_id": tenant.agent.wallet_id, "allowed_tools": ["*"], "max_credits": "5", "allowed_servers": servers},
+        format="json",
+        HTTP_IDEMPOTENCY_KEY=new_id("rq"),
+    )
+    assert r.status_code == 422, r.content
+    assert r.json()["detail"][0]["loc"][:2] == ["body", "allowed_servers"]
+    assert not PermitRequest.objects.exists()
+
+
+def test_a_request_replayed_with_other_servers_is_the_idempotency_conflict(tenant: Tenant) -> None:
+    """The servers are part of what an idempotency key names: the agent cannot reuse the key of its
+    [alpha] request to have it read as another list."""
+    body = {"wallet_id": tenant.agent.wallet_id, "allowed_tools": ["*"], "max_credits": "5"}
+    first = tenant.agent_client.post(
+        "/v1/permit-requests", {**body, "allowed_servers": ["alpha"]}, format="json", HTTP_IDEMPOTENCY_KEY="same"
+    )
+    assert first.status_code == 202, first.content
+    for other in (["beta"], None):
+        again = tenant.agent_client.post(
+            "/v1/permit-requests", {**body, "allowed_servers": other}, format="json", HTTP_IDEMPOTENCY_KEY="same"
+        )
+        assert again.status_code == 422, again.content
+        assert again.json()["detail"][0]["loc"] == ["header", "Idempotency-Key"]
+    replay = tenant.agent_client.post(
+        "/v1/permit-requests", {**body, "allowed_servers": ["alpha"]}, format="json", HTTP_IDEMPOTENCY_KEY="same"
+    )
+    assert (replay.status_code, replay["Idempotent-Replayed"]) == (202, "true")
+    assert PermitRequest.objects.get().allowed_servers == ["alpha"]

@@ -88,7 +88,7 @@ def test_the_card_speaks_to_a_non_technical_approver(live_server):
     r = tenant.agent_client.post(
         "/v1/permit-requests",
         {"wallet_id": tenant.agent.wallet_id, "allowed_tools": ["notes.append"], "max_credits": "2500",
-         "expires_in_seconds": 7200, "justification": "write the weekly report"},
+         "expires_in_seconds": 7200, "justification": "write the weekly report", "allowed_servers": ["notes"]},
         format="json",
         HTTP_IDEMPOTENCY_KEY="words-1",
     )  # fmt: skip
@@ -108,6 +108,7 @@ def test_the_card_speaks_to_a_non_technical_approver(live_server):
         assert "1,250.50 credits" in card  # common.formatting: at least two decimals
         assert "up to 2,500.00 credits" in card
         assert "40.00 credits; spent today 0.00" in card
+        assert page.inner_text("[data-field=servers]") == "only notes"  # the upstream servers asked for
         assert "Decide on the approval page" not in card  # the form is right here
         screenshot(page, "approval-card-pending")
         page.fill("#note", "Fine for this week only.")
@@ -117,6 +118,7 @@ def test_the_card_speaks_to_a_non_technical_approver(live_server):
         assert "Approved by ann" in card
         assert "Note from the approver: “Fine for this week only.”" in card
         screenshot(page, "approval-card-decided")
+    assert Permit.objects.get(issued_via_request_id=request_id).allowed_servers == ["notes"]
 
     with browser_page(extra_http_headers={"X-API-Key": tenant.agent_secret}) as page:
         page.goto(f"{live_server.url}/v1/permit-requests/{request_id}/card")

@@ -329,7 +329,7 @@ def _authority_sections(
     preq = ag.permit_requests.create(agent_id, ["math.add"], "2", justification="nightly sums")
     assert preq.request_id.startswith("preq_")
     assert preq.status == "pending"
-    assert preq.permit is None
+    assert (preq.permit, preq.allowed_servers) == (None, None)
     assert ag.permit_requests.get(preq.request_id).pending
     assert "nightly sums" in ag.permit_requests.card(preq.request_id)
     with pytest.raises(DecisionTimeout):
@@ -341,7 +341,10 @@ def _authority_sections(
     assert granted.issued_via_request_id == preq.request_id
     assert granted.allowed_tools == ["math.add"]
     assert ag.call_tool("math.add", {"a": 1, "b": 1}, permit_id=granted.permit_id).ok
-    refused = ag.permit_requests.create(agent_id, ["notes.append"], "50", justification="too much")
+    refused = ag.permit_requests.create(
+        agent_id, ["notes.append"], "50", justification="too much", allowed_servers=["demo"]
+    )
+    assert (refused.allowed_servers, ag.permit_requests.get(refused.request_id).allowed_servers) == (["demo"], ["demo"])
     _decide(refused.request_id, approver, approve=False, note="no")
     with pytest.raises(PermitRequestNotApproved) as not_approved:
         ag.permit_requests.wait_for_decision(refused.request_id, timeout=10, interval=0.1)

@@ -354,7 +354,7 @@ def test_audit_events_are_found_by_actor_event_and_object_id(tenant: Tenant, ope
     r = client.post(
         "/admin/permits/policybundle/add/",
         {"wallet": tenant.agent.wallet_id, "name": "p", "enabled": "on", "tools_mode": "any",
-         "categories_mode": "any", "max_credits_per_call": "", "max_daily_credits": ""},
+         "categories_mode": "any", "servers_mode": "any", "max_credits_per_call": "", "max_daily_credits": ""},
     )  # fmt: skip
     assert r.status_code == 302, r.content.decode()[:2000]
     policy = PolicyBundle.objects.get(wallet=tenant.agent)

@@ -155,8 +155,8 @@ MALFORMED: list[dict[str, Any]] = [
 ]
 
 
-def staff_client(*permissions: str) -> Client:
-    user = get_user_model().objects.create_user("policy-admin", password="pw-for-tests-only", is_staff=True)
+def staff_client(*permissions: str, username: str = "policy-admin") -> Client:
+    user = get_user_model().objects.create_user(username, password="pw-for-tests-only", is_staff=True)
     for label in permissions:
         app_label, codename = label.split(".")
         user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
@@ -174,6 +174,7 @@ def admin_form(wallet_id: str, **fields: str) -> dict[str, str]:
         "max_credits_per_call": "",
         "max_daily_credits": "",
         "categories_mode": "any",
+        "servers_mode": "any",
     }
     return {**form, **fields}
 

@@ -92,6 +92,7 @@ def _form(policy: PolicyBundle, **fields: str) -> dict[str, str]:
         "max_credits_per_call": "",
         "max_daily_credits": "",
         "categories_mode": "any",
+        "servers_mode": "any",
         **({"enabled": "on"} if policy.enabled else {}),
         **({"human_approval_required": "on"} if policy.human_approval_required else {}),
     }

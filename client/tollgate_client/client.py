@@ -718,8 +718,13 @@ class PermitRequests(_Group):
         subject_key_id: str | None = None,
         justification: str | None = None,
         idempotency_key: str | None = None,
+        allowed_servers: Sequence[str] | None = None,
     ) -> PermitRequest:
-        """File a request (status ``pending``); a new idempotency key is generated unless given."""
+        """File a request (status ``pending``); a new idempotency key is generated unless given.
+
+        ``allowed_servers``: the upstream servers (slugs) whose tools the permit would cover; None: any.
+        An approval mints the permit with exactly these.
+        """
         body = _body(
             wallet_id=wallet_id,
             allowed_tools=list(allowed_tools),
@@ -728,6 +733,7 @@ class PermitRequests(_Group):
             expires_in_seconds=expires_in_seconds,
             subject_key_id=subject_key_id,
             justification=justification,
+            allowed_servers=None if allowed_servers is None else list(allowed_servers),
         )
         key = idempotency_key if idempotency_key is not None else _new_key()
         return PermitRequest.from_dict(self._c._post("/v1/permit-requests", body, idempotency_key=key))

@@ -297,6 +297,7 @@ class PermitRequest:
     wallet_id: str
     status: str
     allowed_tools: list[str]
+    allowed_servers: list[str] | None  # the upstream servers (slugs) the permit would cover; None: any
     max_credits: Decimal
     max_calls: int | None
     permit_ttl_seconds: int
@@ -324,6 +325,7 @@ class PermitRequest:
             wallet_id=_str(d.get("wallet_id")),
             status=_str(d.get("status")),
             allowed_tools=_list(d.get("allowed_tools")),
+            allowed_servers=_opt_list(d.get("allowed_servers")),
             max_credits=_dec0(d.get("max_credits")),
             max_calls=None if max_calls is None else int(max_calls),
             permit_ttl_seconds=int(d.get("permit_ttl_seconds") or 0),

@@ -117,6 +117,8 @@ def webhook_body(preq: PermitRequest, *, approval_url: str) -> bytes:
     """The JSON sent for a new request: ``text`` for Slack and Teams incoming webhooks, and the fields."""
     wallet = preq.wallet
     tools = ", ".join(preq.allowed_tools)
+    if preq.allowed_servers is not None:
+        tools += f" (only on {', '.join(preq.allowed_servers) or 'no server'})"
     text = (
         f"Permit request {preq.request_id}: {wallet.name or wallet.wallet_id} asks for {tools}, "
         f"up to {credits_phrase(preq.max_credits)}. Reason: {preq.justification or '(none given)'}. "
@@ -129,6 +131,7 @@ def webhook_body(preq: PermitRequest, *, approval_url: str) -> bytes:
         "tenant_id": preq.tenant_id,
         "wallet_id": preq.wallet_id,
         "allowed_tools": list(preq.allowed_tools),
+        "allowed_servers": None if preq.allowed_servers is None else list(preq.allowed_servers),
         "max_credits": f"{preq.max_credits:f}",
         "justification": preq.justification,
         "expires_at": preq.expires_at.isoformat(),

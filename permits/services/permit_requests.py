@@ -55,6 +55,7 @@ def permit_request_create(
     permit_ttl_seconds: int,
     subject_key_id: str | None,
     justification: str,
+    allowed_servers: list[str] | None = None,
     idempotency_scope: str,
     idempotency_key: str,
     request_hash: str,
@@ -62,7 +63,8 @@ def permit_request_create(
     """Record a pending request and notify the tenant's approvers after commit.
 
     Idempotent per (scope, key) like ``permit_issue``. Creating or listing
-    requests never advances a decision.
+    requests never advances a decision. ``allowed_servers``: the upstream servers (slugs) the
+    permit would cover (None: any); an approval mints the permit with exactly these.
     """
     existing = _created_before(PermitRequest, idempotency_scope, idempotency_key, request_hash)
     if existing is not None:
@@ -78,6 +80,7 @@ def permit_request_create(
                 wallet=wallet,
                 requested_by_key_id=requested_by_key_id,
                 allowed_tools=sorted(set(allowed_tools)),
+                allowed_servers=sorted(set(allowed_servers)) if allowed_servers is not None else None,
                 max_credits=max_credits,
                 max_calls=max_calls,
                 permit_ttl_seconds=permit_ttl_seconds,
@@ -100,7 +103,11 @@ def permit_request_create(
                 wallet_id=wallet.wallet_id,
                 key_id=requested_by_key_id,
                 endpoint="/v1/permit-requests",
-                detail={"request_id": preq.request_id, "allowed_tools": preq.allowed_tools},
+                detail={
+                    "request_id": preq.request_id,
+                    "allowed_tools": preq.allowed_tools,
+                    **({"allowed_servers": preq.allowed_servers} if preq.allowed_servers is not None else {}),
+                },
             )
     except IntegrityError:
         existing = _created_before(PermitRequest, idempotency_scope, idempotency_key, request_hash)
@@ -176,9 +183,10 @@ def permit_request_notify(*, request_id: str) -> int:
         "show_decide_link": True,
     }
     html = render_to_string("permits/card.html", context)
+    servers = "any" if preq.allowed_servers is None else ", ".join(preq.allowed_servers) or "none"
     text = (
         f"Permit request {preq.request_id} from wallet {preq.wallet_id}\n"
-        f"Tools: {', '.join(preq.allowed_tools)}\nUp to {credits_phrase(preq.max_credits)}\n"
+        f"Tools: {', '.join(preq.allowed_tools)}\nServers: {servers}\nUp to {credits_phrase(preq.max_credits)}\n"
         f"Reason: {preq.justification or '-'}\n\nReview it: {context['approval_url']}\n"
     )
     try:
@@ -209,6 +217,7 @@ def permit_request_terms(preq: PermitRequest) -> str:
         "tenant_id": preq.tenant_id,
         "wallet_id": preq.wallet_id,
         "allowed_tools": list(preq.allowed_tools),
+        "allowed_servers": None if preq.allowed_servers is None else list(preq.allowed_servers),
         "max_credits": money(preq.max_credits),
         "max_calls": preq.max_calls,
         "permit_ttl_seconds": preq.permit_ttl_seconds,
@@ -267,6 +276,8 @@ def permit_request_decide(
                 wallet=preq.wallet,
                 issuer_wallet=tenant_root,
                 allowed_tools=list(preq.allowed_tools),
+                # Exactly the servers asked for, as the tools: the approver approves the request as shown.
+                allowed_servers=None if preq.allowed_servers is None else list(preq.allowed_servers),
                 max_credits=preq.max_credits,
                 max_calls=preq.max_calls,
                 expires_at=now + timedelta(seconds=preq.permit_ttl_seconds),
