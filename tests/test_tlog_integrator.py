@@ -548,30 +548,29 @@ def test_a_round_that_raises_keeps_the_rest_owed(witness, monkeypatch):
         rounds.shutdown()
 
 
+@pytest.mark.parametrize(
+    ("body", "pieces", "pause", "timeout", "refusal"),
+    [
+        # A flood: read up to the bound and given up (a generous deadline: the bound ends it).
+        (b"x" * (4 * 64 * 1024), 16, 0.0, 60.0, "answer over 65536 bytes"),
+        # A drip: each piece before the read timeout, the whole after TLOG_WITNESS_TIMEOUT.
+        (b"y" * 100, 100, 0.02, 0.5, "no answer within 0.5 s"),
+    ],
+    ids=["oversized", "dripping"],
+)
 @pytest.mark.django_db
-def test_an_oversized_answer_is_not_read_past_the_bound(witness, scripted, settings):
+def test_an_answer_is_read_within_its_size_bound_and_overall_deadline(
+    witness, scripted, settings, body, pieces, pause, timeout, refusal
+):
     _, tenant_id = witness
-    flood = scripted(200, b"x" * (4 * 64 * 1024), chunks=16)
-    settings.TLOG_WITNESSES = [{**settings.TLOG_WITNESSES[0], "url": flood.url}]
+    settings.TLOG_WITNESS_TIMEOUT = timeout
+    answering = scripted(200, body, chunks=pieces, pause=pause)
+    settings.TLOG_WITNESSES = [{**settings.TLOG_WITNESSES[0], "url": answering.url}]
     _pending(tenant_id, "a", 1)
     done = tlog_integrate(tenant_id=tenant_id)
     assert done is not None
     (answer,) = tlog_witnesses_cosign(tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint)
-    assert (answer.failed, answer.refusal) == (True, "answer over 65536 bytes")
-
-
-@pytest.mark.django_db
-def test_a_dripping_witness_is_given_up_at_the_overall_deadline(witness, scripted, settings):
-    """Each piece comes before the read timeout, the whole after ``TLOG_WITNESS_TIMEOUT``: a failure."""
-    _, tenant_id = witness
-    settings.TLOG_WITNESS_TIMEOUT = 0.5
-    drip = scripted(200, b"y" * 40, chunks=40, pause=0.1)
-    settings.TLOG_WITNESSES = [{**settings.TLOG_WITNESSES[0], "url": drip.url}]
-    _pending(tenant_id, "a", 1)
-    done = tlog_integrate(tenant_id=tenant_id)
-    assert done is not None
-    (answer,) = tlog_witnesses_cosign(tenant_id=tenant_id, old_size=0, size=done.size, checkpoint_note=done.checkpoint)
-    assert (answer.failed, answer.refusal) == (True, "no answer within 0.5 s")
+    assert (answer.failed, answer.refusal) == (True, refusal)
 
 
 @pytest.mark.django_db
