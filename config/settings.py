@@ -132,6 +132,9 @@ if len({w["name"] for w in TLOG_WITNESSES}) != len(TLOG_WITNESSES):
 # Upstream servers' credentials are stored encrypted (mcpgateway.upstream.secrets): a Fernet key in the
 # environment, or a file created mode 0600 on first use.
 UPSTREAM_SECRETS_KEY = env.str("UPSTREAM_SECRETS_KEY", default="")
+# Keys that still decrypt upstream credentials but never encrypt: the old key while rotating
+# (manage.py rotate_upstream_secrets; docs/decisions.md, "Upstream servers").
+UPSTREAM_SECRETS_PREVIOUS_KEYS = env.list("UPSTREAM_SECRETS_PREVIOUS_KEYS", default=[])
 UPSTREAM_SECRETS_KEY_FILE = env.str(
     "UPSTREAM_SECRETS_KEY_FILE", default=str(BASE_DIR / ".data" / "keys" / "upstream-secrets.key")
 )

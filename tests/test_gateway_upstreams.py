@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from datetime import timedelta
 from decimal import Decimal
 from io import StringIO
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
@@ -927,3 +928,63 @@ def test_a_server_speaking_http_sse_is_synced_called_governed_and_probed(
     assert _balance(acme) == start - 4
     ready = anon_client.get("/health/ready").json()
     assert [(s["reachable"], s["error"]) for s in ready["upstream_servers"]] == [(False, "unreachable")]
+
+
+# --- Rotating the key that encrypts credentials -----------------------------------------------------------------
+
+
+def test_rotating_the_secrets_key_keeps_calls_working_and_leaves_nothing_under_the_old_key(
+    fleet: Fleet, settings: Any
+) -> None:
+    from cryptography.fernet import Fernet
+
+    from common.cache import clear_all
+    from mcpgateway.upstream import secrets
+
+    old_key, new_key = settings.UPSTREAM_SECRETS_KEY, Fernet.generate_key().decode()
+    if not old_key:  # the key file's key, named as a previous key the way an operator would paste it
+        old_key = Path(settings.UPSTREAM_SECRETS_KEY_FILE).read_text().strip()
+    caller = setup_caller(fleet.acme, balance=100)
+    settings.UPSTREAM_SECRETS_KEY, settings.UPSTREAM_SECRETS_PREVIOUS_KEYS = new_key, [old_key]
+    clear_all()  # every process reads the credential again, now under the new configuration
+    assert _receipt(caller.invoke("pay.charge", {"amount": 1})).outcome == "success"  # read under the previous key
+    stored = bytes(UpstreamCredential.objects.get(server=fleet.pay_server, tenant_id=None).secret)
+    assert not secrets.secret_is_current(stored)
+
+    stored_count = UpstreamCredential.objects.count()  # the fleet's servers' credentials, all under the old key
+    out = StringIO()
+    call_command("rotate_upstream_secrets", stdout=out)
+    assert f"re-encrypted {stored_count} credential(s) under the current key; 0 already were" in out.getvalue()
+    assert PAY_TOKEN not in out.getvalue()
+    event = AuditEvent.objects.filter(event="upstream_credential.secrets_rotated").latest("created_at")
+    assert (event.detail["reencrypted"], event.detail["current"]) == (stored_count, 0)
+    assert all(secrets.secret_is_current(bytes(c.secret)) for c in UpstreamCredential.objects.all())
+
+    settings.UPSTREAM_SECRETS_PREVIOUS_KEYS = []  # the old key is gone from every instance
+    clear_all()
+    assert _receipt(caller.invoke("pay.charge", {"amount": 1})).outcome == "success"
+    assert fleet.pay.requests[-1].headers["authorization"] == f"Bearer {PAY_TOKEN}"
+    out = StringIO()
+    call_command("rotate_upstream_secrets", stdout=out)  # a second run finds nothing to do
+    assert f"re-encrypted 0 credential(s) under the current key; {stored_count} already were" in out.getvalue()
+
+
+def test_a_rotation_that_cannot_read_one_credential_changes_nothing(settings: Any) -> None:
+    from cryptography.fernet import Fernet
+
+    key_a, key_b, key_c = (Fernet.generate_key().decode() for _ in range(3))
+    settings.UPSTREAM_SECRETS_KEY, settings.UPSTREAM_SECRETS_PREVIOUS_KEYS = key_a, []
+    server = upstream_server_create(slug="pay", name="Payments", url="http://127.0.0.1:9/mcp", actor="test")
+    tenant = make_tenant("acme")
+    upstream_credential_set(server_id=server.server_id, tenant_id=None, kind="bearer", secret={"token": "a"}, actor="t")
+    settings.UPSTREAM_SECRETS_KEY = key_b
+    upstream_credential_set(
+        server_id=server.server_id, tenant_id=tenant.agent.tenant_id, kind="bearer", secret={"token": "b"}, actor="t"
+    )
+    before = {c.credential_id: bytes(c.secret) for c in UpstreamCredential.objects.all()}
+    # Key a is forgotten: the server's credential is unreadable, so neither is re-encrypted under key c.
+    settings.UPSTREAM_SECRETS_KEY, settings.UPSTREAM_SECRETS_PREVIOUS_KEYS = key_c, [key_b]
+    with pytest.raises(CommandError, match="Nothing changed: no configured key decrypts the credentials ucr_"):
+        call_command("rotate_upstream_secrets", stdout=StringIO())
+    assert {c.credential_id: bytes(c.secret) for c in UpstreamCredential.objects.all()} == before
+    assert not AuditEvent.objects.filter(event="upstream_credential.secrets_rotated").exists()

@@ -35,7 +35,13 @@ from mcpgateway.services.tools import SyncReport, tools_sync
 from mcpgateway.upstream.client import UpstreamClient, UpstreamError
 from mcpgateway.upstream.legacy_sse import LegacySseClient
 from mcpgateway.upstream.oauth import AccessToken, ClientCredentials, TokenCache, TokenUnavailable, token_fetch
-from mcpgateway.upstream.secrets import SecretUnreadable, secret_decrypt, secret_encrypt
+from mcpgateway.upstream.secrets import (
+    SecretUnreadable,
+    secret_decrypt,
+    secret_encrypt,
+    secret_is_current,
+    secret_reencrypt,
+)
 from permits.exceptions import PermitDenied
 
 DEFAULT_SLUG = "default"
@@ -412,6 +418,48 @@ def upstream_credential_clear(*, server_id: str, tenant_id: str | None, actor: s
     if deleted:
         _credentials_changed(server, "upstream_credential.cleared", tenant_id=tenant_id, actor=actor)
     return bool(deleted)
+
+
+@dataclass(frozen=True)
+class SecretsRotation:
+    """What ``upstream_secrets_rotate`` did: how many credentials it re-encrypted, how many were current."""
+
+    reencrypted: int
+    current: int
+
+
+@transaction.atomic(durable=True)
+def upstream_secrets_rotate(*, actor: str) -> SecretsRotation:
+    """Re-encrypt every stored credential under the current key (``UPSTREAM_SECRETS_KEY``), all or nothing.
+
+    Each credential is locked and read under the current or a previous key
+    (``UPSTREAM_SECRETS_PREVIOUS_KEYS``); one that no key decrypts stops the rotation with nothing
+    changed (``SecretUnreadable``, naming the credential ids, never a secret). The values do not change, so
+    no process's client or token is replaced. Audited with the counts.
+    """
+    credentials = list(UpstreamCredential.objects.select_for_update().order_by("credential_id"))
+    unreadable = [c.credential_id for c in credentials if not _decrypts(bytes(c.secret))]
+    if unreadable:
+        raise SecretUnreadable(f"no configured key decrypts the credentials {', '.join(unreadable)}")
+    stale = [c for c in credentials if not secret_is_current(bytes(c.secret))]
+    for credential in stale:
+        credential.secret = secret_reencrypt(bytes(credential.secret))
+        credential.save(update_fields=["secret"])
+    rotation = SecretsRotation(reencrypted=len(stale), current=len(credentials) - len(stale))
+    audit_record(
+        event="upstream_credential.secrets_rotated",
+        ok=True,
+        detail={"actor": actor, "reencrypted": rotation.reencrypted, "current": rotation.current},
+    )
+    return rotation
+
+
+def _decrypts(blob: bytes) -> bool:
+    try:
+        secret_decrypt(blob)
+    except SecretUnreadable:
+        return False
+    return True
 
 
 def _server_locked(server_id: str) -> UpstreamServer:

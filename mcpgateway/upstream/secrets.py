@@ -6,6 +6,12 @@ one key, from ``UPSTREAM_SECRETS_KEY`` (a Fernet key: 32 url-safe base64 bytes) 
 file ``UPSTREAM_SECRETS_KEY_FILE`` (default ``.data/keys/upstream-secrets.key``), created mode 0600 on
 first use. Everything that writes or reads a secret goes through this pair, so that key rotation
 or an external KMS changes this module only.
+
+Rotation: ``UPSTREAM_SECRETS_PREVIOUS_KEYS`` (comma-separated Fernet keys) are keys that still
+decrypt but never encrypt. Set the new key as the current one and the old one as previous on every
+instance, run ``manage.py rotate_upstream_secrets`` (``secrets_rotate``: every stored secret
+re-encrypted under the current key), then remove the previous key (README, "Governing several MCP
+servers").
 """
 
 from __future__ import annotations
@@ -16,11 +22,11 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from cryptography.fernet import Fernet, InvalidToken
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 from django.conf import settings
 
 _lock = threading.Lock()
-_fernet: tuple[str, Fernet] | None = None  # (where the key came from, the cipher)
+_fernet: tuple[tuple[str, ...], Fernet, MultiFernet] | None = None  # (key sources, current cipher, all)
 
 
 class SecretUnreadable(Exception):
@@ -44,31 +50,53 @@ def _key_from_file(path: Path) -> bytes:
     return key
 
 
-def _cipher() -> Fernet:
+def _ciphers() -> tuple[Fernet, MultiFernet]:
+    """The current key's cipher, and one that decrypts under the current key or any previous one."""
     global _fernet
-    source = settings.UPSTREAM_SECRETS_KEY or f"file:{settings.UPSTREAM_SECRETS_KEY_FILE}"
+    previous = tuple(k.strip() for k in settings.UPSTREAM_SECRETS_PREVIOUS_KEYS if k.strip())
+    sources = (settings.UPSTREAM_SECRETS_KEY or f"file:{settings.UPSTREAM_SECRETS_KEY_FILE}", *previous)
     with _lock:
-        if _fernet is None or _fernet[0] != source:
+        if _fernet is None or _fernet[0] != sources:
             if settings.UPSTREAM_SECRETS_KEY:
                 key = settings.UPSTREAM_SECRETS_KEY.encode()
             else:
                 key = _key_from_file(Path(settings.UPSTREAM_SECRETS_KEY_FILE).expanduser())
-            _fernet = (source, Fernet(key))
-        return _fernet[1]
+            current = Fernet(key)
+            _fernet = (sources, current, MultiFernet([current, *(Fernet(k.encode()) for k in previous)]))
+        return _fernet[1], _fernet[2]
 
 
 def secret_encrypt(value: dict[str, Any]) -> bytes:
     """``value`` (JSON) encrypted and authenticated under the current key."""
-    return _cipher().encrypt(json.dumps(value, sort_keys=True).encode())
+    return _ciphers()[0].encrypt(json.dumps(value, sort_keys=True).encode())
 
 
 def secret_decrypt(blob: bytes) -> dict[str, Any]:
     """The value ``secret_encrypt`` encrypted; raises ``SecretUnreadable`` when it does not decrypt."""
     try:
-        plain = _cipher().decrypt(blob)
+        plain = _ciphers()[1].decrypt(blob)
     except InvalidToken as exc:
-        raise SecretUnreadable("the credential does not decrypt under the current UPSTREAM_SECRETS_KEY") from exc
+        raise SecretUnreadable(
+            "the credential does not decrypt under UPSTREAM_SECRETS_KEY or UPSTREAM_SECRETS_PREVIOUS_KEYS"
+        ) from exc
     value = json.loads(plain)
     if not isinstance(value, dict):
         raise SecretUnreadable("the credential is not a JSON object")
     return value
+
+
+def secret_is_current(blob: bytes) -> bool:
+    """Whether ``blob`` decrypts under the current key (False: under a previous key, or under none)."""
+    try:
+        _ciphers()[0].decrypt(blob)
+    except InvalidToken:
+        return False
+    return True
+
+
+def secret_reencrypt(blob: bytes) -> bytes:
+    """``blob`` encrypted again under the current key; raises ``SecretUnreadable`` when no key decrypts it."""
+    try:
+        return _ciphers()[1].rotate(blob)
+    except InvalidToken as exc:
+        raise SecretUnreadable("the credential does not decrypt under any configured key") from exc
