@@ -434,7 +434,7 @@ class PolicyBundleAdmin(ServiceSavedAdmin):
             f"{proposal.expires_at:%Y-%m-%d %H:%M} UTC.",
             messages.WARNING,
         )
-        return HttpResponseRedirect(reverse("admin:permits_policybundle_change", args=[obj.policy_id]))
+        return HttpResponseRedirect(reverse("admin:permits_policybundle_change", args=[quote(obj.policy_id)]))
 
 
 def _change_words(proposal: PolicyChangeProposal) -> str:

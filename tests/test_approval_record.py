@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.db import transaction
 from django.test import Client
@@ -388,15 +389,15 @@ def test_the_console_shows_approval_from_the_signed_record(tenant: Tenant) -> No
     own = _self_issued(tenant)
     Permit.objects.filter(pk=own.pk).update(issued_via_request_id=approved.issued_via_request_id)
     viewer = _staff("permits.view_permit")
-    page = viewer.get(f"/admin/permits/permit/{approved.permit_id}/change/").content.decode()
+    page = viewer.get(f"/admin/permits/permit/{quote(approved.permit_id)}/change/").content.decode()
     assert "Approved by " in page
-    page = viewer.get(f"/admin/permits/permit/{own.permit_id}/change/").content.decode()
+    page = viewer.get(f"/admin/permits/permit/{quote(own.permit_id)}/change/").content.decode()
     assert "NOT approved" in page
     assert "Approved by " not in page
 
     approval = PermitApproval.objects.get(permit_id=approved.permit_id)
     PermitApproval.objects.filter(pk=approval.pk).update(approver="mallory")
-    page = viewer.get(f"/admin/permits/permit/{approved.permit_id}/change/").content.decode()
+    page = viewer.get(f"/admin/permits/permit/{quote(approved.permit_id)}/change/").content.decode()
     assert "approval_statement_mismatch:approver" in page
 
     # The signed approvals: the auditor role sees them (and that this row is not what was signed);

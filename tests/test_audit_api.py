@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.utils import timezone
 
 from audit.evidence_core import chain_hash
@@ -449,12 +450,12 @@ def test_list_query_count_does_not_grow_with_the_page(tenant, django_assert_max_
 def test_admin_is_read_only(tenant, admin_client):
     event = _record(tenant, event="test.admin")
     assert admin_client.get("/admin/audit/auditevent/").status_code == 200
-    page = admin_client.get(f"/admin/audit/auditevent/{event.event_id}/change/")
+    page = admin_client.get(f"/admin/audit/auditevent/{quote(event.event_id)}/change/")
     assert page.status_code == 200
     assert event.hash.encode() in page.content
     assert admin_client.get("/admin/audit/auditevent/add/").status_code == 403
     assert admin_client.get(f"/admin/audit/auditevent/{event.event_id}/delete/").status_code == 403
-    r = admin_client.post(f"/admin/audit/auditevent/{event.event_id}/change/", {"event": "rewritten"})
+    r = admin_client.post(f"/admin/audit/auditevent/{quote(event.event_id)}/change/", {"event": "rewritten"})
     assert r.status_code == 403
     assert AuditEvent.objects.get(event_id=event.event_id).event == "test.admin"
     for model in ("alert", "chainhead", "signingkey"):

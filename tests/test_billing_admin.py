@@ -117,7 +117,7 @@ def test_admin_prices_and_read_only_ledger(admin_client):
     entry = LedgerEntry.objects.first()
     assert entry is not None
     assert admin_client.get("/admin/billing/ledgerentry/").status_code == 200
-    assert admin_client.get(f"/admin/billing/ledgerentry/{entry.pk}/change/").status_code == 200
+    assert admin_client.get(f"/admin/billing/ledgerentry/{quote(entry.pk)}/change/").status_code == 200
     assert admin_client.get("/admin/billing/ledgerentry/add/").status_code == 403
 
 
@@ -259,7 +259,7 @@ def test_the_wallet_pages_api_keys_link_lists_that_wallets_keys(admin_client):
     sponsor = factories.make_sponsor("acme")
     agent = factories.make_wallet(sponsor, "bot")
     mine, other = factories.make_key(agent, "mine"), factories.make_key(sponsor, "other")
-    page = admin_client.get(f"/admin/billing/wallet/{agent.pk}/change/").content.decode()
+    page = admin_client.get(f"/admin/billing/wallet/{quote(agent.pk)}/change/").content.decode()
     (link,) = re.findall(r'href="(/admin/access/apikey/\?[^"]*)"', page)
     listing = admin_client.get(html.unescape(link))
     assert listing.status_code == 200

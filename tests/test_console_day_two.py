@@ -272,7 +272,7 @@ def test_a_price_changes_from_its_page_with_history_and_never_unpriced() -> None
     # Every change is listed, read-only.
     changes = client.get("/admin/billing/toolpricechange/").content.decode()
     assert f"admin:{user.username}" in changes
-    assert client.get(f"/admin/billing/toolpricechange/{change.pk}/change/").status_code == 200
+    assert client.get(f"/admin/billing/toolpricechange/{quote(change.pk)}/change/").status_code == 200
     assert client.post("/admin/billing/toolpricechange/add/", {}).status_code == 403
 
 

@@ -12,6 +12,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.test import Client
@@ -68,7 +69,7 @@ def test_change_user_alone_cannot_make_oneself_superuser(tenant: Tenant) -> None
         "date_joined_0": "2024-01-01",
         "date_joined_1": "00:00:00",
     }
-    assert client.post(f"/admin/auth/user/{user.pk}/change/", form).status_code == 403
+    assert client.post(f"/admin/auth/user/{quote(user.pk)}/change/", form).status_code == 403
     user.refresh_from_db()
     assert not user.is_superuser
 
@@ -103,7 +104,7 @@ def test_change_group_alone_cannot_widen_a_group(tenant: Tenant) -> None:
     user.groups.add(group)
     extra = Permission.objects.get(content_type__app_label="access", codename="create_operator_key")
     form = {"name": group.name, "permissions": [p.pk for p in group.permissions.all()] + [extra.pk]}
-    assert client.post(f"/admin/auth/group/{group.pk}/change/", form).status_code == 403
+    assert client.post(f"/admin/auth/group/{quote(group.pk)}/change/", form).status_code == 403
     assert client.post("/admin/auth/group/add/", {"name": "mine", "permissions": [extra.pk]}).status_code == 403
     assert not get_user_model().objects.get(pk=user.pk).has_perm("access.create_operator_key")
     assert not Group.objects.filter(name="mine").exists()
@@ -113,7 +114,7 @@ def test_view_permissions_still_show_users_and_groups(tenant: Tenant) -> None:
     alice = approver(tenant)
     client, _ = staff("auth.view_user", "auth.view_group")
     assert client.get("/admin/auth/user/").status_code == 200
-    page = client.get(f"/admin/auth/user/{alice.pk}/change/")
+    page = client.get(f"/admin/auth/user/{quote(alice.pk)}/change/")
     assert page.status_code == 200
     assert b'name="_save"' not in page.content  # read-only
     assert client.get("/admin/auth/group/").status_code == 200
@@ -152,7 +153,7 @@ def test_an_approvers_user_is_not_deleted_from_under_the_approver(tenant: Tenant
     assert page.status_code == 200
     assert b"Cannot delete user" in page.content
     row = TenantApprover.objects.get(user=alice)
-    assert f'Tenant approver: <a href="/admin/permits/tenantapprover/{row.pk}/change/">'.encode() in page.content
+    assert f'Tenant approver: <a href="/admin/permits/tenantapprover/{quote(row.pk)}/change/">'.encode() in page.content
     client.post(f"/admin/auth/user/{alice.pk}/delete/", {"post": "yes"})
     assert get_user_model().objects.filter(pk=alice.pk).exists()
     bulk = {"action": "delete_selected", "_selected_action": [alice.pk], "post": "yes"}
@@ -173,7 +174,7 @@ def test_save_as_new_on_a_wallet_is_refused(tenant: Tenant) -> None:
     client, _ = staff("billing.view_wallet", "billing.add_wallet")
     before = Wallet.objects.count()
     for wallet in (tenant.agent, tenant.sponsor):
-        r = client.post(f"/admin/billing/wallet/{wallet.wallet_id}/change/", {"_saveasnew": "1", "name": "copy"})
+        r = client.post(f"/admin/billing/wallet/{quote(wallet.wallet_id)}/change/", {"_saveasnew": "1", "name": "copy"})
         assert r.status_code == 403
     assert Wallet.objects.count() == before
 
@@ -185,7 +186,7 @@ def test_save_as_new_is_refused_on_every_console_page(tenant: Tenant) -> None:
     assert r.status_code == 403
     assert ServicePrice.objects.get(category="tooling").credits_per_unit == price.credits_per_unit
     alice = approver(tenant)
-    r = client.post(f"/admin/auth/user/{alice.pk}/change/", {"_saveasnew": "1", "username": "alice2"})
+    r = client.post(f"/admin/auth/user/{quote(alice.pk)}/change/", {"_saveasnew": "1", "username": "alice2"})
     assert r.status_code == 403
     assert not get_user_model().objects.filter(username="alice2").exists()
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.utils import timezone
 
@@ -152,7 +153,7 @@ def test_the_card_shows_tenant_frozen_wallet_and_policy_caps_and_the_console_lin
     request_id = r.json()["request_id"]
     wallet_freeze(wallet=tenant.agent, reason="investigation", actor="test")
     with browser_page(viewport=VIEWPORT) as page:
-        login(page, live_server.url, f"/admin/permits/permitrequest/{request_id}/change/")
+        login(page, live_server.url, f"/admin/permits/permitrequest/{quote(request_id)}/change/")
         wait_for(page, "#permit-request-card-link").click()
         card = wait_for(page, ".permit-request-card").inner_text()
         screenshot(page, "day-two-card-frozen")
@@ -201,7 +202,7 @@ def test_the_console_warns_when_approvers_cannot_be_reached_and_sets_a_webhook(
         page.click("input[name=_save]")
         wait_for(page, "ul.messagelist")
         notification = TenantNotification.objects.get(tenant=tenant.sponsor)
-        page.goto(f"{live_server.url}/admin/permits/tenantnotification/{notification.pk}/change/")
+        page.goto(f"{live_server.url}/admin/permits/tenantnotification/{quote(notification.pk)}/change/")
         wait_for(page, "#id_new_webhook_secret")
         assert page.input_value("#id_new_webhook_secret") == ""
         assert "whsec-browser-only" not in page.content()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.test import Client, override_settings
 
@@ -166,7 +167,7 @@ def test_upstream_server_console_creates_sets_write_only_credentials_syncs_and_t
         assert UpstreamCredential.objects.filter(server=server, tenant_id=None, kind="bearer").exists()
         created = AuditEvent.objects.get(event="upstream_server.created")
         assert created.detail["actor"] == "admin:ops"
-        page = staff.get(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/").content.decode()
+        page = staff.get(f"/admin/mcpgateway/upstreamserver/{quote(server.pk)}/change/").content.decode()
         assert "console-token" not in page  # write-only
 
         action = {"_selected_action": [server.pk]}
@@ -182,7 +183,7 @@ def test_upstream_server_console_creates_sets_write_only_credentials_syncs_and_t
         viewer = _staff_with("view_upstreamserver")
         r = viewer.post("/admin/mcpgateway/upstreamserver/", {**action, "action": "sync_tools"})
         assert AuditEvent.objects.filter(event="tools.synced").count() == 1
-        r = viewer.post(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/", {**form, "enabled": ""})
+        r = viewer.post(f"/admin/mcpgateway/upstreamserver/{quote(server.pk)}/change/", {**form, "enabled": ""})
         assert r.status_code == 403
         assert UpstreamServer.objects.get(pk=server.pk).enabled is True
 
@@ -219,7 +220,7 @@ def test_upstream_server_console_sets_the_transport_and_oauth_client_credentials
     credential = UpstreamCredential.objects.get(server=server, tenant_id=None)
     assert credential.kind == "oauth_client_credentials"
     assert b"console-client-secret" not in bytes(credential.secret)
-    page = staff.get(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/").content.decode()
+    page = staff.get(f"/admin/mcpgateway/upstreamserver/{quote(server.pk)}/change/").content.decode()
     assert "console-client-secret" not in page  # write-only
     assert "(server): oauth_client_credentials, set on " in page
     event = AuditEvent.objects.get(event="upstream_credential.set")
@@ -265,7 +266,7 @@ def test_the_servers_list_shows_each_servers_last_probe_and_probes_nothing(staff
             page = staff.get("/admin/mcpgateway/upstreamserver/").content.decode()
         # The state comes with the servers (one join), not one query a row.
         assert not [q for q in queries.captured_queries if 'FROM "mcpgateway_upstream_server_state"' in q["sql"]]
-        detail = staff.get(f"/admin/mcpgateway/upstreamserver/{up.pk}/change/").content.decode()
+        detail = staff.get(f"/admin/mcpgateway/upstreamserver/{quote(up.pk)}/change/").content.decode()
         assert len(live.methods()) == sent  # the list and the page show what was kept: no request upstream
 
     assert _state_cell(page, "up").startswith("reachable, protocol 2025-11-25; checked ")
@@ -362,7 +363,7 @@ def test_the_state_is_shown_only_to_staff_who_may_view_servers(staff):
     upstream_server_state_record(server_id=server.pk, probe=probe, checked_by=UpstreamProbeSource.CONSOLE)
     for client in (_staff_with("view_tool", username="tools"), _staff_with(username="none")):
         assert client.get("/admin/mcpgateway/upstreamserver/").status_code == 403
-        assert client.get(f"/admin/mcpgateway/upstreamserver/{server.pk}/change/").status_code == 403
+        assert client.get(f"/admin/mcpgateway/upstreamserver/{quote(server.pk)}/change/").status_code == 403
     viewer = _staff_with("view_upstreamserver")
     assert _state_cell(viewer.get("/admin/mcpgateway/upstreamserver/").content.decode(), "srv").startswith(
         "unreachable (auth_refused); checked "

@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 from django.contrib.admin.models import LogEntry
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Group, Permission
 from django.db import connection
@@ -334,7 +335,7 @@ def test_an_operator_alone_cannot_disable_approval_in_the_console(tenant: Tenant
     operator = _user(groups=("Operator",))
     console = _console(operator)
     for fields in ({"human_approval_required": "off"}, {"enabled": "off"}):
-        r = console.post(f"/admin/permits/policybundle/{policy.policy_id}/change/", _form(policy, **fields))
+        r = console.post(f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/", _form(policy, **fields))
         assert r.status_code == 302, r.content
         page = console.get(r["Location"]).content.decode()
         assert "Nothing changed yet" in page
@@ -364,7 +365,7 @@ def test_a_second_user_confirms_in_the_console_and_it_applies(tenant: Tenant) ->
     policy = _approval_policy(tenant)
     proposer = _user(groups=("Operator",))
     r = _console(proposer).post(
-        f"/admin/permits/policybundle/{policy.policy_id}/change/",
+        f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/",
         _form(policy, human_approval_required="off", name="relaxed"),
     )
     assert r.status_code == 302
@@ -374,7 +375,7 @@ def test_a_second_user_confirms_in_the_console_and_it_applies(tenant: Tenant) ->
     console = _console(confirmer)
     listing = console.get("/admin/permits/policychangeproposal/?status__exact=pending").content.decode()
     assert proposal.proposal_id in listing
-    detail = console.get(f"/admin/permits/policychangeproposal/{proposal.proposal_id}/change/")
+    detail = console.get(f"/admin/permits/policychangeproposal/{quote(proposal.proposal_id)}/change/")
     assert detail.status_code == 200
     assert _actor(proposer) in detail.content.decode()
     page = console.post(
@@ -396,7 +397,7 @@ def test_the_proposer_cannot_confirm_their_own_not_even_a_superuser(tenant: Tena
     policy = _approval_policy(tenant)
     root = _user(superuser=True)
     console = _console(root)
-    console.post(f"/admin/permits/policybundle/{policy.policy_id}/change/", _form(policy, enabled="off"))
+    console.post(f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/", _form(policy, enabled="off"))
     proposal = PolicyChangeProposal.objects.get()
     r = _action(console, "confirm_selected", proposal.proposal_id)
     assert "second person" in r.content.decode()
@@ -475,7 +476,9 @@ def test_a_proposal_whose_policy_changed_since_cannot_be_confirmed(tenant: Tenan
 def test_rejecting_keeps_the_policy_and_ends_the_proposal(tenant: Tenant) -> None:
     policy = _approval_policy(tenant)
     proposer = _user(groups=("Operator",))
-    _console(proposer).post(f"/admin/permits/policybundle/{policy.policy_id}/change/", _form(policy, enabled="off"))
+    _console(proposer).post(
+        f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/", _form(policy, enabled="off")
+    )
     proposal = PolicyChangeProposal.objects.get()
     confirmer = _user(groups=("Approver admin",))
     _action(_console(confirmer), "reject_selected", proposal.proposal_id)
@@ -486,7 +489,9 @@ def test_rejecting_keeps_the_policy_and_ends_the_proposal(tenant: Tenant) -> Non
         services.policy_proposal_confirm(proposal_id=proposal.proposal_id, user=confirmer, actor=_actor(confirmer))
     assert _rules(policy.policy_id) == (True, True, 1)
     # The proposer may withdraw their own (it relaxes nothing).
-    _console(proposer).post(f"/admin/permits/policybundle/{policy.policy_id}/change/", _form(policy, enabled="off"))
+    _console(proposer).post(
+        f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/", _form(policy, enabled="off")
+    )
     mine = PolicyChangeProposal.objects.get(status=ProposalStatus.PENDING)
     services.policy_proposal_reject(proposal_id=mine.proposal_id, user=proposer, actor=_actor(proposer))
     assert PolicyChangeProposal.objects.get(pk=mine.pk).status == ProposalStatus.REJECTED

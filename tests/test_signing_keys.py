@@ -10,6 +10,7 @@ import time
 
 import pytest
 from django.conf import settings
+from django.contrib.admin.utils import quote
 from django.core.management import call_command
 from django.db import IntegrityError, connection, connections, transaction
 from django.utils import timezone
@@ -245,7 +246,7 @@ def test_no_private_key_in_responses_or_admin(anon_client, key_file, admin_clien
         admin_client.get("/admin/audit/signingkey/").content,
     ]
     key = SigningKey.objects.get(state="active")
-    r = admin_client.get(f"/admin/audit/signingkey/{key.key_id}/change/")
+    r = admin_client.get(f"/admin/audit/signingkey/{quote(key.key_id)}/change/")
     assert r.status_code == 200
     pages.append(r.content)
     for content in pages:
