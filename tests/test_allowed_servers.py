@@ -17,6 +17,7 @@ import re
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.test import Client
 
@@ -234,7 +235,7 @@ def test_the_console_edits_a_policys_servers(tenant: Tenant) -> None:
     console_servers()
     policy = policy_create(wallet=tenant.sponsor, allowed_servers=["alpha"], denied_tools=["math.add"])
     client = staff_client("permits.view_policybundle", "permits.change_policybundle")
-    url = f"/admin/permits/policybundle/{policy.policy_id}/change/"
+    url = f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/"
     page = client.get(url).content.decode()
     assert re.search(r'name="allowed_servers" value="alpha"[^>]*checked', page)
     assert not re.search(r'name="allowed_servers" value="beta"[^>]*checked', page)
@@ -293,7 +294,7 @@ def test_widening_an_approval_policys_servers_from_the_console_is_a_proposal(ten
         "permits.confirm_policy_relaxation",
         "permits.view_policychangeproposal",
     )
-    url = f"/admin/permits/policybundle/{policy.policy_id}/change/"
+    url = f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/"
     form = admin_form(tenant.agent.wallet_id, human_approval_required="on")
     for widened in ({"servers_mode": "only", "allowed_servers": ["alpha", "beta"]}, {"servers_mode": "any"}):
         r = proposer.post(url, {**form, **widened})
