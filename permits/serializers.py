@@ -54,6 +54,17 @@ def permit_servers_field(what: str) -> serializers.ListField:
     )
 
 
+class StatusNowField(serializers.ChoiceField):
+    """A record's status as of the request (its model's ``effective_status``): a permit, request, quote or
+    proposal past ``expires_at`` reads as expired before anything writes the stored status back."""
+
+    def __init__(self, *, choices: list[str], **kwargs: Any) -> None:
+        super().__init__(choices=choices, source="*", read_only=True, **kwargs)
+
+    def to_representation(self, value: Any) -> str:
+        return value.effective_status(timezone.now())
+
+
 class PermitCreateRequest(serializers.Serializer):
     """Issue a permit for ``wallet_id`` (the issuer is the caller's wallet)."""
 
@@ -101,7 +112,7 @@ class PermitResponse(serializers.ModelSerializer):
 
     wallet_id = serializers.CharField()
     issuer_wallet_id = serializers.CharField(allow_null=True)
-    status = serializers.SerializerMethodField()
+    status = StatusNowField(choices=["active", "revoked", "expired", "exhausted"])
     max_credits = MoneyField()
     spent_credits = MoneyField()
     remaining_credits = serializers.SerializerMethodField()
@@ -136,10 +147,6 @@ class PermitResponse(serializers.ModelSerializer):
             "signature",
             "signed_statement",
         ]
-
-    @extend_schema_field(serializers.ChoiceField(choices=["active", "revoked", "expired", "exhausted"]))
-    def get_status(self, obj: Permit) -> str:
-        return obj.effective_status(timezone.now())
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_remaining_credits(self, obj: Permit) -> str:
@@ -233,7 +240,7 @@ class PermitRequestResponse(serializers.ModelSerializer):
     """A permit request; ``permit`` holds the minted permit once a human has approved it."""
 
     wallet_id = serializers.CharField()
-    status = serializers.SerializerMethodField()
+    status = StatusNowField(choices=["pending", "approved", "rejected", "expired"])
     max_credits = MoneyField()
     allowed_tools = serializers.ListField(child=serializers.CharField())
     allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
@@ -265,10 +272,6 @@ class PermitRequestResponse(serializers.ModelSerializer):
             "poll_url",
             "card_url",
         ]
-
-    @extend_schema_field(serializers.ChoiceField(choices=["pending", "approved", "rejected", "expired"]))
-    def get_status(self, obj: PermitRequest) -> str:
-        return obj.effective_status(timezone.now())
 
     @extend_schema_field(PermitApprovalResponse(allow_null=True))
     def get_approval(self, obj: PermitRequest) -> dict[str, Any] | None:
@@ -302,7 +305,7 @@ class QuoteResponse(serializers.ModelSerializer):
     """A signed price for one call; ``active`` means spendable."""
 
     wallet_id = serializers.CharField()
-    status = serializers.SerializerMethodField()
+    status = StatusNowField(choices=["active", "consumed", "expired"])
     quoted_credits = MoneyField()
     signed_statement = serializers.DictField()
 
@@ -321,10 +324,6 @@ class QuoteResponse(serializers.ModelSerializer):
             "signature",
             "signed_statement",
         ]
-
-    @extend_schema_field(serializers.ChoiceField(choices=["active", "consumed", "expired"]))
-    def get_status(self, obj: Quote) -> str:
-        return obj.effective_status(timezone.now())
 
 
 QuoteListResponse = list_envelope("QuoteListResponse", QuoteResponse)
@@ -429,7 +428,7 @@ class PolicyChangeProposalResponse(serializers.ModelSerializer):
     when a second person confirms it in the operator console before ``expires_at``."""
 
     policy_id = serializers.CharField()
-    status = serializers.SerializerMethodField()
+    status = StatusNowField(choices=["pending", "confirmed", "rejected", "expired", "superseded"])
     relaxes = serializers.ListField(
         child=serializers.ChoiceField(choices=["enabled", "human_approval_required"]),
         help_text="The rules whose change relaxes human approval.",
@@ -451,10 +450,6 @@ class PolicyChangeProposalResponse(serializers.ModelSerializer):
             "expires_at",
             "decided_at",
         ]
-
-    @extend_schema_field(serializers.ChoiceField(choices=["pending", "confirmed", "rejected", "expired", "superseded"]))
-    def get_status(self, obj: PolicyChangeProposal) -> str:
-        return obj.effective_status(timezone.now())
 
 
 class PolicyListQuery(PageQuery):
