@@ -278,12 +278,16 @@ def advertise(
     return wrap
 
 
+# The members a JSON-RPC 2.0 request and its response both carry.
+_JSONRPC_ENVELOPE: Final[dict[str, Any]] = {
+    "jsonrpc": {"type": "string", "enum": ["2.0"]},
+    "id": {"type": ["string", "number", "null"]},
+}
 _JSONRPC_MESSAGE: Final[dict[str, Any]] = {
     "type": "object",
     "description": "A JSON-RPC 2.0 message (MCP).",
     "properties": {
-        "jsonrpc": {"type": "string", "enum": ["2.0"]},
-        "id": {"type": ["string", "number", "null"]},
+        **_JSONRPC_ENVELOPE,
         "method": {"type": "string"},
         "params": {"type": "object"},
     },
@@ -293,51 +297,52 @@ _JSONRPC_RESPONSE: Final[dict[str, Any]] = {
     "type": "object",
     "description": "A JSON-RPC 2.0 response.",
     "properties": {
-        "jsonrpc": {"type": "string", "enum": ["2.0"]},
-        "id": {"type": ["string", "number", "null"]},
+        **_JSONRPC_ENVELOPE,
         "result": {"type": "object"},
         "error": {"type": "object"},
     },
 }
 
+
+def _mcp_transport(
+    *, operation_id: str, summary: str, description: str = "", auth: str = "none", deprecated: bool = False
+) -> DocumentSpec:
+    """An MCP transport: JSON-RPC messages POSTed as JSON, in the ``mcp`` tag."""
+    return DocumentSpec(
+        operation_id=operation_id,
+        jsonrpc=True,
+        summary=summary,
+        description=description,
+        media_type="application/json",
+        tags=("mcp",),
+        method="POST",
+        auth=auth,
+        deprecated=deprecated,
+        schema=_JSONRPC_RESPONSE,
+        request_schema=_JSONRPC_MESSAGE,
+    )
+
+
 # Plain views this module does not own, described for the schema by URL name. A view that
 # drf-spectacular already describes keeps its own description (the hook only fills gaps).
 FOREIGN_DOCUMENTS: Final = {
-    "mcp": DocumentSpec(
+    "mcp": _mcp_transport(
         operation_id="mcp_streamable_http",
-        jsonrpc=True,
         summary="MCP Streamable HTTP transport (JSON responses); exists only when enabled",
         description="ping, tools/list and tools/call; a tool call carries a permit id and an idempotency key and "
         "runs permit -> meter -> dispatch -> receipt. Origin is validated against ALLOWED_ORIGINS.",
-        media_type="application/json",
-        tags=("mcp",),
-        method="POST",
         auth="api_key",
-        schema=_JSONRPC_RESPONSE,
-        request_schema=_JSONRPC_MESSAGE,
     ),
-    "mcp-public": DocumentSpec(
+    "mcp-public": _mcp_transport(
         operation_id="mcp_public",
-        jsonrpc=True,
         summary="Read-only, stateless MCP endpoint for public material (no key; Origin validated)",
-        media_type="application/json",
-        tags=("mcp",),
-        method="POST",
-        schema=_JSONRPC_RESPONSE,
-        request_schema=_JSONRPC_MESSAGE,
     ),
-    "mcp-messages": DocumentSpec(
+    "mcp-messages": _mcp_transport(
         operation_id="mcp_messages",
-        jsonrpc=True,
         summary="Legacy JSON-RPC endpoint (tools/list, tools/call); no MCP initialization lifecycle",
         description="Deprecated: new integrations use POST /mcp when it is enabled.",
-        media_type="application/json",
-        tags=("mcp",),
-        method="POST",
         auth="api_key",
         deprecated=True,
-        schema=_JSONRPC_RESPONSE,
-        request_schema=_JSONRPC_MESSAGE,
     ),
     "health": DocumentSpec(
         operation_id="health",
