@@ -216,11 +216,6 @@ class PermitVerifyResponse(serializers.Serializer):
     )
 
 
-class ReceiptQuery(PageQuery):
-    tool = serializers.CharField(required=False)
-    outcome = serializers.CharField(required=False)
-
-
 class PermitRequestCreate(serializers.Serializer):
     """Ask a human for a permit the agent cannot mint itself."""
 

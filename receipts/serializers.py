@@ -61,21 +61,16 @@ class ReceiptListQuery(PageQuery):
     outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
 
 
-class PermitReceiptQuery(PageQuery):
-    wallet_id = serializers.CharField(required=False)
-    tool = serializers.CharField(required=False)
-    outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
+class PermitReceiptQuery(ReceiptListQuery):
+    permit_id = None  # type: ignore[assignment]  # the path names the permit
 
 
-class PermitReceiptsQuery(PageQuery):
-    tool = serializers.CharField(required=False)
-    outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
+class PermitReceiptsQuery(PermitReceiptQuery):
+    wallet_id = None  # type: ignore[assignment]
 
 
-class MeReceiptQuery(PageQuery):
-    permit_id = serializers.CharField(required=False)
-    tool = serializers.CharField(required=False)
-    outcome = serializers.ChoiceField(choices=Outcome.choices, required=False)
+class MeReceiptQuery(ReceiptListQuery):
+    wallet_id = None  # type: ignore[assignment]  # the caller's own wallet
 
 
 class VerificationMap(serializers.Serializer):
