@@ -105,19 +105,25 @@ class PermitApprovalResponse(serializers.Serializer):
     signed_statement = serializers.DictField(help_text="The exact statement that was signed (RFC 8785 canonical form).")
 
 
-class PermitResponse(serializers.ModelSerializer):
+class PermitTermsResponse(serializers.ModelSerializer):
+    """The terms a permit grants and a permit request asks for, rendered alike by both records
+    (each names its fields, in its order, in its ``Meta``)."""
+
+    wallet_id = serializers.CharField()
+    max_credits = MoneyField()
+    allowed_tools = serializers.ListField(child=serializers.CharField())
+    allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
+
+
+class PermitResponse(PermitTermsResponse):
     """A permit with its signed statement and live allowance figures. ``approval`` and
     ``issued_via_request_id`` come from the signed statement (empty when it names no approval or its
     signature does not verify), never from an unsigned column."""
 
-    wallet_id = serializers.CharField()
     issuer_wallet_id = serializers.CharField(allow_null=True)
     status = StatusNowField(choices=["active", "revoked", "expired", "exhausted"])
-    max_credits = MoneyField()
     spent_credits = MoneyField()
     remaining_credits = serializers.SerializerMethodField()
-    allowed_tools = serializers.ListField(child=serializers.CharField())
-    allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
     signed_statement = serializers.DictField(help_text="The exact statement that was signed (RFC 8785 canonical form).")
     issued_via_request_id = serializers.SerializerMethodField()
     approval = serializers.SerializerMethodField()
@@ -231,14 +237,10 @@ class PermitRequestCreate(serializers.Serializer):
     allowed_servers = permit_servers_field("The upstream servers (slugs) whose tools the permit would cover")
 
 
-class PermitRequestResponse(serializers.ModelSerializer):
+class PermitRequestResponse(PermitTermsResponse):
     """A permit request; ``permit`` holds the minted permit once a human has approved it."""
 
-    wallet_id = serializers.CharField()
     status = StatusNowField(choices=["pending", "approved", "rejected", "expired"])
-    max_credits = MoneyField()
-    allowed_tools = serializers.ListField(child=serializers.CharField())
-    allowed_servers = serializers.ListField(child=serializers.CharField(), allow_null=True)
     permit = PermitResponse(allow_null=True)
     approval = serializers.SerializerMethodField()
     poll_url = serializers.SerializerMethodField()
