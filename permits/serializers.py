@@ -65,8 +65,8 @@ class StatusNowField(serializers.ChoiceField):
         return value.effective_status(timezone.now())
 
 
-class PermitCreateRequest(serializers.Serializer):
-    """Issue a permit for ``wallet_id`` (the issuer is the caller's wallet)."""
+class PermitTermsRequest(serializers.Serializer):
+    """The terms of a permit as a body sends them: to issue one, or to ask a person for one."""
 
     wallet_id = serializers.CharField(max_length=40)
     allowed_tools = serializers.ListField(child=ToolNameField(), min_length=1, max_length=100)
@@ -74,6 +74,11 @@ class PermitCreateRequest(serializers.Serializer):
     max_calls = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     expires_in_seconds = serializers.IntegerField(min_value=60, max_value=MAX_PERMIT_TTL, default=3600)
     subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
+
+
+class PermitCreateRequest(PermitTermsRequest):
+    """Issue a permit for ``wallet_id`` (the issuer is the caller's wallet)."""
+
     allowed_servers = permit_servers_field("The upstream servers (slugs) whose tools the permit covers")
 
 
@@ -222,17 +227,12 @@ class PermitVerifyResponse(serializers.Serializer):
     )
 
 
-class PermitRequestCreate(serializers.Serializer):
+class PermitRequestCreate(PermitTermsRequest):
     """Ask a human for a permit the agent cannot mint itself."""
 
-    wallet_id = serializers.CharField(max_length=40)
-    allowed_tools = serializers.ListField(child=ToolNameField(), min_length=1, max_length=100)
-    max_credits = serializers.DecimalField(max_digits=20, decimal_places=8, min_value=Decimal("0.00000001"))
-    max_calls = serializers.IntegerField(min_value=1, required=False, allow_null=True, default=None)
     expires_in_seconds = serializers.IntegerField(
         min_value=60, max_value=MAX_PERMIT_TTL, default=3600, help_text="Lifetime of the permit once approved."
     )
-    subject_key_id = serializers.CharField(min_length=1, max_length=40, required=False, allow_null=True, default=None)
     justification = serializers.CharField(max_length=2000, required=False, allow_blank=True, default="")
     allowed_servers = permit_servers_field("The upstream servers (slugs) whose tools the permit would cover")
 
