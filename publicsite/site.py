@@ -8,6 +8,7 @@ documents comes from the live URLconf (see :mod:`publicsite.discovery`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
 from functools import cache
 from pathlib import Path
@@ -511,12 +512,6 @@ class ProofSurfaceIndexView(APIView):
 
 # -- documents -----------------------------------------------------------------------------------
 
-_LLMS_DOC = DocumentSpec(
-    operation_id="llms_txt",
-    summary="Readable service description for agents (generated from the live routes)",
-    media_type="text/plain",
-)
-
 
 def _text(body: str, content_type: str) -> HttpResponse:
     response = HttpResponse(body, content_type=content_type)
@@ -524,51 +519,49 @@ def _text(body: str, content_type: str) -> HttpResponse:
     return response
 
 
-@advertise(document=_LLMS_DOC)
-@require_safe
-def llms_txt(request: HttpRequest) -> HttpResponse:
-    return _text(discovery.llms_txt(), "text/plain; charset=utf-8")
-
-
-@advertise(
-    document=DocumentSpec(
-        operation_id="llm_txt",
-        summary="Alias of /llms.txt (kept for existing clients)",
-        media_type="text/plain",
-    )
-)
-@require_safe
-def llm_txt(request: HttpRequest) -> HttpResponse:
-    return _text(discovery.llms_txt(), "text/plain; charset=utf-8")
-
-
 @cache
 def _markdown(name: str) -> str:
     return (DOCS_DIR / name).read_text(encoding="utf-8")
 
 
-@advertise(
-    document=DocumentSpec(
-        operation_id="wedge_md",
-        summary="What Tollgate is for and where it stops",
-        media_type="text/markdown",
-    )
-)
-@require_safe
-def wedge_md(request: HttpRequest) -> HttpResponse:
-    return _text(_markdown("WEDGE.md"), "text/markdown; charset=utf-8")
+def _text_document(
+    *, operation_id: str, summary: str, media_type: str, body: Callable[[], str]
+) -> Callable[[HttpRequest], HttpResponse]:
+    """A public text document (UTF-8, cached five minutes by clients), described for ``/openapi.json``."""
+
+    @advertise(document=DocumentSpec(operation_id=operation_id, summary=summary, media_type=media_type))
+    @require_safe
+    def view(request: HttpRequest) -> HttpResponse:
+        return _text(body(), f"{media_type}; charset=utf-8")
+
+    view.__name__ = view.__qualname__ = operation_id
+    return view
 
 
-@advertise(
-    document=DocumentSpec(
-        operation_id="security_limitations_md",
-        summary="What Tollgate does not guarantee",
-        media_type="text/markdown",
-    )
+llms_txt = _text_document(
+    operation_id="llms_txt",
+    summary="Readable service description for agents (generated from the live routes)",
+    media_type="text/plain",
+    body=discovery.llms_txt,
 )
-@require_safe
-def security_limitations_md(request: HttpRequest) -> HttpResponse:
-    return _text(_markdown("SECURITY_LIMITATIONS.md"), "text/markdown; charset=utf-8")
+llm_txt = _text_document(
+    operation_id="llm_txt",
+    summary="Alias of /llms.txt (kept for existing clients)",
+    media_type="text/plain",
+    body=discovery.llms_txt,
+)
+wedge_md = _text_document(
+    operation_id="wedge_md",
+    summary="What Tollgate is for and where it stops",
+    media_type="text/markdown",
+    body=lambda: _markdown("WEDGE.md"),
+)
+security_limitations_md = _text_document(
+    operation_id="security_limitations_md",
+    summary="What Tollgate does not guarantee",
+    media_type="text/markdown",
+    body=lambda: _markdown("SECURITY_LIMITATIONS.md"),
+)
 
 
 # -- the dashboard -------------------------------------------------------------------------------
