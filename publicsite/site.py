@@ -256,9 +256,12 @@ class DependencyCheck(serializers.Serializer):
     backend = serializers.CharField(required=False, help_text="Cache backend class.")
 
 
-class HealthDependencies(serializers.Serializer):
+class ReadinessChecks(serializers.Serializer):
     database = DependencyCheck()
     signing_key = DependencyCheck()
+
+
+class HealthDependencies(ReadinessChecks):
     cache = DependencyCheck()
     upstream = DependencyCheck()
 
@@ -296,11 +299,6 @@ class TlogWitnessState(serializers.Serializer):
     status = serializers.ChoiceField(choices=["ok", "backing_off", "unknown"])
     failures = serializers.IntegerField(help_text="Consecutive failures to answer.")
     retry_at = serializers.DateTimeField(allow_null=True, help_text="While backing off: not asked before then.")
-
-
-class ReadinessChecks(serializers.Serializer):
-    database = DependencyCheck()
-    signing_key = DependencyCheck()
 
 
 class HealthReadyResponse(serializers.Serializer):
