@@ -73,6 +73,15 @@ class MeReceiptQuery(ReceiptListQuery):
     wallet_id = None  # type: ignore[assignment]  # the caller's own wallet
 
 
+def evidence_transparency_field(what: str) -> serializers.DictField:
+    """Where the evidence's ``what`` (receipt or approval) stands in its tenant's transparency log."""
+    return serializers.DictField(
+        allow_null=True,
+        help_text=f'The {what} in its tenant\'s transparency log: {{"leaf_index", "proof": "<tlog-proof@v1>"}} '
+        'once integrated, {"status": "pending", "fetch": "<url>"} before (docs/audit-chain.md).',
+    )
+
+
 class VerificationMap(serializers.Serializer):
     """Each check computed at request time: ``ok``, ``skipped`` or a failure reason."""
 
@@ -130,11 +139,7 @@ class EvidenceApproval(serializers.Serializer):
     signed_statement = serializers.DictField()
     signature = serializers.CharField()
     key_id = serializers.CharField()
-    transparency = serializers.DictField(
-        allow_null=True,
-        help_text='The approval in its tenant\'s transparency log: {"leaf_index", "proof": "<tlog-proof@v1>"} '
-        'once integrated, {"status": "pending", "fetch": "<url>"} before (docs/audit-chain.md).',
-    )
+    transparency = evidence_transparency_field("approval")
 
 
 class EvidenceBundleResponse(serializers.Serializer):
@@ -148,11 +153,7 @@ class EvidenceBundleResponse(serializers.Serializer):
     audit_event = EvidenceAuditEvent(allow_null=True)
     verification = VerificationMap()
     verified = serializers.BooleanField(help_text="True when every check is ok or skipped.")
-    transparency = serializers.DictField(
-        allow_null=True,
-        help_text='The receipt in its tenant\'s transparency log: {"leaf_index", "proof": "<tlog-proof@v1>"} '
-        'once integrated, {"status": "pending", "fetch": "<url>"} before (docs/audit-chain.md).',
-    )
+    transparency = evidence_transparency_field("receipt")
     claim_boundary = serializers.CharField()
 
 
