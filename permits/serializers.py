@@ -242,7 +242,7 @@ class PermitRequestResponse(PermitTermsResponse):
 
     status = StatusNowField(choices=["pending", "approved", "rejected", "expired"])
     permit = PermitResponse(allow_null=True)
-    approval = serializers.SerializerMethodField()
+    approval = PermitApprovalResponse(allow_null=True, read_only=True)
     poll_url = serializers.SerializerMethodField()
     card_url = serializers.SerializerMethodField()
     permit_ttl_seconds = serializers.IntegerField()
@@ -269,11 +269,6 @@ class PermitRequestResponse(PermitTermsResponse):
             "poll_url",
             "card_url",
         ]
-
-    @extend_schema_field(PermitApprovalResponse(allow_null=True))
-    def get_approval(self, obj: PermitRequest) -> dict[str, Any] | None:
-        approval = getattr(obj, "approval", None)  # the reverse one-to-one raises when there is none
-        return None if approval is None else PermitApprovalResponse(approval).data
 
     @extend_schema_field(OpenApiTypes.STR)
     def get_poll_url(self, obj: PermitRequest) -> str:
