@@ -129,44 +129,46 @@ class MyAlertListView(PageView):
         return selectors.my_alerts(caller)
 
 
-class SigningKeyActiveView(APIView):
+def signing_keys_schema(operation_id: str, summary: str, response: Any, *errors: int, unavailable: bool = False) -> Any:
+    """The schema of a signing-key endpoint: public (no security requirement), tag ``signing_keys``, ``response``
+    for 200, then ``errors``, and 503 where the answer needs a usable signing key on this server."""
+    responses = {200: response, **error_responses(*errors)}
+    if unavailable:
+        responses[503] = _SIGNING_UNAVAILABLE
+    return extend_schema(operation_id=operation_id, tags=SIGNING_KEYS, auth=[], responses=responses, summary=summary)
+
+
+# The signing keys' public metadata: anyone may read it (a presented key is still checked: a bad one is 401).
+class PublicKeyView(APIView):
     permission_classes = [AllowAnyone]
 
-    @extend_schema(
-        operation_id="signing_keys_active",
-        tags=SIGNING_KEYS,
-        auth=[],
-        responses={200: SigningKeyMetadataResponse, **error_responses(), 503: _SIGNING_UNAVAILABLE},
-        summary="Public metadata of the active evidence signing key",
+
+class SigningKeyActiveView(PublicKeyView):
+    @signing_keys_schema(
+        "signing_keys_active",
+        "Public metadata of the active evidence signing key",
+        SigningKeyMetadataResponse,
+        unavailable=True,
     )
     def get(self, request: Request) -> Response:
         # Public metadata, from the database row: 200 whether or not this instance holds the private part.
         return Response(SigningKeyMetadataResponse(services.signing_key_active_published()).data)
 
 
-class SigningKeyDetailView(APIView):
-    permission_classes = [AllowAnyone]
-
-    @extend_schema(
-        operation_id="signing_keys_get",
-        tags=SIGNING_KEYS,
-        auth=[],
-        responses={200: SigningKeyMetadataResponse, **error_responses(404)},
-        summary="Public metadata of an active or retired evidence signing key",
+class SigningKeyDetailView(PublicKeyView):
+    @signing_keys_schema(
+        "signing_keys_get",
+        "Public metadata of an active or retired evidence signing key",
+        SigningKeyMetadataResponse,
+        404,
     )
     def get(self, request: Request, key_id: str) -> Response:
         return Response(SigningKeyMetadataResponse(selectors.signing_key_get(key_id)).data)
 
 
-class JWKSView(APIView):
-    permission_classes = [AllowAnyone]
-
-    @extend_schema(
-        operation_id="signing_keys_jwks",
-        tags=SIGNING_KEYS,
-        auth=[],
-        responses={200: JWKSResponse, **error_responses()},
-        summary="JSON Web Key Set of every published evidence signing key (OKP, Ed25519)",
+class JWKSView(PublicKeyView):
+    @signing_keys_schema(
+        "signing_keys_jwks", "JSON Web Key Set of every published evidence signing key (OKP, Ed25519)", JWKSResponse
     )
     def get(self, request: Request) -> Response:
         return Response({"keys": [jwk_data(key) for key in selectors.signing_keys_published()]})
