@@ -11,7 +11,7 @@ from django.template.loader import render_to_string
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
@@ -82,6 +82,31 @@ def _normalized(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _idempotent_create(
+    request: Request, serializer_class: type[serializers.Serializer]
+) -> tuple[Principal, dict[str, Any], dict[str, Any]]:
+    """The caller, the validated body and the idempotency arguments of a create: the ``Idempotency-Key``
+    (required, and checked before the body), scoped to the caller's key, with the hash of the body."""
+    caller = principal(request)
+    key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
+    assert key is not None
+    data = parse_body(request, serializer_class)
+    idempotency = {
+        "idempotency_scope": idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
+        "idempotency_key": key,
+        "request_hash": request_hash(_normalized(data)),
+    }
+    return caller, data, idempotency
+
+
+def _created(body: Any, code: int, *, replayed: bool, headers: dict[str, str] | None = None) -> Response:
+    """The answer of a create, marked ``Idempotent-Replayed`` when it replays the first one."""
+    response = Response(body, status=code, headers=headers)
+    if replayed:
+        response["Idempotent-Replayed"] = "true"
+    return response
+
+
 class WalletNotFound(NotFound):
     code = "wallet_not_found"
     message = "The key's wallet no longer exists."
@@ -104,10 +129,7 @@ class PermitCollectionView(PageView):
         summary="Issue a signed permit (issuer: the caller's wallet, the subject or above it)",
     )
     def post(self, request: Request) -> Response:
-        caller = principal(request)
-        key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
-        assert key is not None
-        data = parse_body(request, PermitCreateRequest)
+        caller, data, idempotency = _idempotent_create(request, PermitCreateRequest)
         subject = wallet_for_caller(caller, data["wallet_id"])
         issuer = None if caller.is_operator else caller_wallet(caller)
         result = services.permit_issue(
@@ -122,14 +144,9 @@ class PermitCollectionView(PageView):
                 subject_key_id=data["subject_key_id"],
                 allowed_servers=data.get("allowed_servers"),
             ),
-            idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
-            idempotency_key=key,
-            request_hash=request_hash(_normalized(data)),
+            **idempotency,
         )
-        response = Response(PermitResponse(result.permit).data, status=status.HTTP_201_CREATED)
-        if result.replayed:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        return _created(PermitResponse(result.permit).data, status.HTTP_201_CREATED, replayed=result.replayed)
 
 
 @detail_schema("permits_retrieve", "One permit", ["permits"], 401, 404)
@@ -236,10 +253,7 @@ class PermitRequestCreateView(APIView):
         summary="Ask a human for a permit; poll the returned URL for the decision",
     )
     def post(self, request: Request) -> Response:
-        caller = principal(request)
-        key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
-        assert key is not None
-        data = parse_body(request, PermitRequestCreate)
+        caller, data, idempotency = _idempotent_create(request, PermitRequestCreate)
         wallet = wallet_for_caller(caller, data["wallet_id"])
         result = services.permit_request_create(
             wallet=wallet,
@@ -251,16 +265,12 @@ class PermitRequestCreateView(APIView):
             subject_key_id=data["subject_key_id"],
             justification=data["justification"],
             allowed_servers=data.get("allowed_servers"),
-            idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
-            idempotency_key=key,
-            request_hash=request_hash(_normalized(data)),
+            **idempotency,
         )
         body = PermitRequestResponse(result.permit_request).data
-        response = Response(body, status=status.HTTP_202_ACCEPTED)
-        response["Location"] = body["poll_url"]
-        if result.replayed:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        return _created(
+            body, status.HTTP_202_ACCEPTED, replayed=result.replayed, headers={"Location": body["poll_url"]}
+        )
 
 
 @detail_schema(
