@@ -104,7 +104,8 @@ class ServiceSavedAdmin(admin.ModelAdmin):
 
     Django wraps the add/change view in ``transaction.atomic()``; the services
     own durable transactions, which cannot nest in it. The form is validated and
-    rendered the same; the service's transaction is the only one.
+    rendered the same; the service's transaction is the only one. A service's
+    refusal (an ``ApplicationError``) goes to ``service_refused``.
     """
 
     @csrf_protect_m
@@ -115,7 +116,15 @@ class ServiceSavedAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+        try:
+            return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+        except ApplicationError as exc:
+            return self.service_refused(request, exc)
+
+    def service_refused(self, request: HttpRequest, exc: ApplicationError) -> HttpResponse:
+        """What the page does when the service refuses the save: here nothing of its own (the error stands);
+        a page whose service may refuse for reasons the form cannot see shows them instead."""
+        raise exc
 
 
 def confirmation_page(
