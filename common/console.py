@@ -189,17 +189,13 @@ class RevocationReasonForm(forms.Form):
     )
 
 
-def revocation_reason_form(request: HttpRequest) -> RevocationReasonForm:
-    """The reason form of a revocation's confirmation page, bound on the confirming POST."""
-    return RevocationReasonForm(request.POST if request.POST.get("post") == "yes" else None)
-
-
 def revocation_page(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Any], **page: Any
 ) -> tuple[HttpResponse | None, str]:
-    """A revocation's confirmation page (``confirmation_page`` with ``page``), which asks for its reason:
-    ``(page, "")`` until it is confirmed with a valid reason, then ``(None, reason)``."""
-    form = revocation_reason_form(request)
+    """A revocation's confirmation page (``confirmation_page`` with ``page``), which asks for its reason (the
+    form is bound on the confirming POST): ``(page, "")`` until it is confirmed with a valid reason, then
+    ``(None, reason)``."""
+    form = RevocationReasonForm(request.POST if request.POST.get("post") == "yes" else None)
     response = confirmation_page(modeladmin, request, queryset, form=form, **page)
     return (response, "") if response is not None else (None, form.cleaned_data["reason"])
 

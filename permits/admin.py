@@ -28,7 +28,7 @@ from common.console import (
     console_actor,
     console_log,
     has_perm,
-    revocation_reason_form,
+    revocation_page,
 )
 from common.errors import ApplicationError
 from common.listing import short_id_column
@@ -70,7 +70,7 @@ class PermitAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Revoke selected permits…", permissions=["revoke_permit"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Permit]) -> HttpResponse | None:
-        page = confirmation_page(
+        page, reason = revocation_page(
             self,
             request,
             queryset.exclude(status=PermitStatus.REVOKED).order_by("permit_id"),
@@ -86,11 +86,9 @@ class PermitAdmin(ReadOnlyAdmin):
                 p.expires_at,
             ],
             confirm_label="Yes, revoke them",
-            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
-        reason = form.cleaned_data["reason"]
         count = 0
         for permit in queryset.exclude(status=PermitStatus.REVOKED):
             services.permit_revoke(permit_id=permit.permit_id, reason=reason, actor=console_actor(request))
