@@ -525,7 +525,7 @@ def _markdown(name: str) -> str:
 def _text_document(
     *, operation_id: str, summary: str, media_type: str, body: Callable[[], str]
 ) -> Callable[[HttpRequest], HttpResponse]:
-    """A public text document (UTF-8, cached five minutes by clients), described for ``/openapi.json``."""
+    """A public text document (UTF-8, cacheable for five minutes), described for ``/openapi.json``."""
 
     @advertise(document=DocumentSpec(operation_id=operation_id, summary=summary, media_type=media_type))
     @require_safe
