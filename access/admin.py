@@ -7,7 +7,6 @@ from typing import Any
 
 from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin.options import csrf_protect_m
 from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
 from django.db.models.constants import LOOKUP_SEP
@@ -179,20 +178,10 @@ class APIKeyAdmin(ServiceSavedAdmin):
         """No filter on the secret hash: ``?secret_hash__startswith=`` would read it out by probing."""
         return lookup.split(LOOKUP_SEP)[0] != "secret_hash" and super().lookup_allowed(lookup, value, request)
 
-    @csrf_protect_m
-    def changeform_view(
-        self,
-        request: HttpRequest,
-        object_id: str | None = None,
-        form_url: str = "",
-        extra_context: dict[str, Any] | None = None,
-    ) -> HttpResponse:
+    def service_refused(self, request: HttpRequest, exc: ApplicationError) -> HttpResponse:
         """The service may refuse the key (``API_KEYS_PER_WALLET``, a closed wallet): the form again, with why."""
-        try:
-            return super().changeform_view(request, object_id, form_url, extra_context)
-        except ApplicationError as exc:
-            self.message_user(request, console_failure(exc), messages.ERROR)
-            return HttpResponseRedirect(request.get_full_path())
+        self.message_user(request, console_failure(exc), messages.ERROR)
+        return HttpResponseRedirect(request.get_full_path())
 
     def save_model(self, request: HttpRequest, obj: APIKey, form: Any, change: bool) -> None:
         if change:

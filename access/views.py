@@ -6,6 +6,9 @@ The wallet a request addresses is resolved by billing's rule (403/404 as
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -14,6 +17,8 @@ from rest_framework.views import APIView
 
 from access import selectors, services
 from access.authentication import principal
+from access.generics import PageView, page_schema
+from access.selectors import Principal
 from access.serializers import (
     APIKeyListResponse,
     APIKeyResponse,
@@ -29,7 +34,7 @@ from access.serializers import (
     api_key_data,
 )
 from access.wallets import wallet_directory
-from common.pagination import PageQuery, page, parse_body, parse_query
+from common.pagination import parse_body, parse_query
 from common.schema import ERRORS_KEY, error_responses
 
 TAG = ["api_keys"]
@@ -54,19 +59,12 @@ class APIKeyCreateView(APIView):
         return Response(api_key_data(issued.key, issued.secret), status=status.HTTP_201_CREATED, headers=NO_STORE)
 
 
-class APIKeyListView(APIView):
-    @extend_schema(
-        operation_id="api_keys_list",
-        tags=TAG,
-        parameters=[PageQuery],
-        responses={200: APIKeyListResponse, **ERRORS_KEY},
-        summary="List a wallet's API keys (masked)",
-    )
-    def get(self, request: Request, wallet_id: str) -> Response:
-        caller = principal(request)
-        params = parse_query(request, PageQuery)
-        wallet = wallet_directory().for_caller(caller, wallet_id)
-        return Response(page(selectors.api_keys_of_wallet(wallet), params, APIKeyResponse))
+@page_schema("api_keys_list", "List a wallet's API keys (masked)", TAG, APIKeyListResponse, 401, 403, 404, 422)
+class APIKeyListView(PageView):
+    item = APIKeyResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any], wallet_id: str) -> QuerySet[Any]:
+        return selectors.api_keys_of_wallet(wallet_directory().for_caller(caller, wallet_id))
 
 
 class APIKeyRotateView(APIView):

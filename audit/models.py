@@ -9,6 +9,7 @@ from django.db import models
 from django.db.models import F, Func, Q
 
 from audit.evidence_core import GENESIS_HASH
+from common.modelparts import WrittenOnce
 
 SYSTEM_CHAIN = "system"
 
@@ -72,7 +73,7 @@ def detail_refs() -> Func:
     return Func(F("detail"), function="audit_detail_refs", output_field=models.JSONField())
 
 
-class AuditEvent(models.Model):
+class AuditEvent(WrittenOnce):
     """One immutable audit event. ``hash = SHA-256(prev_hash || canonical(event))``.
 
     Immutability: there is no update or delete path in code or admin; the
@@ -119,11 +120,6 @@ class AuditEvent(models.Model):
 
     def __str__(self) -> str:
         return f"{self.event_id} {self.event} ({self.chain}#{self.seq})"
-
-    def save(self, *args: object, **kwargs: object) -> None:
-        if not self._state.adding:
-            raise RuntimeError("audit events are immutable")
-        super().save(*args, **kwargs)  # type: ignore[arg-type]
 
     def delete(self, *args: object, **kwargs: object) -> NoReturn:
         raise RuntimeError("audit events are immutable")

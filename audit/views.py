@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import serializers
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from access.authentication import AllowAnyone, principal
+from access.generics import PageView, page_schema
+from access.selectors import Principal
 from audit import chain_verification, selectors, services
 from audit.serializers import (
     AlertListResponse,
@@ -25,7 +31,7 @@ from audit.serializers import (
     SigningKeyMetadataResponse,
     jwk_data,
 )
-from common.pagination import PageQuery, page, parse_body, parse_query
+from common.pagination import parse_body, parse_query
 from common.schema import error_responses
 
 AUDIT = ["audit"]
@@ -34,19 +40,20 @@ ME = ["me"]
 _SIGNING_UNAVAILABLE = OpenApiResponse(description="No usable signing key on this server (signing_key_unavailable).")
 
 
-class AuditEventListView(APIView):
-    @extend_schema(
-        operation_id="audit_events_list",
-        tags=AUDIT,
-        parameters=[AuditEventQuery],
-        responses={200: AuditEventListResponse, **error_responses(401, 422)},
-        summary="List audit events (wallet keys: their wallet's and those below it; operator keys: all)",
-    )
-    def get(self, request: Request) -> Response:
-        caller = principal(request)
-        params = parse_query(request, AuditEventQuery)
-        item = AuditEventSummaryItem if params["summary"] else AuditEventResponse
-        return Response(page(selectors.audit_event_list(caller, params), params, item))
+@page_schema(
+    "audit_events_list",
+    "List audit events (wallet keys: their wallet's and those below it; operator keys: all)",
+    AUDIT,
+    AuditEventListResponse,
+    401,
+    422,
+)
+class AuditEventListView(PageView):
+    query = AuditEventQuery
+    rows = staticmethod(selectors.audit_event_list)
+
+    def item_for(self, params: dict[str, Any]) -> type[serializers.Serializer]:
+        return AuditEventSummaryItem if params["summary"] else AuditEventResponse
 
 
 class AuditSummaryView(APIView):
@@ -92,72 +99,76 @@ class AuditChainVerifyView(APIView):
         return Response(AuditChainVerifyResponse(result).data)
 
 
-class MyAuditEventListView(APIView):
-    @extend_schema(
-        operation_id="me_audit_events_list",
-        tags=ME,
-        parameters=[MeAuditEventQuery],
-        responses={200: AuditEventListResponse, **error_responses(401, 403, 422)},
-        summary="Audit events about the caller's own wallet (wallet-scoped keys only)",
-    )
-    def get(self, request: Request) -> Response:
-        caller = principal(request)
-        params = parse_query(request, MeAuditEventQuery)
-        return Response(page(selectors.my_audit_event_list(caller, params), params, AuditEventResponse))
+@page_schema(
+    "me_audit_events_list",
+    "Audit events about the caller's own wallet (wallet-scoped keys only)",
+    ME,
+    AuditEventListResponse,
+    401,
+    403,
+    422,
+)
+class MyAuditEventListView(PageView):
+    query, item = MeAuditEventQuery, AuditEventResponse
+    rows = staticmethod(selectors.my_audit_event_list)
 
 
-class MyAlertListView(APIView):
-    @extend_schema(
-        operation_id="me_alerts_list",
-        tags=ME,
-        parameters=[PageQuery],
-        responses={200: AlertListResponse, **error_responses(401, 403, 422)},
-        summary="Alerts of the caller's own wallet (wallet-scoped keys only)",
-    )
-    def get(self, request: Request) -> Response:
-        caller = principal(request)
-        params = parse_query(request, PageQuery)
-        return Response(page(selectors.my_alerts(caller), params, AlertResponse))
+@page_schema(
+    "me_alerts_list",
+    "Alerts of the caller's own wallet (wallet-scoped keys only)",
+    ME,
+    AlertListResponse,
+    401,
+    403,
+    422,
+)
+class MyAlertListView(PageView):
+    item = AlertResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
+        return selectors.my_alerts(caller)
 
 
-class SigningKeyActiveView(APIView):
+def signing_keys_schema(operation_id: str, summary: str, response: Any, *errors: int, unavailable: bool = False) -> Any:
+    """The schema of a signing-key endpoint: public (no security requirement), tag ``signing_keys``, ``response``
+    for 200, then ``errors``, and 503 where the answer needs a usable signing key on this server."""
+    responses = {200: response, **error_responses(*errors)}
+    if unavailable:
+        responses[503] = _SIGNING_UNAVAILABLE
+    return extend_schema(operation_id=operation_id, tags=SIGNING_KEYS, auth=[], responses=responses, summary=summary)
+
+
+# The signing keys' public metadata: anyone may read it (a presented key is still checked: a bad one is 401).
+class PublicKeyView(APIView):
     permission_classes = [AllowAnyone]
 
-    @extend_schema(
-        operation_id="signing_keys_active",
-        tags=SIGNING_KEYS,
-        auth=[],
-        responses={200: SigningKeyMetadataResponse, **error_responses(), 503: _SIGNING_UNAVAILABLE},
-        summary="Public metadata of the active evidence signing key",
+
+class SigningKeyActiveView(PublicKeyView):
+    @signing_keys_schema(
+        "signing_keys_active",
+        "Public metadata of the active evidence signing key",
+        SigningKeyMetadataResponse,
+        unavailable=True,
     )
     def get(self, request: Request) -> Response:
         # Public metadata, from the database row: 200 whether or not this instance holds the private part.
         return Response(SigningKeyMetadataResponse(services.signing_key_active_published()).data)
 
 
-class SigningKeyDetailView(APIView):
-    permission_classes = [AllowAnyone]
-
-    @extend_schema(
-        operation_id="signing_keys_get",
-        tags=SIGNING_KEYS,
-        auth=[],
-        responses={200: SigningKeyMetadataResponse, **error_responses(404)},
-        summary="Public metadata of an active or retired evidence signing key",
+class SigningKeyDetailView(PublicKeyView):
+    @signing_keys_schema(
+        "signing_keys_get",
+        "Public metadata of an active or retired evidence signing key",
+        SigningKeyMetadataResponse,
+        404,
     )
     def get(self, request: Request, key_id: str) -> Response:
         return Response(SigningKeyMetadataResponse(selectors.signing_key_get(key_id)).data)
 
 
-class JWKSView(APIView):
-    permission_classes = [AllowAnyone]
-
-    @extend_schema(
-        operation_id="signing_keys_jwks",
-        tags=SIGNING_KEYS,
-        auth=[],
-        responses={200: JWKSResponse, **error_responses()},
-        summary="JSON Web Key Set of every published evidence signing key (OKP, Ed25519)",
+class JWKSView(PublicKeyView):
+    @signing_keys_schema(
+        "signing_keys_jwks", "JSON Web Key Set of every published evidence signing key (OKP, Ed25519)", JWKSResponse
     )
     def get(self, request: Request) -> Response:
         return Response({"keys": [jwk_data(key) for key in selectors.signing_keys_published()]})

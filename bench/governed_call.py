@@ -27,8 +27,9 @@ key and a permit, then measures at concurrency 1 and 8:
   alternating windows (target: throughput with the log at least 0.95 of without, as a ratio);
 * with ``--history N``, at concurrency 8, the measured wallet after N earlier calls copied
   into its tenant's tables, against an agent wallet of a second tenant without history,
-  in alternating windows (history, fresh, fresh, history, ``--seconds`` each case in all)
-  so that a drift of the host's speed weighs on both alike;
+  in alternating windows so that a drift of the host's speed weighs on both alike;
+* every "in alternating windows" pair: each case twice ``--seconds`` in all, in six windows
+  (A B, B A, A B, ...; ``ALTERNATING_ROUNDS``);
 * CPU per call of every party, in every case (the references' too), over each measured
   window: the gateway (utime + stime of the gunicorn master and workers, from /proc),
   PostgreSQL (the backends of the throwaway database and the server's own processes),
@@ -235,6 +236,14 @@ def provision(env: dict[str, str], upstream_port: int, procs: list[subprocess.Po
         [*manage, "shell", "-c", SETUP], cwd=ROOT, env=env, check=True, capture_output=True, text=True
     )
     return dict(json.loads(setup.stdout.strip().splitlines()[-1]))
+
+
+# A ratio between two cases of one run is the figure a target reads (three servers / one, tracing on / off,
+# the log on / off, history / fresh): each case gets twice --seconds, in six windows taken in turn and
+# reversed every round (A B B A A B ...), so a drift of a shared host's speed during the run, which moved the
+# ratio by 0.2 between two runs with two windows of --seconds / 2 each, weighs on both cases alike.
+ALTERNATING_FACTOR = 2
+ALTERNATING_ROUNDS = 6
 
 
 def _rate_ratio(results: dict[str, Any], case: str, reference: str) -> float | None:
@@ -456,7 +465,8 @@ def main() -> int:
             ports: dict[str, int] | None = None,
             before: dict[str, Callable[[], None]] | None = None,
         ) -> None:
-            """``cases`` at concurrency 8 in alternating windows (the gateway's port unless ``ports`` says)."""
+            """``cases`` at concurrency 8 in alternating windows (the gateway's port unless ``ports`` says): each
+            case ``ALTERNATING_FACTOR`` times ``--seconds`` in all, in ``ALTERNATING_ROUNDS`` windows."""
             results.update(
                 loadgen.run_alternating(
                     "127.0.0.1",
@@ -464,10 +474,11 @@ def main() -> int:
                     cases,
                     has_result,
                     concurrency=8,
-                    seconds=args.seconds,
+                    seconds=args.seconds * ALTERNATING_FACTOR,
                     parties=meters,
                     ports=ports,
                     before=before,
+                    rounds=ALTERNATING_ROUNDS,
                 )
             )
 
@@ -495,7 +506,7 @@ def main() -> int:
             run_load(gateway_port, governed, 4, 2)  # warm up after the bulk insert
             run_load(gateway_port, governed_fresh, 4, 2)
             # Against a wallet of a tenant without history, in alternating windows (history, fresh,
-            # fresh, history): the host's speed drifts within a run, and the fresh figure measured a
+            # fresh, history, ...): the host's speed drifts within a run, and the fresh figure measured a
             # minute earlier is no reference then.
             alternating({"governed_history_c8": governed, "governed_fresh_c8": governed_fresh}, parties)
         report = {

@@ -157,9 +157,27 @@ class ReasonForm(forms.Form):
     reason = forms.CharField(max_length=200, required=False, initial="frozen by operator")
 
 
+# The wallet actions that ask for something on a page first: its form, its title and its button.
+ACTION_FORMS: dict[str, tuple[type[forms.Form], str, str]] = {
+    "provision_credits": (AmountForm, "Provision credits to sponsor wallets", "Provision"),
+    "fund_from_parent": (AmountForm, "Fund wallets from their parent", "Fund"),
+    "freeze_wallets": (ReasonForm, "Freeze wallets", "Freeze"),
+}
+
+
 def credits_cell(value: Decimal | None) -> str:
     """A right-aligned credits cell for list pages (1,250.5)."""
     return format_html('<span class="credits" style="display:block;text-align:right">{}</span>', money_display(value))
+
+
+def credits_column(field: str, description: str) -> Any:
+    """A list column showing ``obj.<field>`` as a ``credits_cell``, sortable by the field."""
+
+    @admin.display(description=description, ordering=field)
+    def column(modeladmin: admin.ModelAdmin, obj: Any) -> str:
+        return credits_cell(getattr(obj, field))
+
+    return column
 
 
 def _open_calls_display(wallet: Wallet) -> str:
@@ -189,13 +207,8 @@ class WalletAdmin(admin.ModelAdmin):
     readonly_fields = ["related", *[f.name for f in Wallet._meta.fields]]
     object_history_template = "admin/billing/wallet/object_history.html"
 
-    @admin.display(description="balance", ordering="balance")
-    def balance_col(self, obj: Wallet) -> str:
-        return credits_cell(obj.balance)
-
-    @admin.display(description="spent", ordering="total_spent")
-    def spent_col(self, obj: Wallet) -> str:
-        return credits_cell(obj.total_spent)
+    balance_col = credits_column("balance", "balance")
+    spent_col = credits_column("total_spent", "spent")
 
     @admin.display(description="related")
     def related(self, obj: Wallet) -> str:
@@ -287,16 +300,11 @@ class WalletAdmin(admin.ModelAdmin):
         return TemplateResponse(request, "admin/billing/wallet_create.html", context)
 
     def _form_data(
-        self,
-        request: HttpRequest,
-        queryset: QuerySet[Wallet],
-        form_class: type[forms.Form],
-        *,
-        action: str,
-        title: str,
-        submit_label: str,
+        self, request: HttpRequest, queryset: QuerySet[Wallet], action: str
     ) -> HttpResponse | dict[str, Any]:
-        """The action's form, once applied and valid, as its cleaned data; until then the page asking for it."""
+        """The action's form (``ACTION_FORMS``), once applied and valid, as its cleaned data; until then the
+        page asking for it."""
+        form_class, title, submit_label = ACTION_FORMS[action]
         form = form_class(request.POST if "apply" in request.POST else None)
         if form.is_valid():
             return form.cleaned_data
@@ -419,14 +427,7 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Provision credits (mint -> sponsor)", permissions=["provision_credits"])
     def provision_credits(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        data = self._form_data(
-            request,
-            queryset,
-            AmountForm,
-            action="provision_credits",
-            title="Provision credits to sponsor wallets",
-            submit_label="Provision",
-        )
+        data = self._form_data(request, queryset, "provision_credits")
         if isinstance(data, HttpResponse):
             return data
         amount, description = data["amount"], data["description"]
@@ -443,14 +444,7 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Fund from parent", permissions=["fund_wallet"])
     def fund_from_parent(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        data = self._form_data(
-            request,
-            queryset,
-            AmountForm,
-            action="fund_from_parent",
-            title="Fund wallets from their parent",
-            submit_label="Fund",
-        )
+        data = self._form_data(request, queryset, "fund_from_parent")
         if isinstance(data, HttpResponse):
             return data
         amount, description = data["amount"], data["description"]
@@ -477,9 +471,7 @@ class WalletAdmin(admin.ModelAdmin):
 
     @admin.action(description="Freeze", permissions=["freeze_wallet"])
     def freeze_wallets(self, request: HttpRequest, queryset: QuerySet[Wallet]) -> HttpResponse | None:
-        data = self._form_data(
-            request, queryset, ReasonForm, action="freeze_wallets", title="Freeze wallets", submit_label="Freeze"
-        )
+        data = self._form_data(request, queryset, "freeze_wallets")
         if isinstance(data, HttpResponse):
             return data
         reason = data["reason"]
@@ -624,14 +616,8 @@ class LedgerEntryAdmin(ReadOnlyAdmin):
     search_fields = ["entry_id", "transaction_id", "account", "tenant_id", "correlation_id"]
     ordering = ["-created_at", "-entry_id"]
     date_hierarchy = "created_at"
-
-    @admin.display(description="amount", ordering="amount")
-    def amount_col(self, obj: LedgerEntry) -> str:
-        return credits_cell(obj.amount)
-
-    @admin.display(description="balance after", ordering="balance_after")
-    def balance_after_col(self, obj: LedgerEntry) -> str:
-        return credits_cell(obj.balance_after)
+    amount_col = credits_column("amount", "amount")
+    balance_after_col = credits_column("balance_after", "balance after")
 
 
 @admin.register(ChargeIdempotency)

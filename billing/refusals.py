@@ -21,6 +21,7 @@ from billing.exceptions import (
     DailyLimitExceeded,
     InsufficientFunds,
     RefundExceedsCharge,
+    SpendRefused,
     VelocityLimitExceeded,
     WalletClosed,
     WalletExpired,
@@ -70,22 +71,15 @@ def _velocity(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
     )
 
 
-def _budget(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
-    return BudgetExceeded(
-        wallet_id=row["subject_id"],
-        budget=money(row["figure_limit"]),
-        total_spent=money(row["figure"]),
-        required=money(call.amount),
-    )
+def _over_cap(refusal: type[SpendRefused], *, cap: str, spent: str) -> Build:
+    """The builder of a cap's refusal (the lifetime budget, the daily limit): the wallet that refuses, its cap
+    and its spend under the wallet's own field names (``cap``, ``spent``), and what the call asked for."""
 
+    def build(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
+        figures: dict[str, Any] = {cap: money(row["figure_limit"]), spent: money(row["figure"])}
+        return refusal(wallet_id=row["subject_id"], **figures, required=money(call.amount))
 
-def _daily_limit(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
-    return DailyLimitExceeded(
-        wallet_id=row["subject_id"],
-        daily_limit=money(row["figure_limit"]),
-        daily_spent=money(row["figure"]),
-        required=money(call.amount),
-    )
+    return build
 
 
 def _amount_too_small(row: Mapping[str, Any], call: RefusedCall) -> Refusal:
@@ -124,8 +118,8 @@ REFUSALS: dict[str, Build] = {
     "insufficient_funds": lambda row, call: InsufficientFunds(
         wallet_id=row["subject_id"], balance=row["new_balance"], required=call.amount
     ),
-    "budget_exceeded": _budget,
-    "daily_limit_exceeded": _daily_limit,
+    "budget_exceeded": _over_cap(BudgetExceeded, cap="budget", spent="total_spent"),
+    "daily_limit_exceeded": _over_cap(DailyLimitExceeded, cap="daily_limit", spent="daily_spent"),
     "velocity": _velocity,
     # billing_charge's (its answer with the call's ``category`` and ``units``, and ``figure_visible``)
     "idempotency_key_reused": lambda row, call: IdempotencyKeyReused(),

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import HttpRequest
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework.renderers import BaseRenderer
@@ -15,6 +16,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from access.authentication import principal
+from access.generics import DetailView, PageView, detail_schema, page_schema
 from access.ratelimit import DeferredRefused
 from access.selectors import Principal
 from billing import selectors, services
@@ -37,7 +39,7 @@ from billing.serializers import (
 from common.errors import OperatorKeyRequired
 from common.idempotency import HEADER as IDEMPOTENCY_HEADER_NAME
 from common.idempotency import HEADER_SCHEMA, validate_idempotency_key
-from common.pagination import page, parse_body, parse_query
+from common.pagination import parse_body, parse_query
 from common.schema import error_responses
 
 BILLING = ["billing"]
@@ -90,15 +92,10 @@ class AgentWalletCreateView(APIView):
         return Response(WalletResponse(selectors.wallet_detail(caller, wallet.wallet_id)).data, status=201)
 
 
-class WalletDetailView(APIView):
-    @extend_schema(
-        operation_id="billing_wallets_get",
-        tags=BILLING,
-        responses={200: WalletResponse, **error_responses(401, 403, 404)},
-        summary="A wallet: balance, daily spend, status and controls",
-    )
-    def get(self, request: Request, wallet_id: str) -> Response:
-        return Response(WalletResponse(selectors.wallet_detail(principal(request), wallet_id)).data)
+@detail_schema("billing_wallets_get", "A wallet: balance, daily spend, status and controls", BILLING, 401, 403, 404)
+class WalletDetailView(DetailView):
+    item = WalletResponse
+    lookup = staticmethod(selectors.wallet_detail)
 
     @extend_schema(
         operation_id="billing_wallets_update_settings",
@@ -126,18 +123,19 @@ class WalletDetailView(APIView):
         return Response(WalletSettingsResponse(detail).data)
 
 
-class WalletListView(APIView):
-    @extend_schema(
-        operation_id="billing_wallets_list",
-        tags=BILLING,
-        parameters=[WalletListQuery],
-        responses={200: WalletListResponse, **error_responses(401, 422)},
-        summary="Wallets visible to the caller (its own wallet and descendants; all for operators)",
-    )
-    def get(self, request: Request) -> Response:
-        params = parse_query(request, WalletListQuery)
-        qs = selectors.wallets_list(principal(request), wallet_type=params.get("wallet_type"))
-        return Response(page(qs, params, WalletResponse))
+@page_schema(
+    "billing_wallets_list",
+    "Wallets visible to the caller (its own wallet and descendants; all for operators)",
+    BILLING,
+    WalletListResponse,
+    401,
+    422,
+)
+class WalletListView(PageView):
+    query, item = WalletListQuery, WalletResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
+        return selectors.wallets_list(caller, wallet_type=params.get("wallet_type"))
 
 
 class LedgerView(APIView):

@@ -104,7 +104,8 @@ class ServiceSavedAdmin(admin.ModelAdmin):
 
     Django wraps the add/change view in ``transaction.atomic()``; the services
     own durable transactions, which cannot nest in it. The form is validated and
-    rendered the same; the service's transaction is the only one.
+    rendered the same; the service's transaction is the only one. A service's
+    refusal (an ``ApplicationError``) goes to ``service_refused``.
     """
 
     @csrf_protect_m
@@ -115,7 +116,15 @@ class ServiceSavedAdmin(admin.ModelAdmin):
         form_url: str = "",
         extra_context: dict[str, Any] | None = None,
     ) -> HttpResponse:
-        return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+        try:
+            return self._changeform_view(request, object_id, form_url, extra_context)  # type: ignore[attr-defined]
+        except ApplicationError as exc:
+            return self.service_refused(request, exc)
+
+    def service_refused(self, request: HttpRequest, exc: ApplicationError) -> HttpResponse:
+        """What the page does when the service refuses the save: here nothing of its own (the error stands);
+        a page whose service may refuse for reasons the form cannot see shows them instead."""
+        raise exc
 
 
 def confirmation_page(
@@ -180,17 +189,13 @@ class RevocationReasonForm(forms.Form):
     )
 
 
-def revocation_reason_form(request: HttpRequest) -> RevocationReasonForm:
-    """The reason form of a revocation's confirmation page, bound on the confirming POST."""
-    return RevocationReasonForm(request.POST if request.POST.get("post") == "yes" else None)
-
-
 def revocation_page(
     modeladmin: admin.ModelAdmin, request: HttpRequest, queryset: QuerySet[Any], **page: Any
 ) -> tuple[HttpResponse | None, str]:
-    """A revocation's confirmation page (``confirmation_page`` with ``page``), which asks for its reason:
-    ``(page, "")`` until it is confirmed with a valid reason, then ``(None, reason)``."""
-    form = revocation_reason_form(request)
+    """A revocation's confirmation page (``confirmation_page`` with ``page``), which asks for its reason (the
+    form is bound on the confirming POST): ``(page, "")`` until it is confirmed with a valid reason, then
+    ``(None, reason)``."""
+    form = RevocationReasonForm(request.POST if request.POST.get("post") == "yes" else None)
     response = confirmation_page(modeladmin, request, queryset, form=form, **page)
     return (response, "") if response is not None else (None, form.cleaned_data["reason"])
 

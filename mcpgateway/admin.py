@@ -15,7 +15,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 
 from billing import services as billing_services
-from billing.admin import credits_cell, money_display
+from billing.admin import credits_column, money_display
 from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
 from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, console_log
@@ -239,11 +239,7 @@ class ActionAdmin(ReconciliationAdmin):
     action_short = short_id_column("action_id", "action")
     wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
     receipt_short = short_id_column("receipt_id", "receipt", link_to="receipts.receipt")
-
-    @admin.display(description="price", ordering="price")
-    def price_col(self, obj: Action) -> str:
-        return credits_cell(obj.price)
-
+    price_col = credits_column("price", "price")
     list_filter = ["state", "outcome", "transport"]
     search_fields = ["action_id", "idempotency_key", "wallet__wallet_id", "tool"]
     ordering = ["-created_at"]

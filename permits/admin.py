@@ -19,7 +19,7 @@ from django.urls import path, reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
-from billing.admin import credits_cell, money_display
+from billing.admin import credits_column, money_display
 from billing.models import ServiceCategory, Wallet, WalletStatus
 from common.console import (
     ReadOnlyAdmin,
@@ -28,7 +28,7 @@ from common.console import (
     console_actor,
     console_log,
     has_perm,
-    revocation_reason_form,
+    revocation_page,
 )
 from common.errors import ApplicationError
 from common.listing import short_id_column
@@ -58,15 +58,8 @@ class PermitAdmin(ReadOnlyAdmin):
     list_display = ["permit_short", "wallet_short", "status", "allowance", "spent_col", "calls_used", "expires_at"]
     permit_short = short_id_column("permit_id", "permit")
     wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
-
-    @admin.display(description="allowance", ordering="max_credits")
-    def allowance(self, obj: Permit) -> str:
-        return credits_cell(obj.max_credits)
-
-    @admin.display(description="spent", ordering="spent_credits")
-    def spent_col(self, obj: Permit) -> str:
-        return credits_cell(obj.spent_credits)
-
+    allowance = credits_column("max_credits", "allowance")
+    spent_col = credits_column("spent_credits", "spent")
     list_filter = ["status"]
     search_fields = ["permit_id", "wallet__wallet_id", "tenant_id", "subject_key_id"]
     ordering = ["-created_at"]
@@ -77,7 +70,7 @@ class PermitAdmin(ReadOnlyAdmin):
 
     @admin.action(description="Revoke selected permits…", permissions=["revoke_permit"])
     def revoke_selected(self, request: HttpRequest, queryset: QuerySet[Permit]) -> HttpResponse | None:
-        page = confirmation_page(
+        page, reason = revocation_page(
             self,
             request,
             queryset.exclude(status=PermitStatus.REVOKED).order_by("permit_id"),
@@ -93,11 +86,9 @@ class PermitAdmin(ReadOnlyAdmin):
                 p.expires_at,
             ],
             confirm_label="Yes, revoke them",
-            form=(form := revocation_reason_form(request)),
         )
         if page is not None:
             return page
-        reason = form.cleaned_data["reason"]
         count = 0
         for permit in queryset.exclude(status=PermitStatus.REVOKED):
             services.permit_revoke(permit_id=permit.permit_id, reason=reason, actor=console_actor(request))
@@ -155,10 +146,7 @@ class PermitRequestAdmin(ReadOnlyAdmin):
     request_short = short_id_column("request_id", "request")
     wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
     permit_short = short_id_column("permit_id", "permit", link_to="permits.permit")
-
-    @admin.display(description="allowance", ordering="max_credits")
-    def allowance(self, obj: PermitRequest) -> str:
-        return credits_cell(obj.max_credits)
+    allowance = credits_column("max_credits", "allowance")
 
     def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
         return ["card", *[f.name for f in PermitRequest._meta.fields]]
@@ -205,11 +193,7 @@ class QuoteAdmin(ReadOnlyAdmin):
     list_display = ["quote_short", "wallet_short", "tool", "quoted_col", "status", "expires_at"]
     quote_short = short_id_column("quote_id", "quote")
     wallet_short = short_id_column("wallet_id", "wallet", link_to="billing.wallet")
-
-    @admin.display(description="quoted credits", ordering="quoted_credits")
-    def quoted_col(self, obj: Quote) -> str:
-        return credits_cell(obj.quoted_credits)
-
+    quoted_col = credits_column("quoted_credits", "quoted credits")
     list_filter = ["status"]
     search_fields = ["quote_id", "tool", "wallet__wallet_id"]
     ordering = ["-created_at"]
@@ -230,6 +214,15 @@ def _credits_limit(label: str, help_text: str) -> forms.DecimalField:
     return forms.DecimalField(
         required=False, max_digits=20, decimal_places=8, min_value=Decimal(0), label=label, help_text=help_text
     )
+
+
+def _selection(
+    label: str, help_text: str = "", *, listbox: bool = False, choices: Any = ()
+) -> forms.MultipleChoiceField:
+    """A rule's selection, shown under its "any" or "only": optional (selecting none is a rule of its own),
+    as a list box (the tools, which are many) or as checkboxes."""
+    widget = forms.SelectMultiple(attrs={"size": 8}) if listbox else forms.CheckboxSelectMultiple
+    return forms.MultipleChoiceField(required=False, label=label, help_text=help_text, widget=widget, choices=choices)
 
 
 def _tool_choices(current: list[str] | None, *, patterns: bool) -> list[tuple[str, str]]:
@@ -266,35 +259,26 @@ class PolicyBundleForm(forms.ModelForm):
         any_label="Any tool (the denied tools below excepted)",
         only_label="Only the tools selected below",
     )
-    allowed_tools = forms.MultipleChoiceField(
-        required=False,
-        label="Allowed tools",
-        widget=forms.SelectMultiple(attrs={"size": 8}),
-        help_text="Used with “Only the tools selected below”; selecting none allows no tool. Ctrl-click for several.",
+    allowed_tools = _selection(
+        "Allowed tools",
+        "Used with “Only the tools selected below”; selecting none allows no tool. Ctrl-click for several.",
+        listbox=True,
     )
-    denied_tools = forms.MultipleChoiceField(
-        required=False,
-        label="Denied tools",
-        widget=forms.SelectMultiple(attrs={"size": 8}),
-        help_text="Refused even where allowed. A pattern such as notes.* covers every tool of that namespace.",
+    denied_tools = _selection(
+        "Denied tools",
+        "Refused even where allowed. A pattern such as notes.* covers every tool of that namespace.",
+        listbox=True,
     )
     categories_mode = _any_or_only(
         "Service categories allowed", any_label="Any category", only_label="Only the categories ticked below"
     )
-    allowed_categories = forms.MultipleChoiceField(
-        required=False,
-        label="Allowed categories",
-        choices=ServiceCategory.choices,
-        widget=forms.CheckboxSelectMultiple,
-    )
+    allowed_categories = _selection("Allowed categories", choices=ServiceCategory.choices)
     servers_mode = _any_or_only(
         "Upstream servers allowed", any_label="Any server", only_label="Only the servers selected below"
     )
-    allowed_servers = forms.MultipleChoiceField(
-        required=False,
-        label="Allowed servers",
-        widget=forms.CheckboxSelectMultiple,
-        help_text="Used with “Only the servers selected below”: a tool of any other server, or of none "
+    allowed_servers = _selection(
+        "Allowed servers",
+        "Used with “Only the servers selected below”: a tool of any other server, or of none "
         "(a local tool), is refused. Selecting none allows no server.",
     )
     max_credits_per_call = _credits_limit(

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from common.errors import ApplicationError, Conflict, NotFound, PermissionDeniedError
+from common.errors import Conflict, NotFound, PermissionDeniedError
 
 
 class PermitDenied(PermissionDeniedError):
@@ -114,9 +114,8 @@ class QuoteUnavailable(Conflict):
     message = "The quote is not active (consumed, expired or for another wallet or tool)."
 
 
-class NotAnApprover(ApplicationError):
+class NotAnApprover(PermissionDeniedError):
     code = "not_an_approver"
-    http_status = 403
     message = "You are not an approver for this tenant."
 
 

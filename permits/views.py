@@ -5,18 +5,21 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.db.models import QuerySet
 from django.http import HttpResponse
 from django.template.loader import render_to_string
 from django.utils import timezone
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
-from rest_framework import status
+from rest_framework import serializers, status
 from rest_framework.renderers import BaseRenderer, JSONRenderer
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from access.authentication import principal, wallet_principal
+from access.generics import DetailView, MePageView, PageView, detail_schema, page_schema
+from access.selectors import Principal
 from audit.signing import verify_statement
 from billing.exceptions import money
 from billing.models import Wallet, WalletStatus
@@ -24,7 +27,7 @@ from billing.selectors import caller_wallet, wallet_for_caller, wallet_spend
 from common.errors import NotFound
 from common.idempotency import HEADER_SCHEMA, idempotency_scope, request_hash, validate_idempotency_key
 from common.jsonbody import storable_text
-from common.pagination import page, parse_body, parse_query
+from common.pagination import parse_body
 from common.schema import error_responses
 from permits import selectors, services
 from permits.models import PermitStatus
@@ -79,6 +82,31 @@ def _normalized(data: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def _idempotent_create(
+    request: Request, serializer_class: type[serializers.Serializer]
+) -> tuple[Principal, dict[str, Any], dict[str, Any]]:
+    """The caller, the validated body and the idempotency arguments of a create: the ``Idempotency-Key``
+    (required, and checked before the body), scoped to the caller's key, with the hash of the body."""
+    caller = principal(request)
+    key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
+    assert key is not None
+    data = parse_body(request, serializer_class)
+    idempotency = {
+        "idempotency_scope": idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
+        "idempotency_key": key,
+        "request_hash": request_hash(_normalized(data)),
+    }
+    return caller, data, idempotency
+
+
+def _created(body: Any, code: int, *, replayed: bool, headers: dict[str, str] | None = None) -> Response:
+    """The answer of a create, marked ``Idempotent-Replayed`` when it replays the first one."""
+    response = Response(body, status=code, headers=headers)
+    if replayed:
+        response["Idempotent-Replayed"] = "true"
+    return response
+
+
 class WalletNotFound(NotFound):
     code = "wallet_not_found"
     message = "The key's wallet no longer exists."
@@ -87,18 +115,10 @@ class WalletNotFound(NotFound):
 # --- Permits -------------------------------------------------------------------------
 
 
-class PermitCollectionView(APIView):
-    @extend_schema(
-        operation_id="permits_list",
-        tags=["permits"],
-        parameters=[PermitListQuery],
-        responses={200: PermitListResponse, **error_responses(401, 422)},
-        summary="List permits visible to the caller",
-    )
-    def get(self, request: Request) -> Response:
-        caller = principal(request)
-        params = parse_query(request, PermitListQuery)
-        return Response(page(selectors.permit_list(caller, params), params, PermitResponse))
+@page_schema("permits_list", "List permits visible to the caller", ["permits"], PermitListResponse, 401, 422)
+class PermitCollectionView(PageView):
+    query, item = PermitListQuery, PermitResponse
+    rows = staticmethod(selectors.permit_list)
 
     @extend_schema(
         operation_id="permits_create",
@@ -109,10 +129,7 @@ class PermitCollectionView(APIView):
         summary="Issue a signed permit (issuer: the caller's wallet, the subject or above it)",
     )
     def post(self, request: Request) -> Response:
-        caller = principal(request)
-        key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
-        assert key is not None
-        data = parse_body(request, PermitCreateRequest)
+        caller, data, idempotency = _idempotent_create(request, PermitCreateRequest)
         subject = wallet_for_caller(caller, data["wallet_id"])
         issuer = None if caller.is_operator else caller_wallet(caller)
         result = services.permit_issue(
@@ -127,25 +144,15 @@ class PermitCollectionView(APIView):
                 subject_key_id=data["subject_key_id"],
                 allowed_servers=data.get("allowed_servers"),
             ),
-            idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
-            idempotency_key=key,
-            request_hash=request_hash(_normalized(data)),
+            **idempotency,
         )
-        response = Response(PermitResponse(result.permit).data, status=status.HTTP_201_CREATED)
-        if result.replayed:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        return _created(PermitResponse(result.permit).data, status.HTTP_201_CREATED, replayed=result.replayed)
 
 
-class PermitDetailView(APIView):
-    @extend_schema(
-        operation_id="permits_retrieve",
-        tags=["permits"],
-        responses={200: PermitResponse, **error_responses(401, 404)},
-        summary="One permit",
-    )
-    def get(self, request: Request, permit_id: str) -> Response:
-        return Response(PermitResponse(selectors.permit_for_caller(principal(request), permit_id)).data)
+@detail_schema("permits_retrieve", "One permit", ["permits"], 401, 404)
+class PermitDetailView(DetailView):
+    item = PermitResponse
+    lookup = staticmethod(selectors.permit_for_caller)
 
 
 class PermitRevokeView(APIView):
@@ -246,10 +253,7 @@ class PermitRequestCreateView(APIView):
         summary="Ask a human for a permit; poll the returned URL for the decision",
     )
     def post(self, request: Request) -> Response:
-        caller = principal(request)
-        key = validate_idempotency_key(request.headers.get("Idempotency-Key"), required=True)
-        assert key is not None
-        data = parse_body(request, PermitRequestCreate)
+        caller, data, idempotency = _idempotent_create(request, PermitRequestCreate)
         wallet = wallet_for_caller(caller, data["wallet_id"])
         result = services.permit_request_create(
             wallet=wallet,
@@ -261,28 +265,20 @@ class PermitRequestCreateView(APIView):
             subject_key_id=data["subject_key_id"],
             justification=data["justification"],
             allowed_servers=data.get("allowed_servers"),
-            idempotency_scope=idempotency_scope(wallet_id=caller.wallet_id, key_id=caller.key_id),
-            idempotency_key=key,
-            request_hash=request_hash(_normalized(data)),
+            **idempotency,
         )
         body = PermitRequestResponse(result.permit_request).data
-        response = Response(body, status=status.HTTP_202_ACCEPTED)
-        response["Location"] = body["poll_url"]
-        if result.replayed:
-            response["Idempotent-Replayed"] = "true"
-        return response
+        return _created(
+            body, status.HTTP_202_ACCEPTED, replayed=result.replayed, headers={"Location": body["poll_url"]}
+        )
 
 
-class PermitRequestDetailView(APIView):
-    @extend_schema(
-        operation_id="permit_requests_retrieve",
-        tags=["permits"],
-        responses={200: PermitRequestResponse, **error_responses(401, 404)},
-        summary="Poll a permit request; includes the minted permit once approved",
-    )
-    def get(self, request: Request, request_id: str) -> Response:
-        preq = selectors.permit_request_for_caller(principal(request), request_id)
-        return Response(PermitRequestResponse(preq).data)
+@detail_schema(
+    "permit_requests_retrieve", "Poll a permit request; includes the minted permit once approved", ["permits"], 401, 404
+)
+class PermitRequestDetailView(DetailView):
+    item = PermitRequestResponse
+    lookup = staticmethod(selectors.permit_request_for_caller)
 
 
 class PermitRequestCardView(APIView):
@@ -330,21 +326,25 @@ class QuoteCreateView(APIView):
         return Response(QuoteResponse(quote).data, status=status.HTTP_201_CREATED)
 
 
-class QuoteDetailView(APIView):
-    @extend_schema(
-        operation_id="quotes_retrieve",
-        tags=["permits"],
-        responses={200: QuoteResponse, **error_responses(401, 404)},
-        summary="One quote",
-    )
-    def get(self, request: Request, quote_id: str) -> Response:
-        return Response(QuoteResponse(selectors.quote_for_caller(principal(request), quote_id)).data)
+@detail_schema("quotes_retrieve", "One quote", ["permits"], 401, 404)
+class QuoteDetailView(DetailView):
+    item = QuoteResponse
+    lookup = staticmethod(selectors.quote_for_caller)
 
 
 # --- Policy bundles ------------------------------------------------------------------
 
 
-class PolicyCollectionView(APIView):
+@page_schema("policies_list", "List policy bundles", ["policies"], PolicyBundleListResponse, 401, 422)
+class PolicyCollectionView(PageView):
+    query, item = PolicyListQuery, PolicyBundleResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
+        qs = selectors.policies_visible(caller)
+        if params.get("wallet_id"):
+            qs = qs.filter(wallet_id=params["wallet_id"])
+        return qs.order_by("-created_at", "policy_id")
+
     @extend_schema(
         operation_id="policies_create",
         tags=["policies"],
@@ -361,31 +361,11 @@ class PolicyCollectionView(APIView):
         )
         return Response(PolicyBundleResponse(policy).data, status=status.HTTP_201_CREATED)
 
-    @extend_schema(
-        operation_id="policies_list",
-        tags=["policies"],
-        parameters=[PolicyListQuery],
-        responses={200: PolicyBundleListResponse, **error_responses(401, 422)},
-        summary="List policy bundles",
-    )
-    def get(self, request: Request) -> Response:
-        caller = principal(request)
-        params = parse_query(request, PolicyListQuery)
-        qs = selectors.policies_visible(caller)
-        if params.get("wallet_id"):
-            qs = qs.filter(wallet_id=params["wallet_id"])
-        return Response(page(qs.order_by("-created_at", "policy_id"), params, PolicyBundleResponse))
 
-
-class PolicyDetailView(APIView):
-    @extend_schema(
-        operation_id="policies_retrieve",
-        tags=["policies"],
-        responses={200: PolicyBundleResponse, **error_responses(401, 404)},
-        summary="One policy bundle",
-    )
-    def get(self, request: Request, policy_id: str) -> Response:
-        return Response(PolicyBundleResponse(selectors.policy_for_caller(principal(request), policy_id)).data)
+@detail_schema("policies_retrieve", "One policy bundle", ["policies"], 401, 404)
+class PolicyDetailView(DetailView):
+    item = PolicyBundleResponse
+    lookup = staticmethod(selectors.policy_for_caller)
 
     @extend_schema(
         operation_id="policies_partial_update",
@@ -454,52 +434,49 @@ class MeAuthorityView(APIView):
         return Response(body)
 
 
-class MePermitsView(APIView):
-    @extend_schema(
-        operation_id="me_permits",
-        tags=["me"],
-        parameters=[MePermitListQuery],
-        responses={200: PermitListResponse, **error_responses(401, 403, 422)},
-        summary="Permits of the caller's own wallet",
-    )
-    def get(self, request: Request) -> Response:
-        caller = wallet_principal(request)
-        params = parse_query(request, MePermitListQuery)
-        qs = selectors.permit_list(caller, params).filter(wallet_id=caller.wallet_id)
-        return Response(page(qs, params, PermitResponse))
+@page_schema("me_permits", "Permits of the caller's own wallet", ["me"], PermitListResponse, 401, 403, 422)
+class MePermitsView(MePageView):
+    query, item = MePermitListQuery, PermitResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
+        return selectors.permit_list(caller, params).filter(wallet_id=caller.wallet_id)
 
 
-class MePermitRequestsView(APIView):
-    @extend_schema(
-        operation_id="me_permit_requests",
-        tags=["me"],
-        parameters=[PermitRequestListQuery],
-        responses={200: PermitRequestListResponse, **error_responses(401, 403, 422)},
-        summary="Permit requests of the caller's own wallet (listing never advances a decision)",
-    )
-    def get(self, request: Request) -> Response:
-        caller = wallet_principal(request)
-        params = parse_query(request, PermitRequestListQuery)
+@page_schema(
+    "me_permit_requests",
+    "Permit requests of the caller's own wallet (listing never advances a decision)",
+    ["me"],
+    PermitRequestListResponse,
+    401,
+    403,
+    422,
+)
+class MePermitRequestsView(MePageView):
+    query, item = PermitRequestListQuery, PermitRequestResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
         qs = selectors.permit_requests_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):
             qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
-        return Response(page(qs.order_by("-created_at", "request_id"), params, PermitRequestResponse))
+        return qs.order_by("-created_at", "request_id")
 
 
-class MeQuotesView(APIView):
-    @extend_schema(
-        operation_id="me_quotes",
-        tags=["me"],
-        parameters=[QuoteListQuery],
-        responses={200: QuoteListResponse, **error_responses(401, 403, 422)},
-        summary="Quotes of the caller's own wallet (status=active for spendable ones)",
-    )
-    def get(self, request: Request) -> Response:
-        caller = wallet_principal(request)
-        params = parse_query(request, QuoteListQuery)
+@page_schema(
+    "me_quotes",
+    "Quotes of the caller's own wallet (status=active for spendable ones)",
+    ["me"],
+    QuoteListResponse,
+    401,
+    403,
+    422,
+)
+class MeQuotesView(MePageView):
+    query, item = QuoteListQuery, QuoteResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
         qs = selectors.quotes_visible(caller).filter(wallet_id=caller.wallet_id)
         if params.get("status"):
             qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
         if params.get("tool"):
             qs = qs.filter(tool=params["tool"])
-        return Response(page(qs.order_by("-created_at", "quote_id"), params, QuoteResponse))
+        return qs.order_by("-created_at", "quote_id")

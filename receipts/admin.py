@@ -13,7 +13,7 @@ from django.urls import reverse
 from django.utils.html import format_html, format_html_join
 from rest_framework.renderers import JSONRenderer
 
-from billing.admin import credits_cell, money_display
+from billing.admin import credits_column, money_display
 from common.console import (
     ReadOnlyAdmin,
     changelist_link,
@@ -50,10 +50,7 @@ class ReceiptAdmin(ReconciliationAdmin):
     search_fields = ["receipt_id", "action_id", "wallet__wallet_id", "api_key_id", "tool"]
     ordering = ["-created_at"]
     date_hierarchy = "created_at"
-
-    @admin.display(description="credits", ordering="credits_charged")
-    def credits_col(self, obj: Receipt) -> str:
-        return credits_cell(obj.credits_charged)
+    credits_col = credits_column("credits_charged", "credits")
 
     @admin.display(description="downloads")
     def downloads(self, obj: Receipt) -> str:
@@ -148,11 +145,7 @@ class ReceiptAdmin(ReconciliationAdmin):
 class RefundReconciliationAdmin(ReconciliationAdmin):
     list_display = ["receipt_short", "amount_col", "status", "origin", "attempts", "last_error", "created_at"]
     receipt_short = short_id_column("receipt_id", "receipt")
-
-    @admin.display(description="amount", ordering="amount")
-    def amount_col(self, obj: RefundReconciliation) -> str:
-        return credits_cell(obj.amount)
-
+    amount_col = credits_column("amount", "amount")
     list_filter = ["status", "origin"]
     search_fields = ["receipt__receipt_id", "receipt__wallet__wallet_id"]
     ordering = ["-created_at"]

@@ -6,6 +6,7 @@ from django.db import models
 from django.db.models import Q
 
 from billing.models import LedgerEntry, Wallet
+from common.modelparts import WrittenOnce
 from permits.models import Permit
 
 
@@ -22,7 +23,7 @@ class Outcome(models.TextChoices):
     INSUFFICIENT_FUNDS = "insufficient_funds"
 
 
-class Receipt(models.Model):
+class Receipt(WrittenOnce):
     """The signed record of one governed action's outcome. Immutable once written.
 
     ``signed_statement`` is exactly what was signed; the columns beside it are
@@ -98,11 +99,6 @@ class Receipt(models.Model):
 
     def __str__(self) -> str:
         return f"{self.receipt_id} {self.tool} {self.outcome}"
-
-    def save(self, *args: object, **kwargs: object) -> None:
-        if not self._state.adding:
-            raise RuntimeError("receipts are immutable")
-        super().save(*args, **kwargs)  # type: ignore[arg-type]
 
 
 class ReconciliationStatus(models.TextChoices):

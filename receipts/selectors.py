@@ -9,6 +9,7 @@ from django.db.models import QuerySet
 
 from access.selectors import Principal
 from audit.chain_verification import audit_chain_verify
+from audit.evidence_core import CHAIN_ROW_FIELDS
 from audit.models import AuditEvent, SigningKey
 from audit.signing import verify_statement
 from billing.models import LedgerKind
@@ -229,23 +230,9 @@ def _ledger_data(entry: Any) -> dict[str, Any] | None:
     }
 
 
-EVENT_FIELDS = (
-    "event_id",
-    "chain",
-    "seq",
-    "event",
-    "wallet_id",
-    "key_id",
-    "tool",
-    "endpoint",
-    "policy_decision_id",
-    "request_id",
-    "ok",
-    "detail",
-    "created_at",
-    "prev_hash",
-    "hash",
-)
+# The audit event as the evidence carries it: its id and chain, then the fields its chain hash covers
+# (``CHAIN_ROW_FIELDS``, in their order) but the tenant's id, which the chain names.
+EVENT_FIELDS = ("event_id", "chain", *(name for name in CHAIN_ROW_FIELDS if name not in ("event_id", "tenant_id")))
 
 
 def _event_data(event: AuditEvent | None) -> dict[str, Any] | None:

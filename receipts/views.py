@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+from django.db.models import QuerySet
 from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from access.authentication import principal, wallet_principal
+from access.authentication import principal
+from access.generics import DetailView, MePageView, PageView, detail_schema, page_schema
+from access.selectors import Principal
 from audit.signing import verify_statement
 from common.errors import OperatorKeyRequired
 from common.jsonbody import storable_text
-from common.pagination import page, parse_body, parse_query
+from common.pagination import parse_body
 from common.schema import error_responses
 from permits.selectors import permit_for_caller
 from receipts import selectors, services
@@ -36,85 +41,57 @@ from receipts.serializers import (
 TAG = ["receipts"]
 
 
-class ReceiptListView(APIView):
-    @extend_schema(
-        operation_id="receipts_list",
-        tags=TAG,
-        parameters=[ReceiptListQuery],
-        responses={200: ReceiptListResponse, **error_responses(401, 422)},
-        summary="List receipts visible to the caller",
-    )
-    def get(self, request: Request) -> Response:
-        caller = principal(request)
-        params = parse_query(request, ReceiptListQuery)
-        return Response(page(selectors.receipt_list(caller, params), params, ReceiptResponse))
+@page_schema("receipts_list", "List receipts visible to the caller", TAG, ReceiptListResponse, 401, 422)
+class ReceiptListView(PageView):
+    query, item = ReceiptListQuery, ReceiptResponse
+    rows = staticmethod(selectors.receipt_list)
 
 
-class PermitReceiptListView(APIView):
-    @extend_schema(
-        operation_id="receipts_by_permit",
-        tags=TAG,
-        parameters=[PermitReceiptQuery],
-        responses={200: ReceiptListResponse, **error_responses(401, 404, 422)},
-        summary="Receipts of one permit",
-    )
-    def get(self, request: Request, permit_id: str) -> Response:
-        caller = principal(request)
-        params = parse_query(request, PermitReceiptQuery)
+# The receipts of the permit in the URL (404 for a permit the caller may not see).
+class PermitReceiptsPage(PageView):
+    item = ReceiptResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any], permit_id: str) -> QuerySet[Any]:
         permit = permit_for_caller(caller, permit_id)
-        qs = selectors.receipt_list(caller, {**params, "permit_id": permit.permit_id})
-        return Response(page(qs, params, ReceiptResponse))
+        return selectors.receipt_list(caller, {**params, "permit_id": permit.permit_id})
 
 
-class PermitReceiptsView(APIView):
-    @extend_schema(
-        operation_id="permits_receipts",
-        tags=["permits"],
-        parameters=[PermitReceiptsQuery],
-        responses={200: ReceiptListResponse, **error_responses(401, 404, 422)},
-        summary="Receipts of one permit",
-    )
-    def get(self, request: Request, permit_id: str) -> Response:
-        caller = principal(request)
-        params = parse_query(request, PermitReceiptsQuery)
-        permit = permit_for_caller(caller, permit_id)
-        qs = selectors.receipt_list(caller, {**params, "permit_id": permit.permit_id})
-        return Response(page(qs, params, ReceiptResponse))
+@page_schema("receipts_by_permit", "Receipts of one permit", TAG, ReceiptListResponse, 401, 404, 422)
+class PermitReceiptListView(PermitReceiptsPage):
+    query = PermitReceiptQuery
 
 
-class ReceiptDetailView(APIView):
-    @extend_schema(
-        operation_id="receipts_retrieve",
-        tags=TAG,
-        responses={200: ReceiptResponse, **error_responses(401, 404)},
-        summary="One receipt",
-    )
-    def get(self, request: Request, receipt_id: str) -> Response:
-        return Response(ReceiptResponse(selectors.receipt_for_caller(principal(request), receipt_id)).data)
+@page_schema("permits_receipts", "Receipts of one permit", ["permits"], ReceiptListResponse, 401, 404, 422)
+class PermitReceiptsView(PermitReceiptsPage):
+    query = PermitReceiptsQuery
 
 
-class ReceiptEvidenceView(APIView):
-    @extend_schema(
-        operation_id="receipts_evidence",
-        tags=TAG,
-        responses={200: ReceiptEvidenceResponse, **error_responses(401, 404)},
-        summary="Evidence of one receipt with every check computed now",
-    )
-    def get(self, request: Request, receipt_id: str) -> Response:
-        receipt = selectors.receipt_for_caller(principal(request), receipt_id)
-        return Response(ReceiptEvidenceResponse(selectors.evidence_bundle(receipt)).data)
+@detail_schema("receipts_retrieve", "One receipt", TAG, 401, 404)
+class ReceiptDetailView(DetailView):
+    item = ReceiptResponse
+    lookup = staticmethod(selectors.receipt_for_caller)
 
 
-class EvidenceBundleView(APIView):
-    @extend_schema(
-        operation_id="evidence_retrieve",
-        tags=["evidence"],
-        responses={200: EvidenceBundleResponse, **error_responses(401, 404)},
-        summary="The evidence bundle: receipt, permit, ledger entry, audit event and verification map",
-    )
-    def get(self, request: Request, receipt_id: str) -> Response:
-        receipt = selectors.receipt_for_caller(principal(request), receipt_id)
-        return Response(EvidenceBundleResponse(selectors.evidence_bundle(receipt)).data)
+# The evidence bundle of the receipt in the URL, every check computed now.
+class EvidenceView(DetailView):
+    def lookup(self, caller: Principal, key: str) -> Any:
+        return selectors.evidence_bundle(selectors.receipt_for_caller(caller, key))
+
+
+@detail_schema("receipts_evidence", "Evidence of one receipt with every check computed now", TAG, 401, 404)
+class ReceiptEvidenceView(EvidenceView):
+    item = ReceiptEvidenceResponse
+
+
+@detail_schema(
+    "evidence_retrieve",
+    "The evidence bundle: receipt, permit, ledger entry, audit event and verification map",
+    ["evidence"],
+    401,
+    404,
+)
+class EvidenceBundleView(EvidenceView):
+    item = EvidenceBundleResponse
 
 
 class PortableReceiptView(APIView):
@@ -166,34 +143,27 @@ class ReceiptVerifyView(APIView):
         )
 
 
-class MeReceiptsView(APIView):
-    @extend_schema(
-        operation_id="me_receipts",
-        tags=["me"],
-        parameters=[MeReceiptQuery],
-        responses={200: ReceiptListResponse, **error_responses(401, 403, 422)},
-        summary="Receipts of the caller's own wallet",
-    )
-    def get(self, request: Request) -> Response:
-        caller = wallet_principal(request)
-        params = parse_query(request, MeReceiptQuery)
-        qs = selectors.receipt_list(caller, {**params, "wallet_id": caller.wallet_id})
-        return Response(page(qs, params, ReceiptResponse))
+@page_schema("me_receipts", "Receipts of the caller's own wallet", ["me"], ReceiptListResponse, 401, 403, 422)
+class MeReceiptsView(MePageView):
+    query, item = MeReceiptQuery, ReceiptResponse
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
+        return selectors.receipt_list(caller, {**params, "wallet_id": caller.wallet_id})
 
 
-class RefundReconciliationListView(APIView):
-    @extend_schema(
-        operation_id="receipts_refund_reconciliation_list",
-        tags=TAG,
-        parameters=[RefundReconciliationQuery],
-        responses={200: RefundReconciliationListResponse, **error_responses(401, 422)},
-        summary="Refunds owed (pending) or posted (resolved)",
-    )
-    def get(self, request: Request) -> Response:
-        caller = principal(request)
-        params = parse_query(request, RefundReconciliationQuery)
-        qs = selectors.reconciliation_visible(caller).filter(status=params["status"]).order_by("created_at", "id")
-        return Response(page(qs, params, RefundReconciliationItem))
+@page_schema(
+    "receipts_refund_reconciliation_list",
+    "Refunds owed (pending) or posted (resolved)",
+    TAG,
+    RefundReconciliationListResponse,
+    401,
+    422,
+)
+class RefundReconciliationListView(PageView):
+    query, item = RefundReconciliationQuery, RefundReconciliationItem
+
+    def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
+        return selectors.reconciliation_visible(caller).filter(status=params["status"]).order_by("created_at", "id")
 
 
 class RefundReconciliationRetryView(APIView):

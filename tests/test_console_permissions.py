@@ -188,7 +188,7 @@ def test_staff_without_permissions_sees_no_tenant_data(tenant: Tenant) -> None:
         "/admin/access/apikey/",
         "/admin/mcpgateway/action/",
         "/admin/audit/auditevent/",
-        f"/admin/receipts/receipt/{world.receipt_id}/change/",
+        f"/admin/receipts/receipt/{quote(world.receipt_id)}/change/",
     ):
         assert client.get(path).status_code == 403, path
     index = client.get("/admin/").content.decode()

@@ -7,6 +7,7 @@ from decimal import Decimal
 from typing import Any
 
 import pytest
+from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.contrib.auth.models import Permission
 from django.test import Client
@@ -254,7 +255,7 @@ def test_console_refuses_rules_the_api_refuses(tenant: Tenant, fields: dict[str,
     assert not PolicyBundle.objects.exists()
 
     policy = services.policy_create(wallet=tenant.sponsor, denied_tools=["math.add"])
-    r = client.post(f"/admin/permits/policybundle/{policy.policy_id}/change/", admin_form("", **fields))
+    r = client.post(f"/admin/permits/policybundle/{quote(policy.policy_id)}/change/", admin_form("", **fields))
     assert r.status_code == 200
     assert "errornote" in r.content.decode()
     policy.refresh_from_db()

@@ -497,6 +497,38 @@ def test_rejecting_keeps_the_policy_and_ends_the_proposal(tenant: Tenant) -> Non
     assert PolicyChangeProposal.objects.get(pk=mine.pk).status == ProposalStatus.REJECTED
 
 
+def test_a_decision_on_a_proposal_is_audited_on_the_policy_s_wallet_with_the_proposal_named(tenant: Tenant) -> None:
+    policy = _approval_policy(tenant)
+    proposer = _user(groups=("Operator",))
+    confirmer = _user(permissions=("permits.confirm_policy_relaxation",))
+
+    def propose(**changes: Any) -> PolicyChangeProposal:
+        change = services.policy_change(policy_id=policy.policy_id, user=proposer, actor=_actor(proposer), **changes)
+        assert change.proposal is not None
+        return change.proposal
+
+    rejected = propose(enabled=False)
+    services.policy_proposal_reject(proposal_id=rejected.proposal_id, user=confirmer, actor=_actor(confirmer))
+    confirmed = propose(human_approval_required=False)
+    services.policy_proposal_confirm(proposal_id=confirmed.proposal_id, user=confirmer, actor=_actor(confirmer))
+    names = {"policy_id": policy.policy_id, "proposed_by": _actor(proposer)}
+    expected = {
+        "policy.relaxation_rejected": {**names, "proposal_id": rejected.proposal_id, "actor": _actor(confirmer)},
+        "policy.relaxation_confirmed": {
+            **names,
+            "proposal_id": confirmed.proposal_id,
+            "relaxes": ["human_approval_required"],
+            "changes": {"human_approval_required": False},
+            "actor": _actor(confirmer),
+        },
+    }
+    for event, detail in expected.items():
+        audited = AuditEvent.objects.get(event=event)
+        assert (audited.tenant_id, audited.wallet_id, audited.key_id) == (policy.tenant_id, policy.wallet_id, None)
+        assert audited.endpoint == "/admin/permits/policychangeproposal/"
+        assert audited.detail == detail
+
+
 def test_the_confirmation_permission_ships_to_approver_admins_not_operators() -> None:
     def perms(name: str) -> set[str]:
         group = Group.objects.get(name=name)

@@ -8,6 +8,7 @@ from decimal import Decimal
 
 import pytest
 
+from billing.exceptions import SpendRefused
 from common import refusals
 from common.refusals import NOT_REFUSED, RefusedCall, refusal_codes, refusal_exception, refusals_register
 from common.sqlfiles import sql_files
@@ -50,6 +51,27 @@ def test_the_claims_codes_are_the_permits_apps() -> None:
         "required": "2.00000000",
         "policy_decision_id": "pd",
     }
+
+
+@pytest.mark.parametrize(
+    ("code", "cap", "spent"),
+    [("budget_exceeded", "budget", "total_spent"), ("daily_limit_exceeded", "daily_limit", "daily_spent")],
+)
+def test_a_caps_refusal_names_the_cap_and_the_spend_under_the_wallets_field_names(
+    code: str, cap: str, spent: str
+) -> None:
+    refusal = refusal_exception(
+        {"code": code, "subject_id": "w_agent", "figure": Decimal(7), "figure_limit": Decimal(10)},
+        RefusedCall(amount=Decimal(5)),
+    )
+    assert isinstance(refusal, SpendRefused)
+    assert (refusal.code, refusal.http_status) == (code, 403)
+    assert list(refusal.as_detail().items())[2:] == [
+        ("wallet_id", "w_agent"),
+        (cap, "10.00000000"),
+        (spent, "7.00000000"),
+        ("required", "5.00000000"),
+    ]
 
 
 def test_ok_and_replay_are_no_refusal_and_an_unknown_code_is_a_bug() -> None:

@@ -254,7 +254,7 @@ def test_no_private_key_in_responses_or_admin(anon_client, key_file, admin_clien
             assert secret.encode() not in content
     # Read-only console: no add page, no delete page.
     assert admin_client.get("/admin/audit/signingkey/add/").status_code == 403
-    assert admin_client.get(f"/admin/audit/signingkey/{key.key_id}/delete/").status_code == 403
+    assert admin_client.get(f"/admin/audit/signingkey/{quote(key.key_id)}/delete/").status_code == 403
 
 
 @pytest.mark.django_db(transaction=True)

@@ -342,6 +342,9 @@ class FaultUpstream:
 
         class Server(ThreadingHTTPServer):
             daemon_threads = True
+            # Tests open up to 8 connections at once: the default listen backlog (5) can overflow on a busy
+            # host, and the kernel then retries the SYN a second later, past the clients' 1 s connect timeout.
+            request_queue_size = 64
 
             def handle_error(self, request: Any, client_address: Any) -> None:
                 pass  # clients hanging up on purpose are the point of this server

@@ -82,10 +82,10 @@ import ssl
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, Final, Literal
+from typing import Any, Final, Literal, Self
 
 import jsonschema  # type: ignore[import-untyped]  # no stubs in the environment; its package imports the submodules
 
@@ -130,7 +130,7 @@ from mcpgateway.upstream.protocol import (
     _supported_versions,
     _valid_discover_result,
 )
-from mcpgateway.upstream.sse import _bounded_chunks, _ignore, _sse_events
+from mcpgateway.upstream.sse import _bounded_chunks, _ignore, _sse_events, _SSEEvent
 from mcpgateway.upstream.validators import _output_validator
 
 logger = logging.getLogger(__name__)
@@ -232,6 +232,23 @@ class UpstreamSession:
         """True in the stateless era (no session, the envelope on every request)."""
         return self.protocol_version in STATELESS_PROTOCOL_VERSIONS
 
+    @classmethod
+    def of(
+        cls, result: dict[str, Any], protocol_version: str, *, session_id: str | None = None, server_info: Any = None
+    ) -> UpstreamSession:
+        """What an ``initialize`` (or ``server/discover``) ``result`` describes, at ``protocol_version``.
+
+        ``server_info``: where the result carries it other than in ``serverInfo`` (``server/discover``'s ``_meta``).
+        """
+        instructions = result.get("instructions")
+        return cls(
+            session_id=session_id,
+            protocol_version=protocol_version,
+            server_info=_dict_or_empty(server_info if server_info is not None else result.get("serverInfo")),
+            capabilities=_dict_or_empty(result.get("capabilities")),
+            instructions=instructions if isinstance(instructions, str) else None,
+        )
+
 
 class UpstreamError(Exception):
     """A non-``tools/call`` request (negotiation, tools/list, ping) failed; safe to retry later."""
@@ -318,8 +335,19 @@ _OWN_HEADERS: Final = frozenset(
 _PARAM_HEADER_PREFIX_LOWER: Final = PARAM_HEADER_PREFIX.lower()
 
 
-class UpstreamClient:
-    """Synchronous, thread-safe client for one upstream MCP server (Streamable HTTP, both protocol eras)."""
+class _ClientBase:
+    """What the clients of both upstream transports share: the configuration, the connection pool, the lifecycle.
+
+    ``UpstreamClient`` (Streamable HTTP) and ``LegacySseClient`` (HTTP+SSE) speak the same HTTP/1.1
+    wire (``mcpgateway.upstream.http``) and offer the gateway the same operations with the same
+    outcome classes. A subclass names the headers its requests set themselves (``_own_headers``,
+    and the prefixes ``_own_prefixes``: the same names in ``headers`` are dropped) and its default
+    ``max_connections``, and implements ``_call`` (one ``tools/call``, whose checks ``call_tool`` made).
+    """
+
+    _own_headers: frozenset[str]
+    _own_prefixes: tuple[str, ...] = ()
+    _default_max_connections: int
 
     def __init__(
         self,
@@ -331,12 +359,11 @@ class UpstreamClient:
         pool_timeout: float | None = None,
         total_timeout: float | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        max_connections: int = 20,
+        max_connections: int | None = None,
         keepalive_expiry: float = DEFAULT_KEEPALIVE_EXPIRY,
         headers: Mapping[str, str] | None = None,
         client_info: Mapping[str, str] | None = None,
         ssl_context: ssl.SSLContext | None = None,
-        era: Era = "auto",
     ) -> None:
         """Configure the client; nothing is sent (and no connection opened) until the first request.
 
@@ -344,65 +371,52 @@ class UpstreamClient:
         ``read_timeout`` bounds each wait for response bytes; ``write_timeout``
         (default ``read_timeout``) bounds writing one request; ``pool_timeout``
         (default ``connect_timeout``) bounds the wait for a free connection when
-        ``max_connections`` are busy; ``total_timeout`` (optional) bounds a whole
-        response from the moment the request is sent, which matters for SSE
-        streams that keep a connection alive with comments. An idle connection is
-        not reused after ``keepalive_expiry`` seconds, so that a server's idle
-        timeout does not close it under a request. ``ssl_context`` replaces the
-        default verifying context for ``https://``. ``headers`` are sent with
-        every request (the MCP headers, Content-Type, Accept and the framing
-        headers are the client's own). Redirects are not followed and proxy
-        settings from the environment are ignored, so "sent" always means "sent
-        to ``url``". A URL that is not ``http://`` or ``https://`` with a host
-        makes every request fail as not sent (``UnsupportedProtocol``).
-        ``era="auto"`` negotiates the protocol era on first use (module
-        docstring); ``era="handshake"`` never probes and always runs the
-        handshake, as clients before the stateless revision do.
+        ``max_connections`` (default: the subclass's) are busy; ``total_timeout``
+        (optional) bounds a whole response from the moment the request is sent,
+        which matters for SSE streams that keep a connection alive with comments.
+        An idle connection is not reused after ``keepalive_expiry`` seconds, so
+        that a server's idle timeout does not close it under a request.
+        ``ssl_context`` replaces the default verifying context for ``https://``.
+        ``headers`` are sent with every request (the subclass's own headers,
+        Content-Type, Accept and the framing headers are the client's own).
+        Redirects are not followed and proxy settings from the environment are
+        ignored, so "sent" always means "sent to ``url``". A URL that is not
+        ``http://`` or ``https://`` with a host makes every request fail as not
+        sent (``UnsupportedProtocol``).
 
         Raises ``ValueError`` for a header that cannot be sent (not ASCII, or a
-        control character), for ``max_connections`` below 1 and for an unknown ``era``.
+        control character) and for ``max_connections`` below 1.
         """
-        if era not in ("auto", "handshake"):
-            raise ValueError(f"era must be 'auto' or 'handshake', not {era!r}")
         self.url = url
-        self._era = era
         self._total_timeout = total_timeout
         self._max_response_bytes = max_response_bytes
         self._client_info = dict(client_info or {"name": "tollgate", "version": "1"})
-        origin = _Origin.parse(url)
+        self._origin = _Origin.parse(url)
         self._pool = _Pool(
-            origin,
+            self._origin,
             connect_timeout=connect_timeout,
             read_timeout=read_timeout,
             write_timeout=write_timeout if write_timeout is not None else read_timeout,
             pool_timeout=pool_timeout if pool_timeout is not None else connect_timeout,
-            max_connections=max_connections,
+            max_connections=max_connections if max_connections is not None else self._default_max_connections,
             keepalive_expiry=keepalive_expiry,
             ssl_context=ssl_context,
         )
-        defaults = {"Host": origin.host_header, "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
-        if origin.authorization:
-            defaults["Authorization"] = origin.authorization
+        defaults = {"Host": self._origin.host_header, "User-Agent": USER_AGENT, "Accept-Encoding": "identity"}
+        if self._origin.authorization:
+            defaults["Authorization"] = self._origin.authorization
         fixed: dict[str, tuple[str, str]] = {}
         for name, value in [*defaults.items(), *(headers or {}).items()]:
             key = name.lower()
-            if key not in _OWN_HEADERS and not key.startswith(_PARAM_HEADER_PREFIX_LOWER):
+            if key not in self._own_headers and not key.startswith(self._own_prefixes):
                 fixed[key] = (name, value)
         self._request_close = "close" in _tokens(fixed.get("connection", ("", ""))[1])
-        common = "".join(f"{_check_header(name, value)}\r\n" for name, value in fixed.values())
-        # Everything of a request but its per-request lines, built and checked once.
-        self._post_head = (
-            f"POST {origin.target} HTTP/1.1\r\n{common}Content-Type: application/json\r\nAccept: {ACCEPT}\r\n"
-        )
-        self._delete_head = f"DELETE {origin.target} HTTP/1.1\r\n{common}"
+        # The header lines every request carries, built and checked once.
+        self._common = "".join(f"{_check_header(name, value)}\r\n" for name, value in fixed.values())
         self._authorization = ""  # the ``Authorization`` line of a token that rotates (``authorize``)
-        self._lock = threading.Lock()
-        self._state: _Negotiated | None = None
         _clients.add(self)
 
-    # -- lifecycle -------------------------------------------------------------------------------
-
-    def __enter__(self) -> UpstreamClient:
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(
@@ -411,23 +425,10 @@ class UpstreamClient:
         self.close()
 
     def close(self) -> None:
-        """End a handshake session (best-effort ``DELETE``) and close the connection pool.
+        """Close the connection pool: requests made after it fail as not sent.
 
-        Requests made after ``close`` fail as not sent; connections still carrying
-        an exchange are closed when it ends. The stateless era has nothing to end.
+        Connections still carrying an exchange are closed when it ends.
         """
-        state, self._state = self._state, None
-        if state is not None and state.session.session_id is not None:
-            try:
-                head = f"{self._delete_head}{self._authorization}{state.lines}\r\n".encode("ascii")
-                response = self._pool.request(head, b"", self._deadline(), close=self._request_close)
-                try:
-                    for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
-                        pass
-                finally:
-                    response.close()
-            except (TransportError, _IncompleteReply, _InvalidReply, ValueError):
-                logger.debug("upstream session DELETE failed", exc_info=True)
         self._pool.close()
 
     def authorize(self, value: str) -> None:
@@ -439,42 +440,15 @@ class UpstreamClient:
         """
         self._authorization = f"{_check_header('Authorization', value)}\r\n"
 
-    @property
-    def session(self) -> UpstreamSession | None:
-        """What was negotiated (see ``UpstreamSession``), or ``None`` before the first request or once forgotten."""
-        state = self._state
-        return state.session if state is not None else None
-
     def _after_fork(self) -> None:
-        """In a forked child: the parent's sockets, locks and negotiated state are not this process's to use.
-
-        The child negotiates again: a handshake session shared across processes would
-        end for all of them at the first one's ``close()`` (its ``DELETE``).
-        """
-        self._lock = threading.Lock()
-        self._state = None
+        """In a forked child: the parent's sockets are not this process's to use (nor to close)."""
         self._pool.after_fork()
 
-    # -- public requests -------------------------------------------------------------------------
-
-    def initialize(self) -> UpstreamSession:
-        """Return what was negotiated, negotiating first if nothing is (the probe, then the handshake if needed).
-
-        Raises ``UpstreamError`` when the upstream cannot be reached, answers the
-        negotiation with an error, or speaks no protocol version this client does.
-        """
-        return self._negotiated().session
-
-    def ping(self) -> None:
-        """Check that the upstream answers: ``ping``, or ``server/discover`` in the stateless era (it has no ``ping``).
-
-        Returns when the upstream answered with a result, else raises ``UpstreamError``.
-        """
-        self._safe_request("ping", None)
-
-    def list_tools(self) -> list[dict[str, Any]]:
-        """All tools the upstream lists, following ``nextCursor``; raises ``UpstreamError`` on any failure."""
-        return _all_tools(self._safe_request)
+    def _deadline(self, started: float | None = None) -> float | None:
+        """When a response must be complete (``total_timeout`` after ``started``), or ``None``."""
+        if self._total_timeout is None:
+            return None
+        return (started if started is not None else time.monotonic()) + self._total_timeout
 
     def call_tool(
         self,
@@ -503,9 +477,9 @@ class UpstreamClient:
         ``extra_meta`` too). With ``output_schema``, a non-error result must carry
         ``structuredContent`` that validates against it, else the kind is
         ``invalid_response``. ``input_schema`` (the tool's inputSchema) is read
-        only in the stateless era, for the arguments it marks with
-        ``x-mcp-header``: they are mirrored in ``Mcp-Param-*`` headers, which a
-        stateless-era server requires for such a tool. Raises ``ValueError``
+        only in the stateless era of Streamable HTTP, for the arguments it marks
+        with ``x-mcp-header``: they are mirrored in ``Mcp-Param-*`` headers, which
+        a stateless-era server requires for such a tool. Raises ``ValueError``
         (before anything is sent) for an empty idempotency key or an invalid
         ``output_schema`` (``output_schema_problem`` tells which beforehand).
         """
@@ -513,53 +487,189 @@ class UpstreamClient:
             raise ValueError("idempotency_key is required")
         validator = _output_validator(output_schema)
         rid: str | int = request_id if request_id is not None else _new_request_id()
+        return self._call(
+            _ToolCall(name, arguments, idempotency_key, rid, extra_meta, validator, input_schema, send_by, headers)
+        )
+
+    def _call(self, call: _ToolCall) -> CallResult:
+        """Send ``call`` in the transport's way and classify its outcome, as ``call_tool`` guarantees."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class _ToolCall:
+    """One ``tools/call`` as the caller asked for it, checked (``_ClientBase.call_tool``)."""
+
+    name: str
+    arguments: Mapping[str, Any]
+    idempotency_key: str
+    rid: str | int
+    extra_meta: Mapping[str, Any] | None
+    validator: jsonschema.protocols.Validator | None  # of the tool's outputSchema
+    input_schema: Mapping[str, Any] | None
+    send_by: float | None
+    headers: Mapping[str, str] | None
+
+    def payload(self, envelope: Mapping[str, Any]) -> dict[str, Any]:
+        """The JSON-RPC request: the idempotency key overrides ``extra_meta``'s, ``envelope``'s entries both."""
+        meta = {**(self.extra_meta or {}), IDEMPOTENCY_META_KEY: self.idempotency_key, **envelope}
+        return {
+            "jsonrpc": "2.0",
+            "id": self.rid,
+            "method": "tools/call",
+            "params": {"name": self.name, "arguments": dict(self.arguments), "_meta": meta},
+        }
+
+    def lines(self, head: str = "", params: str = "") -> str:
+        """Its header lines: ``head`` (the era's), ``Idempotency-Key``, ``params`` (``Mcp-Param-*``), then ``headers``.
+
+        Raises ``ValueError`` for a value that cannot be sent.
+        """
+        lines = f"{head}{IDEMPOTENCY_HEADER}: {_check_value(self.idempotency_key)}\r\n{params}"
+        if self.headers:
+            lines += "".join(f"{_check_header(key, value)}\r\n" for key, value in self.headers.items())
+        return lines
+
+
+class _Outcome:
+    """Builds the ``CallResult``s of a ``tools/call`` sent at ``started``: its id, its time, the hash of its answer.
+
+    ``hasher`` takes the answer's bytes as they are read; ``status`` is the answer's HTTP status once known.
+    """
+
+    __slots__ = ("hasher", "rid", "started", "status")
+
+    def __init__(self, rid: str | int, started: float, status: int | None = None) -> None:
+        self.rid, self.started, self.status = rid, started, status
+        self.hasher = hashlib.sha256()
+
+    def __call__(self, kind: CallKind, reason: str, **extra: Any) -> CallResult:
+        return CallResult(
+            kind=kind,
+            reason=reason,
+            request_id=self.rid,
+            status_code=self.status,
+            elapsed=time.monotonic() - self.started,
+            response_sha256=self.hasher.hexdigest(),
+            **extra,
+        )
+
+
+class UpstreamClient(_ClientBase):
+    """Synchronous, thread-safe client for one upstream MCP server (Streamable HTTP, both protocol eras)."""
+
+    _own_headers = _OWN_HEADERS
+    _own_prefixes = (_PARAM_HEADER_PREFIX_LOWER,)
+    _default_max_connections = 20
+
+    def __init__(self, url: str, *, era: Era = "auto", **options: Any) -> None:
+        """Configure the client (``options``: ``_ClientBase``'s timeouts, pool and headers); nothing is sent yet.
+
+        ``era="auto"`` negotiates the protocol era on first use (module
+        docstring); ``era="handshake"`` never probes and always runs the
+        handshake, as clients before the stateless revision do.
+
+        Raises ``ValueError`` for an unknown ``era``, and as ``_ClientBase`` does.
+        """
+        if era not in ("auto", "handshake"):
+            raise ValueError(f"era must be 'auto' or 'handshake', not {era!r}")
+        self._era = era
+        self._lock = threading.Lock()
+        self._state: _Negotiated | None = None
+        super().__init__(url, **options)
+        # Everything of a request but its per-request lines, built and checked once.
+        target = self._origin.target
+        self._post_head = (
+            f"POST {target} HTTP/1.1\r\n{self._common}Content-Type: application/json\r\nAccept: {ACCEPT}\r\n"
+        )
+        self._delete_head = f"DELETE {target} HTTP/1.1\r\n{self._common}"
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """End a handshake session (best-effort ``DELETE``) and close the connection pool.
+
+        Requests made after ``close`` fail as not sent; connections still carrying
+        an exchange are closed when it ends. The stateless era has nothing to end.
+        """
+        state, self._state = self._state, None
+        if state is not None and state.session.session_id is not None:
+            try:
+                head = f"{self._delete_head}{self._authorization}{state.lines}\r\n".encode("ascii")
+                response = self._pool.request(head, b"", self._deadline(), close=self._request_close)
+                try:
+                    for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
+                        pass
+                finally:
+                    response.close()
+            except (TransportError, _IncompleteReply, _InvalidReply, ValueError):
+                logger.debug("upstream session DELETE failed", exc_info=True)
+        super().close()
+
+    @property
+    def session(self) -> UpstreamSession | None:
+        """What was negotiated (see ``UpstreamSession``), or ``None`` before the first request or once forgotten."""
+        state = self._state
+        return state.session if state is not None else None
+
+    def _after_fork(self) -> None:
+        """In a forked child: the parent's sockets, locks and negotiated state are not this process's to use.
+
+        The child negotiates again: a handshake session shared across processes would
+        end for all of them at the first one's ``close()`` (its ``DELETE``).
+        """
+        self._lock = threading.Lock()
+        self._state = None
+        super()._after_fork()
+
+    # -- public requests -------------------------------------------------------------------------
+
+    def initialize(self) -> UpstreamSession:
+        """Return what was negotiated, negotiating first if nothing is (the probe, then the handshake if needed).
+
+        Raises ``UpstreamError`` when the upstream cannot be reached, answers the
+        negotiation with an error, or speaks no protocol version this client does.
+        """
+        return self._negotiated().session
+
+    def ping(self) -> None:
+        """Check that the upstream answers: ``ping``, or ``server/discover`` in the stateless era (it has no ``ping``).
+
+        Returns when the upstream answered with a result, else raises ``UpstreamError``.
+        """
+        self._safe_request("ping", None)
+
+    def list_tools(self) -> list[dict[str, Any]]:
+        """All tools the upstream lists, following ``nextCursor``; raises ``UpstreamError`` on any failure."""
+        return _all_tools(self._safe_request)
+
+    def _call(self, call: _ToolCall) -> CallResult:
+        """``call_tool`` once its arguments are checked: negotiate if needed, send, classify (``CallResult``)."""
+        rid = call.rid
         try:
             state = self._negotiated()
         except UpstreamError as exc:
-            return CallResult(
-                kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid, status_code=exc.status_code
-            )
-
-        meta = dict(extra_meta or {})
-        meta[IDEMPOTENCY_META_KEY] = idempotency_key
-        if state.envelope:
-            meta.update(state.envelope)
-        payload = {
-            "jsonrpc": "2.0",
-            "id": rid,
-            "method": "tools/call",
-            "params": {"name": name, "arguments": dict(arguments), "_meta": meta},
-        }
+            return _not_negotiated(exc, rid)
         try:
-            lines = f"{state.head('tools/call', name)}{IDEMPOTENCY_HEADER}: {_check_value(idempotency_key)}\r\n"
-            if state.envelope and input_schema is not None:
-                lines += _param_header_lines(input_schema, arguments)
-            if headers:
-                lines += "".join(f"{_check_header(key, value)}\r\n" for key, value in headers.items())
-            head, body = self._build(payload, lines)
+            params = ""
+            if state.envelope and call.input_schema is not None:
+                params = _param_header_lines(call.input_schema, call.arguments)
+            lines = call.lines(state.head("tools/call", call.name), params)
+            head, body = self._build(call.payload(state.envelope), lines)
         except Exception as exc:
             # Arguments that are not JSON, a header value that cannot be sent.
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
 
         started = time.monotonic()
-        if (late := _past_send_by(started, send_by, rid)) is not None:
+        if (late := _past_send_by(started, call.send_by, rid)) is not None:
             return late
         try:
             response = self._pool.request(head, body, self._deadline(started), close=self._request_close)
-        except RequestNotSent as exc:
-            return CallResult(
-                kind="not_sent", reason=_describe(exc), request_id=rid, elapsed=time.monotonic() - started
-            )
-        except _IncompleteReply as exc:
-            return CallResult(kind="uncertain", reason=str(exc), request_id=rid, elapsed=time.monotonic() - started)
         except Exception as exc:
-            # Write errors and timeouts, resets and timeouts before a complete response head, and
-            # anything unexpected: some bytes may have reached the upstream.
-            return CallResult(
-                kind="uncertain", reason=_describe(exc), request_id=rid, elapsed=time.monotonic() - started
-            )
+            kind, reason = _send_failed(exc)
+            return CallResult(kind=kind, reason=reason, request_id=rid, elapsed=time.monotonic() - started)
         try:
-            return self._classify(response, rid, state, validator, started)
+            return self._classify(response, rid, state, call.validator, started)
         finally:
             response.close()
 
@@ -575,12 +685,12 @@ class UpstreamClient:
     ) -> CallResult:
         """Read the answer to a ``tools/call`` and map it to a ``CallResult`` (see its docstring)."""
         status = response.status
-        hasher = hashlib.sha256()
+        result = _Outcome(rid, started, status)
         message: dict[str, Any] | None = None
         problem: str | None = None
         interrupted = False
         try:
-            message = self._read_reply(response, rid, hasher.update)
+            message = self._read_reply(response, rid, result.hasher.update)
         except _InvalidReply as exc:
             problem = str(exc)
         except _IncompleteReply as exc:
@@ -590,17 +700,6 @@ class UpstreamClient:
         # The answer is in; the connection goes back before anything else (the re-negotiation
         # below needs one, and the pool may hold only this one).
         response.close()
-
-        def result(kind: CallKind, reason: str, **extra: Any) -> CallResult:
-            return CallResult(
-                kind=kind,
-                reason=reason,
-                request_id=rid,
-                status_code=status,
-                elapsed=time.monotonic() - started,
-                response_sha256=hasher.hexdigest(),
-                **extra,
-            )
 
         error = message.get("error") if message is not None else None
         if not interrupted and _refuses_era(state, status, message, error):
@@ -730,13 +829,7 @@ class UpstreamClient:
     def _adopt(self, result: dict[str, Any], version: str) -> _Negotiated:
         """The stateless era at ``version``, described by the ``server/discover`` ``result``."""
         meta = _dict_or_empty(result.get("_meta"))
-        session = UpstreamSession(
-            session_id=None,
-            protocol_version=version,
-            server_info=_dict_or_empty(meta.get(SERVER_INFO_META_KEY)),
-            capabilities=_dict_or_empty(result.get("capabilities")),
-            instructions=result.get("instructions") if isinstance(result.get("instructions"), str) else None,
-        )
+        session = UpstreamSession.of(result, version, server_info=meta.get(SERVER_INFO_META_KEY))
         return _Negotiated(
             session=session, lines=f"{PROTOCOL_VERSION_HEADER}: {version}\r\n", envelope=self._envelope(version)
         )
@@ -762,13 +855,7 @@ class UpstreamClient:
         version = result.get("protocolVersion")
         if version not in SUPPORTED_PROTOCOL_VERSIONS:
             raise UpstreamError(f"initialize: upstream chose unsupported protocol version {version!r}")
-        session = UpstreamSession(
-            session_id=answer.headers.get(SESSION_HEADER.lower()),
-            protocol_version=str(version),
-            server_info=_dict_or_empty(result.get("serverInfo")),
-            capabilities=_dict_or_empty(result.get("capabilities")),
-            instructions=result.get("instructions") if isinstance(result.get("instructions"), str) else None,
-        )
+        session = UpstreamSession.of(result, str(version), session_id=answer.headers.get(SESSION_HEADER.lower()))
         notification = {"jsonrpc": "2.0", "method": "notifications/initialized"}
         try:
             lines = _session_lines(session)  # a session id that cannot be sent back fails here
@@ -776,15 +863,7 @@ class UpstreamClient:
             response = self._pool.request(head, body, self._deadline(), close=self._request_close)
         except (TransportError, _IncompleteReply, ValueError, UnicodeError) as exc:
             raise UpstreamError(f"notifications/initialized: {_describe(exc)}") from exc
-        try:
-            for _ in _bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore):
-                pass
-        except (TransportError, _IncompleteReply, _InvalidReply) as exc:
-            raise UpstreamError(f"notifications/initialized: {_describe(exc)}") from exc
-        finally:
-            response.close()
-        if not 200 <= response.status < 300:
-            raise UpstreamError(f"notifications/initialized: HTTP {response.status}", status_code=response.status)
+        _accepted(response, "notifications/initialized", self._max_response_bytes)
         return _Negotiated(session=session, lines=lines, envelope={})
 
     # -- safe requests ---------------------------------------------------------------------------
@@ -844,12 +923,6 @@ class UpstreamClient:
 
     # -- requests and replies --------------------------------------------------------------------
 
-    def _deadline(self, started: float | None = None) -> float | None:
-        """When a response must be complete (``total_timeout`` after ``started``), or ``None``."""
-        if self._total_timeout is None:
-            return None
-        return (started if started is not None else time.monotonic()) + self._total_timeout
-
     def _build(self, payload: dict[str, Any], lines: str) -> tuple[bytes, bytes]:
         """The POST head and body for one JSON-RPC message; raises (nothing sent) if it cannot be encoded.
 
@@ -871,12 +944,7 @@ class UpstreamClient:
         content_type = response.headers.get("content-type", "").split(";")[0].strip().lower()
         if content_type == "text/event-stream":
             try:
-                for event in _sse_events(chunks):
-                    if event.event != "message" or not event.data:
-                        continue
-                    message = _load_message(event.data, "SSE event data")
-                    if isinstance(message, dict) and "method" in message:
-                        continue
+                for _, message in _replies(_sse_events(chunks)):
                     return _storable(_match_response(message, rid))
             except UnicodeDecodeError as exc:
                 raise _InvalidReply("SSE stream is not UTF-8") from exc
@@ -887,7 +955,7 @@ class UpstreamClient:
         return _storable(_match_response(_load_message(body, "body"), rid))
 
 
-_clients: weakref.WeakSet[UpstreamClient] = weakref.WeakSet()
+_clients: weakref.WeakSet[_ClientBase] = weakref.WeakSet()
 
 
 def _forget_inherited_connections() -> None:
@@ -896,8 +964,8 @@ def _forget_inherited_connections() -> None:
 
 
 if hasattr(os, "register_at_fork"):
-    # A client created before a fork (gunicorn --preload) must not share its sockets with the
-    # children: two processes reading one connection would take each other's responses.
+    # A client (of either transport) created before a fork (gunicorn --preload) must not share its
+    # sockets with the children: two processes reading one connection would take each other's responses.
     os.register_at_fork(after_in_child=_forget_inherited_connections)
 
 
@@ -923,6 +991,62 @@ def _all_tools(request: Callable[[str, dict[str, Any] | None], dict[str, Any]]) 
         seen.add(next_cursor)
         cursor = next_cursor
     raise UpstreamError(f"tools/list: more than {_MAX_LIST_PAGES} pages")
+
+
+def _not_negotiated(exc: UpstreamError, rid: str | int) -> CallResult:
+    """The ``not_sent`` result of a call whose session could not be negotiated (nor opened)."""
+    return CallResult(
+        kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid, status_code=exc.status_code
+    )
+
+
+def _send_failed(exc: Exception) -> tuple[CallKind, str]:
+    """The kind and reason of a ``tools/call`` whose request raised ``exc`` before its answer's head was read.
+
+    ``not_sent`` only when no byte was written (``RequestNotSent``); otherwise write errors and
+    timeouts, resets and timeouts before a complete response head, and anything unexpected: some
+    bytes may have reached the upstream (``uncertain``).
+    """
+    if isinstance(exc, RequestNotSent):
+        return "not_sent", _describe(exc)
+    if isinstance(exc, _IncompleteReply):
+        return "uncertain", str(exc)
+    return "uncertain", _describe(exc)
+
+
+def _accepted(response: _Response, method: str, max_response_bytes: int) -> None:
+    """Read the answer to a message that must be accepted to its end, and close it; ``UpstreamError`` unless 2xx."""
+    try:
+        for _ in _bounded_chunks(response.iter_chunks(), max_response_bytes, _ignore):
+            pass
+    except (TransportError, _IncompleteReply, _InvalidReply) as exc:
+        raise UpstreamError(f"{method}: {_describe(exc)}") from exc
+    finally:
+        response.close()
+    if not 200 <= response.status < 300:
+        raise UpstreamError(f"{method}: HTTP {response.status}", status_code=response.status)
+
+
+def _replies(events: Iterable[_SSEEvent]) -> Iterator[tuple[_SSEEvent, Any]]:
+    """The SSE events that may answer a request, each with its JSON-RPC message.
+
+    Events of another type or without data, and the server's own requests and notifications, are
+    skipped. Raises ``_InvalidReply`` for a ``message`` event that is not JSON.
+    """
+    for event in events:
+        if event.event != "message" or not event.data:
+            continue
+        message = _load_message(event.data, "SSE event data")
+        if isinstance(message, dict) and "method" in message:
+            continue
+        yield event, message
+
+
+def _rpc_error(method: str, error: dict[str, Any], status: int | None = None) -> UpstreamError:
+    """The ``UpstreamError`` of a non-``tools/call`` request answered with a JSON-RPC error."""
+    return UpstreamError(
+        f"{method}: JSON-RPC error {error.get('code')}: {error.get('message')}", status_code=status, error=error
+    )
 
 
 def _past_send_by(started: float, send_by: float | None, rid: str | int) -> CallResult | None:
@@ -985,9 +1109,7 @@ def _result_of(answer: _Answer, method: str) -> dict[str, Any]:
         )
     error = answer.error
     if error is not None:
-        raise UpstreamError(
-            f"{method}: JSON-RPC error {error.get('code')}: {error.get('message')}", status_code=status, error=error
-        )
+        raise _rpc_error(method, error, status)
     if not 200 <= status < 300:
         raise UpstreamError(f"{method}: HTTP {status}", status_code=status)
     result: dict[str, Any] = answer.message["result"]

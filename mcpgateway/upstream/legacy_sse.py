@@ -30,46 +30,38 @@ Outcomes of ``call_tool``:
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
-import ssl
 import time
-import weakref
-from collections.abc import Iterator, Mapping
-from types import TracebackType
+from collections.abc import Iterator
 from typing import Any, Final
 from urllib.parse import urljoin, urlsplit
 
-import jsonschema  # type: ignore[import-untyped]  # no stubs in the environment
-
 from mcpgateway.upstream.client import (
-    DEFAULT_MAX_RESPONSE_BYTES,
     CallResult,
     UpstreamError,
     UpstreamSession,
+    _accepted,
     _all_tools,
     _classify_result,
-    _dict_or_empty,
+    _ClientBase,
+    _not_negotiated,
+    _Outcome,
     _past_send_by,
+    _replies,
+    _rpc_error,
+    _send_failed,
+    _ToolCall,
 )
 from mcpgateway.upstream.http import (
-    RequestNotSent,
     TransportError,
-    _check_header,
-    _check_value,
     _describe,
     _IncompleteReply,
     _InvalidReply,
     _Origin,
-    _Pool,
     _Response,
 )
 from mcpgateway.upstream.protocol import (
-    IDEMPOTENCY_HEADER,
-    IDEMPOTENCY_META_KEY,
     SUPPORTED_PROTOCOL_VERSIONS,
-    USER_AGENT,
     _load_message,
     _match_response,
     _new_request_id,
@@ -77,7 +69,6 @@ from mcpgateway.upstream.protocol import (
     _storable,
 )
 from mcpgateway.upstream.sse import _bounded_chunks, _ignore, _sse_events, _SSEEvent
-from mcpgateway.upstream.validators import _output_validator
 
 LEGACY_PROTOCOL_VERSION: Final = "2024-11-05"
 """The revision of the HTTP+SSE transport, offered in ``initialize``."""
@@ -153,24 +144,24 @@ class _Session:
         )
         return client._pool.request(head.encode("ascii"), body, self.deadline, close=False)
 
+    def _all_events(self) -> Iterator[_SSEEvent]:
+        """The stream's events; it ends only by raising ``_StreamFailed``."""
+        while True:
+            yield self._next_event()
+
     def answer(self, rid: str | int, on_data: Any = None) -> dict[str, Any]:
         """The message event that answers ``rid`` (skipping the server's own requests and notifications).
 
         Raises ``_StreamFailed`` when the stream ends, breaks or runs out of time first, ``_InvalidReply``
         for a message that is not JSON or a response of another shape for our id.
         """
-        while True:
-            event = self._next_event()
-            if event.event != "message" or not event.data:
-                continue
-            message = _load_message(event.data, "SSE event data")
-            if isinstance(message, dict) and "method" in message:
-                continue  # a request or notification of the server's own
+        for event, message in _replies(self._all_events()):
             if isinstance(message, dict) and "id" in message and not _same_id(message.get("id"), rid):
                 continue  # an answer to another message of this session (none is outstanding)
             if on_data is not None:
                 on_data(event.data.encode())
             return _storable(_match_response(message, rid))
+        raise AssertionError("unreachable")  # pragma: no cover - the events end only by raising
 
     def request(self, method: str, params: dict[str, Any] | None) -> dict[str, Any]:
         """One request that may be resent (not ``tools/call``): its result, else ``UpstreamError``."""
@@ -185,7 +176,7 @@ class _Session:
             raise UpstreamError(f"{method}: {exc}") from exc
         error = message.get("error")
         if error is not None:
-            raise UpstreamError(f"{method}: JSON-RPC error {error.get('code')}: {error.get('message')}", error=error)
+            raise _rpc_error(method, error)
         result: dict[str, Any] = message["result"]
         return result
 
@@ -195,15 +186,7 @@ class _Session:
             response = self.post(payload)
         except (TransportError, _IncompleteReply, ValueError, UnicodeError) as exc:
             raise UpstreamError(f"{method}: {_describe(exc)}") from exc
-        try:
-            for _ in _bounded_chunks(response.iter_chunks(), self._client._max_response_bytes, _ignore):
-                pass
-        except (TransportError, _IncompleteReply, _InvalidReply) as exc:
-            raise UpstreamError(f"{method}: {_describe(exc)}") from exc
-        finally:
-            response.close()
-        if not 200 <= response.status < 300:
-            raise UpstreamError(f"{method}: HTTP {response.status}", status_code=response.status)
+        _accepted(response, method, self._client._max_response_bytes)
 
     def handshake(self) -> UpstreamSession:
         """``initialize`` and ``notifications/initialized``; ``UpstreamError`` on any failure."""
@@ -217,13 +200,7 @@ class _Session:
         if version not in ACCEPTED_VERSIONS:
             raise UpstreamError(f"initialize: upstream chose unsupported protocol version {version!r}")
         self._accepted({"jsonrpc": "2.0", "method": "notifications/initialized"}, "notifications/initialized")
-        self.negotiated = UpstreamSession(
-            session_id=None,
-            protocol_version=str(version),
-            server_info=_dict_or_empty(result.get("serverInfo")),
-            capabilities=_dict_or_empty(result.get("capabilities")),
-            instructions=result.get("instructions") if isinstance(result.get("instructions"), str) else None,
-        )
+        self.negotiated = UpstreamSession.of(result, str(version))
         return self.negotiated
 
     def answer_by(self, deadline: float | None) -> None:
@@ -239,84 +216,27 @@ class _Session:
             self._stream = None
 
 
-class LegacySseClient:
-    """Synchronous, thread-safe client for one upstream MCP server over HTTP+SSE (one session per operation)."""
+class LegacySseClient(_ClientBase):
+    """Synchronous, thread-safe client for one upstream MCP server over HTTP+SSE (one session per operation).
 
-    def __init__(
-        self,
-        url: str,
-        *,
-        connect_timeout: float,
-        read_timeout: float,
-        write_timeout: float | None = None,
-        pool_timeout: float | None = None,
-        total_timeout: float | None = None,
-        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
-        max_connections: int = 40,
-        keepalive_expiry: float = 1.5,
-        headers: Mapping[str, str] | None = None,
-        client_info: Mapping[str, str] | None = None,
-        ssl_context: ssl.SSLContext | None = None,
-    ) -> None:
-        """Configure the client; nothing is sent until the first operation.
+    Configured as ``UpstreamClient`` is (``_ClientBase``): ``read_timeout`` bounds each wait for bytes
+    (of the stream too), ``total_timeout`` an operation's stream from its start and a call's answer
+    from its POST. Each operation holds two connections (the stream and a POST), so
+    ``max_connections`` (default 40) bounds concurrent operations at half of it.
+    """
 
-        The timeouts are ``UpstreamClient``'s: ``read_timeout`` bounds each wait for bytes (of the
-        stream too), ``total_timeout`` an operation's stream from its start and a call's answer from
-        its POST. Each operation holds two connections (the stream and a POST), so ``max_connections``
-        bounds concurrent operations at half of it. Raises ``ValueError`` for a header that cannot be sent.
-        """
-        self.url = url
-        self._origin = _Origin.parse(url)
-        self._total_timeout = total_timeout
-        self._max_response_bytes = max_response_bytes
-        self._client_info = dict(client_info or {"name": "tollgate", "version": "1"})
-        self._pool = _Pool(
-            self._origin,
-            connect_timeout=connect_timeout,
-            read_timeout=read_timeout,
-            write_timeout=write_timeout if write_timeout is not None else read_timeout,
-            pool_timeout=pool_timeout if pool_timeout is not None else connect_timeout,
-            max_connections=max_connections,
-            keepalive_expiry=keepalive_expiry,
-            ssl_context=ssl_context,
-        )
-        fixed = {"host": ("Host", self._origin.host_header), "user-agent": ("User-Agent", USER_AGENT)}
-        fixed["accept-encoding"] = ("Accept-Encoding", "identity")
-        if self._origin.authorization:
-            fixed["authorization"] = ("Authorization", self._origin.authorization)
-        for name, value in (headers or {}).items():
-            if name.lower() not in _OWN_HEADERS:
-                fixed[name.lower()] = (name, value)
-        self._common = "".join(f"{_check_header(name, value)}\r\n" for name, value in fixed.values())
-        self._authorization = ""
+    _own_headers = _OWN_HEADERS
+    _default_max_connections = 40
+
+    def __init__(self, url: str, **options: Any) -> None:
+        """Configure the client (``options``: ``_ClientBase``'s); nothing is sent until the first operation."""
         self._session: UpstreamSession | None = None
-        _clients.add(self)
-
-    def __enter__(self) -> LegacySseClient:
-        return self
-
-    def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        self.close()
-
-    def close(self) -> None:
-        """Close the connection pool; operations after it fail as not sent."""
-        self._pool.close()
-
-    def authorize(self, value: str) -> None:
-        """Send ``Authorization: value`` with every request from now on (``UpstreamClient.authorize``)."""
-        self._authorization = f"{_check_header('Authorization', value)}\r\n"
+        super().__init__(url, **options)
 
     @property
     def session(self) -> UpstreamSession | None:
         """What the last handshake negotiated, or ``None`` before the first."""
         return self._session
-
-    def _deadline(self, started: float | None = None) -> float | None:
-        if self._total_timeout is None:
-            return None
-        return (started if started is not None else time.monotonic()) + self._total_timeout
 
     def _open(self) -> _Session:
         """A new session, its handshake done; ``UpstreamError`` (the session closed) when it fails."""
@@ -354,93 +274,36 @@ class LegacySseClient:
         finally:
             session.close()
 
-    def call_tool(
-        self,
-        name: str,
-        arguments: Mapping[str, Any],
-        *,
-        idempotency_key: str,
-        request_id: str | int | None = None,
-        extra_meta: Mapping[str, Any] | None = None,
-        output_schema: Mapping[str, Any] | None = None,
-        input_schema: Mapping[str, Any] | None = None,
-        send_by: float | None = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> CallResult:
-        """Send one ``tools/call`` in a session of its own and classify the outcome (module docstring).
-
-        ``headers``: more header lines for the ``tools/call`` POST only (the dispatch's W3C ``traceparent``).
-
-        Never resends, never raises for an upstream failure; ``ValueError`` (before anything is sent)
-        for an empty idempotency key or an invalid ``output_schema``, as ``UpstreamClient.call_tool``.
-        ``input_schema`` is not used: this revision has no ``Mcp-Param-*`` headers.
-        """
-        if not idempotency_key:
-            raise ValueError("idempotency_key is required")
-        validator = _output_validator(output_schema)
-        rid: str | int = request_id if request_id is not None else _new_request_id()
+    def _call(self, call: _ToolCall) -> CallResult:
+        """``call_tool`` in a session of its own (module docstring); ``input_schema`` is not used: this
+        revision has no ``Mcp-Param-*`` headers."""
         try:
             session = self._open()
         except UpstreamError as exc:
-            return CallResult(
-                kind="not_sent", reason=f"initialize failed: {exc.reason}", request_id=rid, status_code=exc.status_code
-            )
+            return _not_negotiated(exc, call.rid)
         try:
-            return self._call(session, rid, name, arguments, idempotency_key, extra_meta, validator, send_by, headers)
+            return self._post_call(session, call)
         finally:
             session.close()
 
-    def _call(
-        self,
-        session: _Session,
-        rid: str | int,
-        name: str,
-        arguments: Mapping[str, Any],
-        idempotency_key: str,
-        extra_meta: Mapping[str, Any] | None,
-        validator: jsonschema.protocols.Validator | None,
-        send_by: float | None,
-        headers: Mapping[str, str] | None,
-    ) -> CallResult:
-        meta = {**(extra_meta or {}), IDEMPOTENCY_META_KEY: idempotency_key}
-        payload = {
-            "jsonrpc": "2.0",
-            "id": rid,
-            "method": "tools/call",
-            "params": {"name": name, "arguments": dict(arguments), "_meta": meta},
-        }
+    def _post_call(self, session: _Session, call: _ToolCall) -> CallResult:
+        rid = call.rid
+        payload = call.payload({})
         try:
-            lines = f"{IDEMPOTENCY_HEADER}: {_check_value(idempotency_key)}\r\n"
-            lines += "".join(f"{_check_header(key, value)}\r\n" for key, value in (headers or {}).items())
+            lines = call.lines()
             json.dumps(payload)
         except Exception as exc:
             return CallResult(kind="not_sent", reason=f"request not built: {_describe(exc)}", request_id=rid)
         started = time.monotonic()
-        if (late := _past_send_by(started, send_by, rid)) is not None:
+        if (late := _past_send_by(started, call.send_by, rid)) is not None:
             return late
         session.answer_by(self._deadline(started))
-        hasher = hashlib.sha256()
-
-        def result(kind: Any, reason: str, status: int | None, **extra: Any) -> CallResult:
-            return CallResult(
-                kind=kind,
-                reason=reason,
-                request_id=rid,
-                status_code=status,
-                elapsed=time.monotonic() - started,
-                response_sha256=hasher.hexdigest(),
-                **extra,
-            )
-
+        result = _Outcome(rid, started)
         try:
             response = session.post(payload, lines)
-        except RequestNotSent as exc:
-            return result("not_sent", _describe(exc), None)
-        except _IncompleteReply as exc:
-            return result("uncertain", str(exc), None)
         except Exception as exc:
-            return result("uncertain", _describe(exc), None)
-        status = response.status
+            return result(*_send_failed(exc))
+        status = result.status = response.status
         try:
             body = b"".join(_bounded_chunks(response.iter_chunks(), self._max_response_bytes, _ignore))
         except Exception:
@@ -448,26 +311,22 @@ class LegacySseClient:
         finally:
             response.close()
         if status >= 500:
-            return result("uncertain", f"HTTP {status}", status)
+            return result("uncertain", f"HTTP {status}")
         if not 200 <= status < 300:
             error = _error_in(body, rid)
             if error is not None:
-                return result(
-                    "jsonrpc_error", f"JSON-RPC error {error.get('code')} (HTTP {status})", status, error=error
-                )
-            return result("http_error", f"HTTP {status}", status)
+                return result("jsonrpc_error", f"JSON-RPC error {error.get('code')} (HTTP {status})", error=error)
+            return result("http_error", f"HTTP {status}")
         try:
-            message = session.answer(rid, hasher.update)
+            message = session.answer(rid, result.hasher.update)
         except _StreamFailed as exc:
-            return result("uncertain", f"no answer on the SSE stream: {exc}", status)
+            return result("uncertain", f"no answer on the SSE stream: {exc}")
         except _InvalidReply as exc:
-            return result("invalid_response", str(exc), status)
+            return result("invalid_response", str(exc))
         error = message.get("error")
         if error is not None:
-            return result("jsonrpc_error", f"JSON-RPC error {error.get('code')}", status, error=error)
-        return _classify_result(
-            message["result"], validator, lambda kind, reason, **extra: result(kind, reason, status, **extra)
-        )
+            return result("jsonrpc_error", f"JSON-RPC error {error.get('code')}", error=error)
+        return _classify_result(message["result"], call.validator, result)
 
 
 def _error_in(body: bytes, rid: str | int) -> dict[str, Any] | None:
@@ -478,17 +337,3 @@ def _error_in(body: bytes, rid: str | int) -> dict[str, Any] | None:
         return None
     error = message.get("error")
     return error if isinstance(error, dict) else None
-
-
-_clients: weakref.WeakSet[LegacySseClient] = weakref.WeakSet()
-
-
-def _forget_inherited_connections() -> None:
-    # A client created before a fork (gunicorn --preload) must not share its kept-alive POST
-    # connections with the children (``UpstreamClient`` does the same for its own).
-    for client in list(_clients):
-        client._pool.after_fork()
-
-
-if hasattr(os, "register_at_fork"):
-    os.register_at_fork(after_in_child=_forget_inherited_connections)

@@ -13,10 +13,10 @@ from django.db import connection
 from django.db.models import Q
 from django.utils import timezone
 
-from audit.services import audit_record
 from billing.models import Wallet
 from permits.models import Permit, PermitStatus, PolicyBundle
 from permits.services.approval_record import permit_approval_standing
+from permits.services.rows import wallet_row_audit
 
 
 def human_approval_required(wallet: Wallet) -> bool:
@@ -53,14 +53,13 @@ def revoke_locked(
     permit.revoked_at = timezone.now()
     permit.revoke_reason = reason
     permit.save(update_fields=["status", "revoked_at", "revoke_reason"])
-    audit_record(
-        event="permit.revoked",
-        ok=True,
-        tenant_id=permit.tenant_id,
-        wallet_id=permit.wallet_id,
+    wallet_row_audit(
+        "permit.revoked",
+        permit,
         key_id=actor_key_id or None,
+        actor=actor,
         endpoint=endpoint,
-        detail={"permit_id": permit.permit_id, "reason": reason, **detail, **({"actor": actor} if actor else {})},
+        detail={"permit_id": permit.permit_id, "reason": reason, **detail},
     )
 
 

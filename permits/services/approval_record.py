@@ -15,10 +15,11 @@ from datetime import datetime
 from typing import Any
 
 from audit.evidence_core import APPROVAL_TYPE, approval_link_problem, permit_terms_digest
-from audit.signing import sign_statement, statement_problem, verify_statement
+from audit.signing import statement_problem, verify_statement
 from common.canonical import iso_utc, sha256_hex
 from common.ids import new_id
 from permits.models import Permit, PermitApproval, PermitApprovalDecision, PermitRequest
+from permits.services.rows import signed_row_fill
 
 
 def _approval_statement(approval: PermitApproval) -> dict[str, Any]:
@@ -59,10 +60,7 @@ def approval_record_sign(
         permit_id=None if permit_terms is None else str(permit_terms["permit_id"]),
         terms_digest=None if permit_terms is None else permit_terms_digest(permit_terms),
     )
-    signed = sign_statement(_approval_statement(approval))
-    approval.signed_statement = signed.statement
-    approval.signature = signed.signature
-    approval.key_id = signed.kid
+    signed = signed_row_fill(approval, _approval_statement(approval))
     approval.save(force_insert=True)
     return approval, sha256_hex(signed.canonical)
 

@@ -35,6 +35,7 @@ from permits.models import (
     WebhookDelivery,
     WebhookDeliveryStatus,
 )
+from permits.services.rows import wallet_row_audit
 
 logger = logging.getLogger("tollgate.permits")
 
@@ -280,11 +281,9 @@ def tenant_notification_set(
     notification.email_enabled = email_enabled
     notification.webhook_url = webhook_url
     notification.save()
-    audit_record(
-        event="approver_notification.changed",
-        ok=True,
-        tenant_id=tenant.tenant_id,
-        wallet_id=tenant.wallet_id,
+    wallet_row_audit(
+        "approver_notification.changed",
+        tenant,
         detail={
             "email_enabled": email_enabled,
             # The host only: a Slack or Teams incoming-webhook address carries its own token.

@@ -21,7 +21,6 @@ from django.db.models import Q
 from django.template.loader import render_to_string
 from django.utils import timezone
 
-from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import Wallet, WalletType
 from common.canonical import canonical_bytes, sha256_hex
@@ -33,6 +32,7 @@ from permits.models import PermitApproval, PermitRequest, PermitRequestStatus, T
 from permits.services.approval_record import approval_record_sign, approval_reference
 from permits.services.notifications import webhook_queue
 from permits.services.permits import PermitTerms, _check_subject_key, _created_before, _mint_permit
+from permits.services.rows import wallet_row_audit
 
 logger = logging.getLogger("tollgate.permits")
 
@@ -96,11 +96,9 @@ def permit_request_create(
             # The webhook's delivery row commits with the request; deliver_webhooks sends it.
             webhook_queue(preq=preq, approval_url=approval_url(request_id))
             transaction.on_commit(lambda: permit_request_notify(request_id=request_id))
-            audit_record(
-                event="permit_request.created",
-                ok=True,
-                tenant_id=wallet.tenant_id,
-                wallet_id=wallet.wallet_id,
+            wallet_row_audit(
+                "permit_request.created",
+                wallet,
                 key_id=requested_by_key_id,
                 endpoint="/v1/permit-requests",
                 detail={
@@ -116,11 +114,10 @@ def permit_request_create(
         return RequestCreate(permit_request=existing, replayed=True)
     except exc.PermitRequestLimitReached as refused:
         # Audited in a transaction of its own: the refused one rolled back.
-        audit_record(
-            event="permit_request.limit_reached",
+        wallet_row_audit(
+            "permit_request.limit_reached",
+            wallet,
             ok=False,
-            tenant_id=wallet.tenant_id,
-            wallet_id=wallet.wallet_id,
             key_id=requested_by_key_id,
             endpoint="/v1/permit-requests",
             detail={
@@ -294,11 +291,9 @@ def permit_request_decide(
         preq.status = PermitRequestStatus.REJECTED
     approval, approval_digest = signed[0]
     preq.save(update_fields=["status", "decided_at", "decided_by", "decision_note", "permit"])
-    audit_record(
-        event="permit_request.approved" if approve else "permit_request.rejected",
-        ok=True,
-        tenant_id=preq.tenant_id,
-        wallet_id=preq.wallet_id,
+    wallet_row_audit(
+        "permit_request.approved" if approve else "permit_request.rejected",
+        preq,
         endpoint=f"/approvals/{request_id}",
         detail={
             "request_id": request_id,
@@ -316,13 +311,7 @@ def tenant_approver_add(*, user: Any, tenant: Wallet, actor: str) -> TenantAppro
     """Make ``user`` an approver of ``tenant``'s permit requests (the console), audited. Idempotent."""
     approver, created = TenantApprover.objects.get_or_create(user=user, tenant=tenant)
     if created:
-        audit_record(
-            event="approver.added",
-            ok=True,
-            tenant_id=tenant.tenant_id,
-            wallet_id=tenant.wallet_id,
-            detail={"user": user.get_username(), "actor": actor},
-        )
+        wallet_row_audit("approver.added", tenant, detail={"user": user.get_username(), "actor": actor})
     return approver
 
 
@@ -332,10 +321,4 @@ def tenant_approver_remove(*, approver: TenantApprover, actor: str) -> None:
     tenant = approver.tenant
     username = approver.user.get_username()
     if TenantApprover.objects.filter(pk=approver.pk).delete()[0]:
-        audit_record(
-            event="approver.removed",
-            ok=True,
-            tenant_id=tenant.tenant_id,
-            wallet_id=tenant.wallet_id,
-            detail={"user": username, "actor": actor},
-        )
+        wallet_row_audit("approver.removed", tenant, detail={"user": username, "actor": actor})

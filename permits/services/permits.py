@@ -19,8 +19,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from access.models import APIKey
-from audit.services import audit_record
-from audit.signing import sign_statement, statement_problem
+from audit.signing import statement_problem
 from billing.exceptions import money
 from billing.models import Wallet
 from common.canonical import iso_utc
@@ -31,6 +30,7 @@ from permits import exceptions as exc
 from permits.models import Permit, PermitRequest, PermitStatus
 from permits.services.approval import approval_lock, human_approval_required, revoke_locked
 from permits.services.approval_record import permit_approval_problem
+from permits.services.rows import signed_row_fill, wallet_row_audit
 
 M = TypeVar("M", Permit, PermitRequest)
 
@@ -170,10 +170,7 @@ def _mint_permit(
     statement = _permit_statement(permit)
     if approval is not None:
         statement["approval"] = dict(approval(statement))
-    signed = sign_statement(statement)
-    permit.signed_statement = signed.statement
-    permit.signature = signed.signature
-    permit.key_id = signed.kid
+    signed_row_fill(permit, statement)
     permit.save(force_insert=True)
     return permit
 
@@ -218,11 +215,9 @@ def permit_issue(*, terms: PermitTerms, idempotency_scope: str, idempotency_key:
                 idempotency_key=idempotency_key,
                 request_hash=request_hash,
             )
-            audit_record(
-                event="permit.issued",
-                ok=True,
-                tenant_id=wallet.tenant_id,
-                wallet_id=wallet.wallet_id,
+            wallet_row_audit(
+                "permit.issued",
+                wallet,
                 key_id=issued_by_key_id or None,
                 endpoint="/v1/permits",
                 detail={

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -21,7 +21,6 @@ from django.utils import timezone
 
 from access.models import APIKey
 from audit.models import AuditEvent
-from audit.services import audit_record
 from billing.exceptions import money
 from billing.models import ServiceCategory, Wallet
 from common.errors import RequestValidationError
@@ -39,6 +38,7 @@ from permits.exceptions import (
 from permits.models import POLICY_FIELDS, PolicyBundle, PolicyChangeProposal, ProposalStatus
 from permits.selectors import check_policy_level
 from permits.services.approval import approval_lock, requires_approval, revoke_unapproved
+from permits.services.rows import wallet_row_audit
 
 # The limits of the API's fields (``permits.serializers.PolicyRules``): a tool name or pattern is
 # 1 to 200 characters; an amount has at most 8 decimal places and 12 whole digits (numeric(20, 8)).
@@ -190,18 +190,16 @@ def policy_create(
     policy.save(force_insert=True)
     revoked = revoke_unapproved(policy, actor_key_id=actor_key_id, actor=actor) if approval else []
     policy.permits_revoked = tuple(revoked)
-    audit_record(
-        event="policy.created",
-        ok=True,
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
+    wallet_row_audit(
+        "policy.created",
+        policy,
         key_id=actor_key_id or None,
+        actor=actor,
         endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
             "rules": _policy_snapshot(policy),
             **({"permits_revoked": revoked} if revoked else {}),
-            **({"actor": actor} if actor else {}),
         },
     )
     return policy
@@ -339,12 +337,11 @@ def _apply_locked(
     superseded = sorted(pending.values_list("proposal_id", flat=True))
     if superseded:
         pending.update(status=ProposalStatus.SUPERSEDED, decided_at=timezone.now())
-    audit_record(
-        event="policy.updated",
-        ok=True,
-        tenant_id=policy.tenant_id,
-        wallet_id=policy.wallet_id,
+    wallet_row_audit(
+        "policy.updated",
+        policy,
         key_id=actor_key_id or None,
+        actor=actor,
         endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
@@ -358,7 +355,6 @@ def _apply_locked(
             **({"permits_revoked": revoked} if revoked else {}),
             **({"proposal_id": proposal.proposal_id, "proposed_by": proposal.proposed_by} if proposal else {}),
             **({"proposals_superseded": superseded} if superseded else {}),
-            **({"actor": actor} if actor else {}),
         },
     )
     return policy
@@ -476,12 +472,11 @@ def policy_change(
         created_at=now,
         expires_at=now + timedelta(hours=settings.POLICY_PROPOSAL_TTL_HOURS),
     )
-    audit_record(
-        event="policy.relaxation_proposed",
-        ok=True,
-        tenant_id=policy.tenant_id,
-        wallet_id=policy.wallet_id,
+    wallet_row_audit(
+        "policy.relaxation_proposed",
+        policy,
         key_id=actor_key_id or None,
+        actor=actor,
         endpoint=endpoint,
         detail={
             "policy_id": policy.policy_id,
@@ -491,7 +486,6 @@ def policy_change(
             "before": proposal.before,
             "changes": proposal.changes,
             "expires_at": proposal.expires_at.isoformat(),
-            **({"actor": actor} if actor else {}),
         },
     )
     return PolicyChange(policy=policy, proposal=proposal)
@@ -519,6 +513,37 @@ def _proposal_for_decision(
     if proposal.status != ProposalStatus.PENDING:
         raise ProposalDecided(proposal_id=proposal_id, status=proposal.status)
     return proposal, policy
+
+
+def _proposal_decided(
+    proposal: PolicyChangeProposal,
+    policy: PolicyBundle,
+    status: ProposalStatus,
+    *,
+    event: str,
+    user: Any,
+    actor: str,
+    now: datetime,
+    detail: dict[str, Any],
+) -> None:
+    """Record ``user``'s decision (``status``) on the locked ``proposal``, audited ``event`` with
+    ``detail`` after the proposal's names (the confirmation's and the rejection's last steps)."""
+    proposal.status = status
+    proposal.decided_at = now
+    proposal.decided_by = user
+    proposal.save(update_fields=["status", "decided_at", "decided_by"])
+    wallet_row_audit(
+        event,
+        policy,
+        endpoint="/admin/permits/policychangeproposal/",
+        detail={
+            "policy_id": policy.policy_id,
+            "proposal_id": proposal.proposal_id,
+            "proposed_by": proposal.proposed_by,
+            **detail,
+            "actor": actor,
+        },
+    )
 
 
 def _proposed_rules(proposal: PolicyChangeProposal) -> dict[str, Any]:
@@ -564,24 +589,15 @@ def policy_proposal_confirm(*, proposal_id: str, user: Any, actor: str) -> Polic
         proposal=proposal,
         endpoint="/admin/permits/policychangeproposal/",
     )
-    proposal.status = ProposalStatus.CONFIRMED
-    proposal.decided_at = now
-    proposal.decided_by = user
-    proposal.save(update_fields=["status", "decided_at", "decided_by"])
-    audit_record(
+    _proposal_decided(
+        proposal,
+        policy,
+        ProposalStatus.CONFIRMED,
         event="policy.relaxation_confirmed",
-        ok=True,
-        tenant_id=policy.tenant_id,
-        wallet_id=policy.wallet_id,
-        endpoint="/admin/permits/policychangeproposal/",
-        detail={
-            "policy_id": policy.policy_id,
-            "proposal_id": proposal.proposal_id,
-            "proposed_by": proposal.proposed_by,
-            "relaxes": proposal.relaxes,
-            "changes": proposal.changes,
-            "actor": actor,
-        },
+        user=user,
+        actor=actor,
+        now=now,
+        detail={"relaxes": proposal.relaxes, "changes": proposal.changes},
     )
     return policy
 
@@ -592,21 +608,14 @@ def policy_proposal_reject(*, proposal_id: str, user: Any, actor: str) -> Policy
     (403); the proposer may reject their own (withdrawing relaxes nothing). 409 when it is no longer
     pending. Audited ``policy.relaxation_rejected``."""
     proposal, policy = _proposal_for_decision(proposal_id, user, proposer_may=True)
-    proposal.status = ProposalStatus.REJECTED
-    proposal.decided_at = timezone.now()
-    proposal.decided_by = user
-    proposal.save(update_fields=["status", "decided_at", "decided_by"])
-    audit_record(
+    _proposal_decided(
+        proposal,
+        policy,
+        ProposalStatus.REJECTED,
         event="policy.relaxation_rejected",
-        ok=True,
-        tenant_id=policy.tenant_id,
-        wallet_id=policy.wallet_id,
-        endpoint="/admin/permits/policychangeproposal/",
-        detail={
-            "policy_id": policy.policy_id,
-            "proposal_id": proposal.proposal_id,
-            "proposed_by": proposal.proposed_by,
-            "actor": actor,
-        },
+        user=user,
+        actor=actor,
+        now=timezone.now(),
+        detail={},
     )
     return proposal

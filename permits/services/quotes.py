@@ -13,8 +13,7 @@ from typing import Any
 from django.db import connection, transaction
 from django.utils import timezone
 
-from audit.services import audit_record
-from audit.signing import sign_statement, statement_problem
+from audit.signing import statement_problem
 from billing.exceptions import money
 from billing.models import Wallet
 from billing.selectors import tool_price
@@ -24,6 +23,7 @@ from common.ids import new_id
 from common.records import record_json
 from permits import exceptions as exc
 from permits.models import Quote, QuoteStatus
+from permits.services.rows import signed_row_fill, wallet_row_audit
 
 QUOTE_LIFETIME = timedelta(seconds=600)
 
@@ -71,16 +71,11 @@ def quote_create(*, wallet: Wallet, tool: str, requested_by_key_id: str = "") ->
         expires_at=now + QUOTE_LIFETIME,
         requested_by_key_id=requested_by_key_id,
     )
-    signed = sign_statement(_quote_statement(quote))
-    quote.signed_statement = signed.statement
-    quote.signature = signed.signature
-    quote.key_id = signed.kid
+    signed_row_fill(quote, _quote_statement(quote))
     quote.save(force_insert=True)
-    audit_record(
-        event="quote.created",
-        ok=True,
-        tenant_id=wallet.tenant_id,
-        wallet_id=wallet.wallet_id,
+    wallet_row_audit(
+        "quote.created",
+        wallet,
         key_id=requested_by_key_id or None,
         tool=tool,
         endpoint="/v1/quotes",
