@@ -15,6 +15,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Required, TypedDict, Unpack
 
 from django.db import connection, transaction
@@ -277,21 +278,16 @@ def forget_active_kid() -> None:
     _active.clear()
 
 
+def _active_row(key: keystore.KeyMaterial, now: datetime) -> SigningKey:
+    """``key``'s row as the active key from ``now`` (not saved)."""
+    return SigningKey(
+        key_id=key.kid, public_key=key.public_key, state=SigningKeyState.ACTIVE, created_at=now, activated_at=now
+    )
+
+
 def _activate(key: keystore.KeyMaterial) -> None:
     """Insert ``key`` as the active key unless some key is active already (or ``key`` exists)."""
-    now = timezone.now()
-    SigningKey.objects.bulk_create(
-        [
-            SigningKey(
-                key_id=key.kid,
-                public_key=key.public_key,
-                state=SigningKeyState.ACTIVE,
-                created_at=now,
-                activated_at=now,
-            )
-        ],
-        ignore_conflicts=True,
-    )
+    SigningKey.objects.bulk_create([_active_row(key, timezone.now())], ignore_conflicts=True)
 
 
 def _candidate() -> keystore.KeyMaterial:
@@ -382,13 +378,8 @@ def signing_key_rotate(*, actor: str = "") -> SigningKey:
         old.state = SigningKeyState.RETIRED
         old.retired_at = now
         old.save(update_fields=["state", "retired_at"])
-    key = SigningKey.objects.create(
-        key_id=new.kid,
-        public_key=new.public_key,
-        state=SigningKeyState.ACTIVE,
-        created_at=now,
-        activated_at=now,
-    )
+    key = _active_row(new, now)
+    key.save(force_insert=True)
     audit_record(
         event="signing_key.rotated",
         ok=True,

@@ -110,30 +110,21 @@ def _ready(value: Any) -> Any:
         if value.is_integer():
             return int(value) if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER else _UNSAFE
         return value if abs(value) >= _MIN_PLAIN_FLOAT else _UNSAFE
-    if kind is dict:
-        copy: dict[str, Any] | None = None
-        for key, item in value.items():
-            if type(key) is not str or (not key.isascii() and _KEY_UNSAFE.search(key)):
-                return _UNSAFE
+    if kind is dict or kind is list:
+        if kind is dict:
+            for key in value:
+                if type(key) is not str or (not key.isascii() and _KEY_UNSAFE.search(key)):
+                    return _UNSAFE
+        copy: Any = None  # a copy only of a container that holds a converted item
+        for key, item in value.items() if kind is dict else enumerate(value):
             ready = _ready(item)
             if ready is not item:
                 if ready is _UNSAFE:
                     return _UNSAFE
                 if copy is None:
-                    copy = dict(value)
+                    copy = kind(value)
                 copy[key] = ready
         return value if copy is None else copy
-    if kind is list:
-        items: list[Any] | None = None
-        for index, item in enumerate(value):
-            ready = _ready(item)
-            if ready is not item:
-                if ready is _UNSAFE:
-                    return _UNSAFE
-                if items is None:
-                    items = list(value)
-                items[index] = ready
-        return value if items is None else items
     if isinstance(value, str):  # a str enum such as a model's TextChoices: both encoders write its text
         return value
     return _UNSAFE

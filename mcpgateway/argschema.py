@@ -331,6 +331,15 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+# The keywords that bound the length of a value, by its type: (keyword, whether it is a lower bound, what
+# the error message says of a value outside it).
+_LENGTH_KEYWORDS: dict[type, tuple[tuple[str, bool, str], ...]] = {
+    str: (("minLength", True, "is too short"), ("maxLength", False, "is too long")),
+    list: (("minItems", True, "is too short"), ("maxItems", False, "is too long")),
+    dict: (("minProperties", True, "has too few properties"), ("maxProperties", False, "has too many properties")),
+}
+
+
 # --- the compiler -------------------------------------------------------------------------------------
 
 
@@ -372,6 +381,12 @@ class _Compiler:
     def _add(self, node: _Node, types: tuple[type, ...], check: _Check) -> None:
         for t in types:
             node.by_type.setdefault(t, []).append(check)
+
+    def _lengths(self, node: _Node, s: dict[str, Any], kind: type) -> None:
+        """The bounds on the length of a ``kind`` value (``_LENGTH_KEYWORDS``)."""
+        for keyword, at_least, says in _LENGTH_KEYWORDS[kind]:
+            if keyword in s:
+                self._add(node, (kind,), _length_check(s[keyword], at_least=at_least, says=says))
 
     def _keywords(self, node: _Node, s: dict[str, Any]) -> None:
         draft = self.draft
@@ -441,10 +456,7 @@ class _Compiler:
                 self._add(node, _NUMBERS, _bound(keyword, s[exclusive], exclusive=True))
 
         # strings
-        if "minLength" in s:  # len(): code points, as JSON Schema counts
-            self._add(node, (str,), _length_check(s["minLength"], at_least=True, says="is too short"))
-        if "maxLength" in s:
-            self._add(node, (str,), _length_check(s["maxLength"], at_least=False, says="is too long"))
+        self._lengths(node, s, str)  # len(): code points, as JSON Schema counts
         if "pattern" in s:
             self._add(node, (str,), _pattern_check(_regex(s["pattern"]), s["pattern"]))
             node.slow = node.slow or _pattern_differs(s["pattern"])
@@ -539,10 +551,7 @@ class _Compiler:
                 return None
 
             self._add(node, (list,), check_contains)
-        if "minItems" in s:
-            self._add(node, (list,), _length_check(s["minItems"], at_least=True, says="is too short"))
-        if "maxItems" in s:
-            self._add(node, (list,), _length_check(s["maxItems"], at_least=False, says="is too long"))
+        self._lengths(node, s, list)
         if s.get("uniqueItems") is True:
             self._add(node, (list,), _unique)
             node.slow = "uniqueItems (jsonschema-rs hashes arrays so that distinct items can collide)"
@@ -607,10 +616,7 @@ class _Compiler:
                 return None
 
             self._add(node, (dict,), check_required)
-        if "minProperties" in s:
-            self._add(node, (dict,), _length_check(s["minProperties"], at_least=True, says="has too few properties"))
-        if "maxProperties" in s:
-            self._add(node, (dict,), _length_check(s["maxProperties"], at_least=False, says="has too many properties"))
+        self._lengths(node, s, dict)
         if "propertyNames" in s and draft >= 6:
             names = self.node(s["propertyNames"])
             node.children.append(names)

@@ -98,6 +98,17 @@ def test_event_bytes_with_unexpected_types_falls_back():
     assert event_bytes(*fields.values()) == canonical_bytes(payload)
 
 
+@pytest.mark.parametrize(
+    "value",
+    [{1: "a"}, {"a": 1, 2: "b"}, [{"x": 1.0}, {"y": {3: None}}], {"a": 1, "\ue000": 2}, {"\U0001f600": 1, "b": [2.0]}],
+)
+def test_keys_outside_the_fast_subset_take_the_reference_path_wherever_they_stand(value):
+    """A key that is not text, or that may sort differently in UTF-16, sends the whole value to the reference
+    path whether it is a dict's first key or its last, and whatever the items beside it hold."""
+    assert fast_text(value) is None
+    assert _fast(value) == _reference(value)
+
+
 def test_lone_surrogates_raise_like_the_reference():
     with pytest.raises(rfc8785.CanonicalizationError):
         canonical_bytes_fast({"a": "\ud800"})
