@@ -410,8 +410,8 @@ def governed_rows(f: dict[str, Any]) -> tuple[list[Row], list[str]]:
             f"{h['copies']} times: actions, receipts, ledger entries, audit events) in {h['seconds']} s."
             + (
                 " Measured against an agent wallet of a second tenant without history, in alternating windows"
-                " (history, fresh, fresh, history, ...: six windows, as every alternating pair), so that a drift of the host's speed within the run weighs on"
-                " both alike."
+                " (history, fresh, fresh, history, ...: six windows, as every alternating pair), so that a drift"
+                " of the host's speed within the run weighs on both alike."
                 if r.get("governed_fresh_c8")
                 else ""
             )
