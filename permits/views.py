@@ -442,6 +442,13 @@ class MePermitsView(MePageView):
         return selectors.permit_list(caller, params).filter(wallet_id=caller.wallet_id)
 
 
+def _own_by_status(visible: QuerySet[Any], caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
+    """``visible`` narrowed to the caller's own wallet and to the ``status`` asked for (a lapsed row reads as
+    lapsed now, whatever its stored status says)."""
+    own = visible.filter(wallet_id=caller.wallet_id)
+    return selectors.lapsing_status_filter(own, params["status"], timezone.now()) if params.get("status") else own
+
+
 @page_schema(
     "me_permit_requests",
     "Permit requests of the caller's own wallet (listing never advances a decision)",
@@ -455,10 +462,9 @@ class MePermitRequestsView(MePageView):
     query, item = PermitRequestListQuery, PermitRequestResponse
 
     def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
-        qs = selectors.permit_requests_visible(caller).filter(wallet_id=caller.wallet_id)
-        if params.get("status"):
-            qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
-        return qs.order_by("-created_at", "request_id")
+        return _own_by_status(selectors.permit_requests_visible(caller), caller, params).order_by(
+            "-created_at", "request_id"
+        )
 
 
 @page_schema(
@@ -474,9 +480,7 @@ class MeQuotesView(MePageView):
     query, item = QuoteListQuery, QuoteResponse
 
     def rows(self, caller: Principal, params: dict[str, Any]) -> QuerySet[Any]:
-        qs = selectors.quotes_visible(caller).filter(wallet_id=caller.wallet_id)
-        if params.get("status"):
-            qs = selectors.lapsing_status_filter(qs, params["status"], timezone.now())
+        qs = _own_by_status(selectors.quotes_visible(caller), caller, params)
         if params.get("tool"):
             qs = qs.filter(tool=params["tool"])
         return qs.order_by("-created_at", "quote_id")
