@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib
 import json
 import sys
 from collections.abc import Mapping
@@ -47,26 +46,13 @@ from typing import TYPE_CHECKING, Any
 
 from audit.evidence_core import kid_matches_key, verify_bytes_with_keys
 from common.canonical import b64url_decode_strict
+from common.clientlib import client_module
 
 if TYPE_CHECKING:
     from tollgate_client.tlog.policy import Policy
 
 FORMAT = "tollgate.portable-receipt/v1"
 JWKS_PATH = "/.well-known/jwks.json"
-CLIENT_DIR = Path(__file__).resolve().parent.parent / "client"
-
-
-def client_module(name: str) -> ModuleType:
-    """``tollgate_client.<name>``, from the installed client or this checkout's ``client/`` directory.
-
-    The client package is not installed in the gateway's environment; its source sits in the same
-    checkout (docs/decisions.md, Evidence), so the directory is put on the path when the import fails.
-    """
-    try:
-        return importlib.import_module(f"tollgate_client.{name}")
-    except ImportError:
-        sys.path.append(str(CLIENT_DIR))
-        return importlib.import_module(f"tollgate_client.{name}")
 
 
 def tlog_policy_module() -> ModuleType:
