@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from django.core.cache import cache
@@ -11,6 +12,7 @@ from rest_framework.test import APIClient
 
 from billing.models import Wallet
 from tests import factories
+from tests.upstream_server import FaultUpstream
 
 
 @pytest.fixture(autouse=True)
@@ -104,3 +106,19 @@ def operator_client(operator_secret: str) -> APIClient:
 @pytest.fixture
 def anon_client() -> APIClient:
     return APIClient()
+
+
+@pytest.fixture(scope="module")
+def fault_server() -> Iterator[FaultUpstream]:
+    """One scripted upstream per test module (the gateway keeps one client, and session, per upstream URL).
+    A module with an upstream of its own defines its own ``fault_server`` or ``fault``."""
+    with FaultUpstream(hang_seconds=2) as upstream:
+        yield upstream
+
+
+@pytest.fixture
+def fault(settings: Any, fault_server: FaultUpstream) -> FaultUpstream:
+    """The module's upstream with fresh counters, its tools registered at 2 credits each."""
+    from tests.gateway_helpers import fresh_upstream  # it imports this module
+
+    return fresh_upstream(settings, fault_server, timeout=0.5)

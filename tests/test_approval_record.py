@@ -514,14 +514,6 @@ def test_an_approval_and_a_rejection_racing_sign_one_decision() -> None:
     assert f'<code id="approval-id">{approval.approval_id}</code>' in page
 
 
-@pytest.fixture(scope="module")
-def fault_server() -> Any:
-    from tests.upstream_server import FaultUpstream
-
-    with FaultUpstream(hang_seconds=2) as upstream:
-        yield upstream
-
-
 def test_governed_calls_read_approval_from_the_signed_record(settings: Any, fault_server: Any, tenant: Tenant) -> None:
     """Through the gateway (its one-round-trip lookup and claim): under human approval an approved permit
     calls; a self-issued one with a filled-in request id, put back to active, is refused; an approved

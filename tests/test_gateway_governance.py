@@ -10,7 +10,7 @@ import dataclasses
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -29,26 +29,13 @@ from permits.services import permit_revoke, policy_create, quote_create
 from receipts.models import Receipt
 from tests import factories
 from tests.conftest import Tenant, client_for
-from tests.gateway_helpers import Caller, fresh_upstream, issue_permit, register_upstream, setup_caller
+from tests.gateway_helpers import Caller, issue_permit, register_upstream, setup_caller
 from tests.upstream_server import FaultUpstream, running_demo_upstream
 
 pytestmark = pytest.mark.django_db
 
 T = TypeVar("T")
 _ids = itertools.count(1)
-
-
-@pytest.fixture(scope="module")
-def fault_server() -> Iterator[FaultUpstream]:
-    """One scripted upstream for the module (the gateway keeps one client, and session, per upstream URL)."""
-    with FaultUpstream(hang_seconds=2) as upstream:
-        yield upstream
-
-
-@pytest.fixture
-def fault(settings: Any, fault_server: FaultUpstream) -> FaultUpstream:
-    """The module's upstream with fresh counters, its tools registered at 2 credits each."""
-    return fresh_upstream(settings, fault_server, timeout=0.5)
 
 
 def balance(tenant: Tenant) -> Decimal:

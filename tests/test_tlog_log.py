@@ -13,9 +13,7 @@ import json
 import os
 import signal
 import stat
-from collections.abc import Iterator
 from decimal import Decimal
-from typing import Any
 
 import pytest
 from django.conf import settings
@@ -34,26 +32,14 @@ from permits.services import permit_request_create, permit_request_decide
 from receipts.verify import verify_portable
 from tests import factories
 from tests.conftest import Tenant, client_for
-from tests.gateway_helpers import fresh_upstream, setup_caller
+from tests.gateway_helpers import setup_caller
 from tests.test_receipts import make_receipt
-from tests.upstream_server import FaultUpstream
 from tlog.keys import key_file_path, log_verifiers, origin_of
 from tlog.lib import checkpoint, merkle, note, tiles
 from tlog.models import Leaf, Log, PendingLeaf
 from tlog.services import chain_checkpoint_id, tlog_chain_checkpoint_append, tlog_integrate
 
 pytestmark = pytest.mark.django_db
-
-
-@pytest.fixture(scope="module")
-def fault_server() -> Iterator[FaultUpstream]:
-    with FaultUpstream(hang_seconds=2) as upstream:
-        yield upstream
-
-
-@pytest.fixture
-def fault(settings: Any, fault_server: FaultUpstream) -> FaultUpstream:
-    return fresh_upstream(settings, fault_server, timeout=0.5)
 
 
 def governed_call(tenant: Tenant) -> str:
