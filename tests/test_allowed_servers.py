@@ -41,15 +41,11 @@ from permits.models import (
 from permits.services import permit_approval_standing, permit_statement_problem, policy_create, policy_update
 from permits.services.notifications import webhook_body
 from tests import factories
-from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
 from tests.gateway_helpers import tools_call_body
 from tests.test_permits_hardening import admin_form, staff_client
 
 pytestmark = pytest.mark.django_db
-
-fault_server = governance.fault_server
-fault = governance.fault
 
 
 @pytest.fixture

@@ -24,7 +24,6 @@ from common.ids import new_id
 from mcpgateway.models import Tool
 from permits.services import PolicyVerdict, policy_create, policy_update, policy_verdict_read, tool_allowed
 from tests import factories
-from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for, make_tenant
 from tests.gateway_helpers import Caller, issue_permit, tools_call_body
 
@@ -148,11 +147,6 @@ def test_concurrent_charges_cannot_pass_a_daily_cap_together() -> None:
         thread.join(60)
     assert sorted(codes) == [200] * 5 + [403] * 7
     assert charges(tenant.agent) + charges(child) == 5
-
-
-# The governance tests' scripted upstream (its tools registered at 2 credits each), for governed calls.
-fault_server = governance.fault_server
-fault = governance.fault
 
 
 def governed_call(tenant: Tenant, permit_id: str, *, category: str, amount: str) -> dict[str, Any]:

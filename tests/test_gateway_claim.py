@@ -40,15 +40,10 @@ from permits.services import (
     quote_create,
 )
 from receipts.models import Receipt
-from tests import test_gateway_governance as governance
 from tests.gateway_helpers import issue_permit, setup_caller
 from tests.test_gateway_governance import assert_refused, balance, charges
 
 pytestmark = pytest.mark.django_db
-
-# The governance tests' scripted upstream, its tools registered at 2 credits each.
-fault_server = governance.fault_server
-fault = governance.fault
 
 
 def claim_params(tenant: Any, permit: Permit, *, amount: str, key: str) -> tuple[Action, list[Any]]:

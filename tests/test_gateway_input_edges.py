@@ -20,7 +20,6 @@ from billing.models import LedgerEntry, Wallet
 from common.ids import new_id
 from mcpgateway.models import Action
 from receipts.models import Receipt
-from tests import test_gateway_governance as governance
 from tests.conftest import Tenant
 from tests.gateway_helpers import Caller, setup_caller
 from tests.upstream_server import FaultUpstream
@@ -29,11 +28,6 @@ pytestmark = pytest.mark.django_db
 
 STATELESS = "2026-07-28"
 _ids = itertools.count(1)
-
-
-# The governance tests' scripted upstream (one per module) and their fixture resetting it for each test.
-fault_server = governance.fault_server
-fault = governance.fault
 
 
 @pytest.fixture

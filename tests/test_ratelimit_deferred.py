@@ -31,7 +31,6 @@ from mcpgateway.models import Action
 from mcpgateway.services import claim as claiming
 from permits.models import Permit
 from tests import factories
-from tests import test_gateway_governance as governance
 from tests.conftest import Tenant, client_for
 from tests.gateway_helpers import register_tools, setup_caller, tools_call_body
 from tests.test_billing_api import charge
@@ -39,9 +38,6 @@ from tests.test_gateway_claim import claim_params
 from tests.test_gateway_governance import assert_refused, balance, charges
 
 pytestmark = pytest.mark.django_db
-
-fault_server = governance.fault_server
-fault = governance.fault
 
 
 @pytest.fixture(autouse=True)

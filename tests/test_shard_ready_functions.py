@@ -30,15 +30,11 @@ from mcpgateway.services import claim as claiming
 from permits.models import Permit, Quote
 from permits.services import permit_reservation_record
 from tests import factories
-from tests import test_gateway_governance as governance
 from tests.gateway_helpers import issue_permit, setup_caller
 from tests.test_gateway_claim import claim_params
 
 pytestmark = pytest.mark.django_db
 
-# The governance tests' scripted upstream, its tools registered at 2 credits each.
-fault_server = governance.fault_server
-fault = governance.fault
 
 # The functions of the governed call's and the charge's statements, and of every money movement.
 HOT_FUNCTIONS = (

@@ -26,14 +26,10 @@ from receipts.services import (
     refund_reconciliation_mark_not_executed,
     refund_reconciliation_retry,
 )
-from tests import test_gateway_governance as governance
 from tests.conftest import Tenant
 from tests.gateway_helpers import Caller, issue_permit, setup_caller
 
 pytestmark = pytest.mark.django_db
-
-fault_server = governance.fault_server
-fault = governance.fault
 
 
 def call_left_claimed(tenant: Tenant, monkeypatch: pytest.MonkeyPatch, key: str) -> Action:
