@@ -897,6 +897,45 @@ def test_the_charge_endpoint_runs_a_charge_whose_refill_was_unforeseen_again(ten
 
 
 @races
+@pytest.mark.parametrize(("units", "answer"), [("1", "replay"), ("2", "idempotency_key_reused")])
+def test_a_record_that_commits_while_the_charge_waits_for_the_lock_answers_as_a_stored_one(tenant, units, answer):
+    """A keyed charge finds no record before the locks, waits for the wallet's lock behind the first
+    charge of its key, and finds that charge's record once it commits (billing_debit's 'replay'): it
+    answers as a record found before the locks does (billing_charge_replay), with nothing written."""
+    factories.top_up(tenant.agent, 100)
+    release = threading.Event()
+    first: dict[str, Any] = {}
+
+    def charge() -> None:
+        first.update(billing_charge(prepared(tenant.agent, units="1", key="dup")[1]))
+
+    holder = held_open(charge, release)
+    outcome: dict[str, Any] = {}
+
+    def second() -> None:
+        try:
+            outcome.update(billing_charge(prepared(tenant.agent, units=units, key="dup")[1]))
+        finally:
+            connections.close_all()
+
+    waiter = threading.Thread(target=second)
+    waiter.start()
+    wait_for_a_lock_wait()
+    release.set()
+    holder.join(30)
+    waiter.join(30)
+    counts = written()
+    assert first["code"] == "ok"
+    assert (outcome["code"], outcome["response_status"]) == (answer, 200)
+    assert json.loads(outcome["body"]) == json.loads(first["body"])
+    again = billing_charge(prepared(tenant.agent, units=units, key="dup")[1])  # the record found before the locks
+    assert (again["code"], again["response_status"], again["body"]) == (answer, 200, outcome["body"])
+    assert written() == counts
+    tenant.agent.refresh_from_db()
+    assert tenant.agent.balance == D("99")
+
+
+@races
 def test_a_conflict_that_persists_is_409_with_nothing_written(tenant, monkeypatch):
     """Serialization failures of the charge's statement are retried a few times, then answered 409."""
     factories.top_up(tenant.agent, 10)
