@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -21,6 +22,7 @@ from urllib.parse import urlencode
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.request import Request
@@ -317,6 +319,24 @@ def test_a_refill_event_is_prepared_when_the_database_asks_for_it(tenant):
     outcome = services.wallet_charge(wallet=Wallet.objects.get(pk=agent.pk), service_category="compute", units=50)
     assert outcome.body["refill"]["amount"] == "50.00000000"
     assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("stop", ["frozen", "expired"])
+def test_a_refill_parent_the_status_rule_stops_draws_no_refill(tenant, stop):
+    """The refill parent is an ancestor: the status rule (billing_wallet_may_spend) refuses the charge,
+    naming the parent, before any refill is weighed; billing_debit keeps no status check of its own for it."""
+    line = factories.make_wallet(tenant.sponsor, "line", 100)
+    child = factories.make_wallet(line, "sub", 2, refill_threshold=D("5"), refill_amount=D("10"))
+    if stop == "frozen":
+        services.wallet_freeze(wallet=line, reason="test", actor="admin:test")
+    else:
+        Wallet.objects.filter(pk=line.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    counts = written()
+    row = billing_charge(prepared(child, units="1")[1])
+    assert (row["code"], row["subject_id"], row["refilled"]) == (f"wallet_{stop}", line.wallet_id, None)
+    assert written() == counts
+    assert Wallet.objects.get(pk=line.pk).balance == D("98")
 
 
 @pytest.mark.django_db
