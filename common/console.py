@@ -7,14 +7,14 @@ Django-only: no app is imported here. The site (``config.admin_site``) wraps eve
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from datetime import datetime
 from functools import wraps
 from typing import Any, TypeVar, cast
 from urllib.parse import urlencode
 
 from django import forms
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.contrib.admin.exceptions import DisallowedModelAdminLookup
 from django.contrib.admin.models import CHANGE, LogEntry
 from django.contrib.admin.options import csrf_protect_m
@@ -34,6 +34,8 @@ from common.jsonbody import storable_text
 # expression") or a slow scan, never a filter an operator needs.
 REFUSED_LOOKUPS = frozenset({"regex", "iregex"})
 View = TypeVar("View", bound=Callable[..., Any])
+Row = TypeVar("Row")
+Done = TypeVar("Done")
 
 
 def refuse_crafted_requests(view: View) -> View:
@@ -210,6 +212,31 @@ def console_log(request: HttpRequest, obj: Any, message: str) -> None:
     LogEntry.objects.log_actions(
         user_id=request.user.pk, queryset=[obj], action_flag=CHANGE, change_message=message[:2000], single_object=True
     )
+
+
+def console_each(
+    modeladmin: admin.ModelAdmin,
+    request: HttpRequest,
+    rows: Iterable[Row],
+    *,
+    name: Callable[[Row], str],
+    act: Callable[[Row], Done],
+    log: Callable[[Row, Done], str],
+) -> list[Done]:
+    """A console action's loop: ``act`` (the row's service call) on each row in turn. A refusal (an
+    ``ApplicationError``) is said on the page, ``<name(row)>: <message>``, and the row skipped; a row done
+    is recorded with ``console_log`` (``log(row, what act returned)``). Returns what ``act`` returned for
+    each row done, in order; the caller says how many were done."""
+    done: list[Done] = []
+    for row in rows:
+        try:
+            result = act(row)
+        except ApplicationError as err:
+            modeladmin.message_user(request, f"{name(row)}: {err.detail_message}", messages.ERROR)
+            continue
+        done.append(result)
+        console_log(request, row, log(row, result))
+    return done
 
 
 def console_failure(exc: Exception) -> str:

@@ -18,7 +18,7 @@ from billing import services as billing_services
 from billing.admin import credits_column, money_display
 from billing.models import ToolPrice, ToolPriceChange
 from billing.selectors import tool_price
-from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, console_log
+from common.console import ReadOnlyAdmin, ServiceSavedAdmin, confirmation_page, console_actor, console_each
 from common.errors import ApplicationError
 from common.formatting import EMPTY, timestamp_text
 from common.listing import short_id_column
@@ -280,17 +280,15 @@ class ActionAdmin(ReconciliationAdmin):
         )
         if page is not None:
             return page
-        done = 0
-        for action in self._uncertain(queryset):
+
+        def act(action: Action) -> None:
             assert action.receipt_id is not None
-            try:
-                record(receipt_id=action.receipt_id, actor=console_actor(request))
-            except ApplicationError as err:
-                self.message_user(request, f"{action.action_id}: {err.detail_message}", messages.ERROR)
-                continue
-            done += 1
-            console_log(request, action, logged)
-        self.message_user(request, summary.format(done), messages.SUCCESS)
+            record(receipt_id=action.receipt_id, actor=console_actor(request))
+
+        done = console_each(
+            self, request, self._uncertain(queryset), name=lambda a: a.action_id, act=act, log=lambda a, _: logged
+        )
+        self.message_user(request, summary.format(len(done)), messages.SUCCESS)
         return None
 
     @admin.action(

@@ -26,11 +26,11 @@ from common.console import (
     ServiceSavedAdmin,
     confirmation_page,
     console_actor,
+    console_each,
     console_log,
     has_perm,
     revocation_page,
 )
-from common.errors import ApplicationError
 from common.listing import short_id_column
 from permits import selectors as permit_selectors
 from permits import services
@@ -491,28 +491,17 @@ class PolicyChangeProposalAdmin(ReadOnlyAdmin):
         )
         if page is not None:
             return page
-        done = 0
-        for proposal in queryset.order_by("created_at"):
-            try:
-                if confirm:
-                    services.policy_proposal_confirm(
-                        proposal_id=proposal.proposal_id, user=request.user, actor=console_actor(request)
-                    )
-                else:
-                    services.policy_proposal_reject(
-                        proposal_id=proposal.proposal_id, user=request.user, actor=console_actor(request)
-                    )
-            except ApplicationError as err:
-                self.message_user(request, f"{proposal.proposal_id}: {err.detail_message}", messages.ERROR)
-            else:
-                done += 1
-                console_log(
-                    request,
-                    proposal,
-                    f"{'Confirmed' if confirm else 'Rejected'} the proposal to change policy {proposal.policy_id}",
-                )
+        decide = services.policy_proposal_confirm if confirm else services.policy_proposal_reject
         verb = "Confirmed" if confirm else "Rejected"
-        self.message_user(request, f"{verb} {done} proposal(s).", messages.SUCCESS if done else messages.WARNING)
+        done = console_each(
+            self,
+            request,
+            queryset.order_by("created_at"),
+            name=lambda p: p.proposal_id,
+            act=lambda p: decide(proposal_id=p.proposal_id, user=request.user, actor=console_actor(request)),
+            log=lambda p, _: f"{verb} the proposal to change policy {p.policy_id}",
+        )
+        self.message_user(request, f"{verb} {len(done)} proposal(s).", messages.SUCCESS if done else messages.WARNING)
         return None
 
     @admin.action(description="Confirm selected relaxations…", permissions=["confirm_policy_relaxation"])

@@ -19,11 +19,10 @@ from common.console import (
     changelist_link,
     confirmation_page,
     console_actor,
-    console_log,
+    console_each,
     console_page,
     has_perm,
 )
-from common.errors import ApplicationError
 from common.listing import short_id_column
 from receipts import selectors, services
 from receipts.models import Outcome, Receipt, RefundReconciliation
@@ -124,19 +123,20 @@ class ReceiptAdmin(ReconciliationAdmin):
         )
         if page is not None:
             return page
-        done = 0
-        for receipt in queryset.filter(outcome=Outcome.DELIVERY_UNCERTAIN):
-            try:
-                services.refund_reconciliation_mark_not_executed(
-                    receipt_id=receipt.receipt_id, actor=console_actor(request)
-                )
-            except ApplicationError as err:
-                self.message_user(request, f"{receipt.receipt_id}: {err.detail_message}", messages.ERROR)
-                continue
-            done += 1
-            console_log(request, receipt, "Marked not executed (external reconciliation): a refund is owed")
+        done = console_each(
+            self,
+            request,
+            queryset.filter(outcome=Outcome.DELIVERY_UNCERTAIN),
+            name=lambda r: r.receipt_id,
+            act=lambda r: services.refund_reconciliation_mark_not_executed(
+                receipt_id=r.receipt_id, actor=console_actor(request)
+            ),
+            log=lambda r, _: "Marked not executed (external reconciliation): a refund is owed",
+        )
         self.message_user(
-            request, f"{done} receipt(s) marked not executed; retry their refunds under reconciliation.", messages.INFO
+            request,
+            f"{len(done)} receipt(s) marked not executed; retry their refunds under reconciliation.",
+            messages.INFO,
         )
         return None
 
@@ -169,17 +169,16 @@ class RefundReconciliationAdmin(ReconciliationAdmin):
         )
         if page is not None:
             return page
-        resolved = 0
-        for item in queryset:
-            try:
-                status = services.refund_reconciliation_retry(
-                    receipt_id=item.receipt_id, actor=console_actor(request)
-                ).status
-            except ApplicationError as err:
-                self.message_user(request, f"{item.receipt_id}: {err.detail_message}", messages.ERROR)
-                continue
-            console_log(request, item, f"Retried the owed refund: {status}")
-            if status == "resolved":
-                resolved += 1
+        statuses = console_each(
+            self,
+            request,
+            queryset,
+            name=lambda i: i.receipt_id,
+            act=lambda i: (
+                services.refund_reconciliation_retry(receipt_id=i.receipt_id, actor=console_actor(request)).status
+            ),
+            log=lambda i, status: f"Retried the owed refund: {status}",
+        )
+        resolved = statuses.count("resolved")
         self.message_user(request, f"{resolved} of {queryset.count()} item(s) resolved.", messages.INFO)
         return None

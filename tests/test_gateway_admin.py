@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from django.contrib.admin.models import LogEntry
 from django.contrib.admin.utils import quote
 from django.contrib.auth import get_user_model
 from django.test import Client, override_settings
@@ -415,3 +416,33 @@ def test_probes_recorded_at_once_keep_the_newest_without_an_error():
     assert errors == []
     state = UpstreamServerState.objects.get(server=server)
     assert (state.reachable, state.checked_at) == (True, start + timedelta(seconds=newest))
+
+
+def test_a_refused_row_is_named_and_the_others_counted(staff, settings, tenant):
+    """The console's per-row loop (``common.console.console_each``): a row the service refuses is said as
+    ``<id>: <message>`` and left out of the count; the action's summary counts the rows done."""
+    ran, did_not = two_uncertain_actions(settings, tenant)
+
+    def messages_of(url: str, action: str, *selected: Any) -> list[tuple[str, str]]:
+        r = staff.post(url, {"action": action, "_selected_action": list(selected), "post": "yes"}, follow=True)
+        assert r.status_code == 200
+        return [(m.level_tag, m.message) for m in r.context["messages"]]
+
+    actions = "/admin/mcpgateway/action/"
+    assert messages_of(actions, "reconciled_executed", ran.pk) == [
+        ("success", "1 delivery_uncertain action(s) recorded as executed.")
+    ]
+    decided = "This call was already reconciled the other way; nothing was changed."
+    assert messages_of(actions, "reconciled_not_executed", ran.pk, did_not.pk) == [
+        ("error", f"{ran.action_id}: {decided}"),
+        ("success", "1 action(s) marked not executed: retry their refunds under Refund reconciliations."),
+    ]
+    assert messages_of("/admin/receipts/receipt/", "mark_not_executed", ran.receipt_id) == [
+        ("error", f"{ran.receipt_id}: {decided}"),
+        ("info", "0 receipt(s) marked not executed; retry their refunds under reconciliation."),
+    ]
+    item = RefundReconciliation.objects.get(receipt_id=did_not.receipt_id)
+    assert messages_of("/admin/receipts/refundreconciliation/", "retry_selected", item.pk) == [
+        ("info", "1 of 1 item(s) resolved.")
+    ]
+    assert LogEntry.objects.filter(object_id=str(item.pk)).get().change_message == "Retried the owed refund: resolved"

@@ -441,7 +441,13 @@ def test_an_expired_proposal_cannot_be_confirmed(tenant: Tenant, settings: Any) 
     with pytest.raises(ProposalExpired):
         services.policy_proposal_confirm(proposal_id=proposal_id, user=confirmer, actor=_actor(confirmer))
     r = _action(_console(confirmer), "confirm_selected", proposal_id)
-    assert "expired" in r.content.decode()
+    assert [(m.level_tag, m.message) for m in r.context["messages"]] == [
+        (
+            "error",
+            f"{proposal_id}: This proposal has expired and can no longer be confirmed: propose the change again.",
+        ),
+        ("warning", "Confirmed 0 proposal(s)."),
+    ]
     assert _rules(policy.policy_id) == (True, True, 1)
     proposal.refresh_from_db()
     assert proposal.effective_status(timezone.now()) == ProposalStatus.EXPIRED
