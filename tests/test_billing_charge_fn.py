@@ -809,6 +809,21 @@ def wait_for_a_lock_wait(timeout: float = 10.0, *, count: int = 1) -> None:
             time.sleep(0.01)
 
 
+def waiting_for_a_lock(work: Callable[[], object]) -> threading.Thread:
+    """``work`` in a thread of its own connection, returned once a backend waits for a lock (behind a held one)."""
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for_a_lock_wait()
+    return thread
+
+
 def held_open(work: Callable[[], object], release: threading.Event) -> threading.Thread:
     """``work`` in a transaction of another connection, held open (with the locks it took) until ``release``."""
     done = threading.Event()
@@ -860,12 +875,8 @@ def test_a_refill_the_locks_did_not_foresee_rolls_the_debit_back_as_a_serializat
             outcome["row"] = billing_charge(prepared(bot, units="6", key="late")[1])
         except DatabaseError as exc:
             outcome["error"] = exc
-        finally:
-            connections.close_all()
 
-    waiter = threading.Thread(target=second)
-    waiter.start()
-    wait_for_a_lock_wait()
+    waiter = waiting_for_a_lock(second)
     counts = written()
     release.set()
     holder.join(30)
@@ -893,15 +904,9 @@ def test_the_charge_endpoint_runs_a_charge_whose_refill_was_unforeseen_again(ten
     holder = charge_held_open(bot, "6", release)
     outcome: dict[str, Any] = {}
 
-    def second() -> None:
-        try:
-            outcome["answer"] = charge_thread(bot_key.secret, bot.wallet_id, "late", "6")
-        finally:
-            connections.close_all()
-
-    waiter = threading.Thread(target=second)
-    waiter.start()
-    wait_for_a_lock_wait()
+    waiter = waiting_for_a_lock(
+        lambda: outcome.update(answer=charge_thread(bot_key.secret, bot.wallet_id, "late", "6"))
+    )
     release.set()
     holder.join(30)
     waiter.join(30)
@@ -932,15 +937,9 @@ def test_a_record_that_commits_while_the_charge_waits_for_the_lock_answers_as_a_
     holder = held_open(charge, release)
     outcome: dict[str, Any] = {}
 
-    def second() -> None:
-        try:
-            outcome.update(billing_charge(prepared(tenant.agent, units=units, key="dup")[1]))
-        finally:
-            connections.close_all()
-
-    waiter = threading.Thread(target=second)
-    waiter.start()
-    wait_for_a_lock_wait()
+    waiter = waiting_for_a_lock(
+        lambda: outcome.update(billing_charge(prepared(tenant.agent, units=units, key="dup")[1]))
+    )
     release.set()
     holder.join(30)
     waiter.join(30)
