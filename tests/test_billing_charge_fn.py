@@ -14,6 +14,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 from urllib.parse import urlencode
@@ -21,6 +22,7 @@ from urllib.parse import urlencode
 import pytest
 from django.db import DatabaseError, connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
+from django.utils import timezone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rest_framework.request import Request
@@ -317,6 +319,24 @@ def test_a_refill_event_is_prepared_when_the_database_asks_for_it(tenant):
     outcome = services.wallet_charge(wallet=Wallet.objects.get(pk=agent.pk), service_category="compute", units=50)
     assert outcome.body["refill"]["amount"] == "50.00000000"
     assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("stop", ["frozen", "expired"])
+def test_a_refill_parent_the_status_rule_stops_draws_no_refill(tenant, stop):
+    """The refill parent is an ancestor: the status rule (billing_wallet_may_spend) refuses the charge,
+    naming the parent, before any refill is weighed; billing_debit keeps no status check of its own for it."""
+    line = factories.make_wallet(tenant.sponsor, "line", 100)
+    child = factories.make_wallet(line, "sub", 2, refill_threshold=D("5"), refill_amount=D("10"))
+    if stop == "frozen":
+        services.wallet_freeze(wallet=line, reason="test", actor="admin:test")
+    else:
+        Wallet.objects.filter(pk=line.pk).update(expires_at=timezone.now() - timedelta(seconds=1))
+    counts = written()
+    row = billing_charge(prepared(child, units="1")[1])
+    assert (row["code"], row["subject_id"], row["refilled"]) == (f"wallet_{stop}", line.wallet_id, None)
+    assert written() == counts
+    assert Wallet.objects.get(pk=line.pk).balance == D("98")
 
 
 @pytest.mark.django_db
@@ -789,6 +809,21 @@ def wait_for_a_lock_wait(timeout: float = 10.0, *, count: int = 1) -> None:
             time.sleep(0.01)
 
 
+def waiting_for_a_lock(work: Callable[[], object]) -> threading.Thread:
+    """``work`` in a thread of its own connection, returned once a backend waits for a lock (behind a held one)."""
+
+    def run() -> None:
+        try:
+            work()
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    wait_for_a_lock_wait()
+    return thread
+
+
 def held_open(work: Callable[[], object], release: threading.Event) -> threading.Thread:
     """``work`` in a transaction of another connection, held open (with the locks it took) until ``release``."""
     done = threading.Event()
@@ -840,12 +875,8 @@ def test_a_refill_the_locks_did_not_foresee_rolls_the_debit_back_as_a_serializat
             outcome["row"] = billing_charge(prepared(bot, units="6", key="late")[1])
         except DatabaseError as exc:
             outcome["error"] = exc
-        finally:
-            connections.close_all()
 
-    waiter = threading.Thread(target=second)
-    waiter.start()
-    wait_for_a_lock_wait()
+    waiter = waiting_for_a_lock(second)
     counts = written()
     release.set()
     holder.join(30)
@@ -873,15 +904,9 @@ def test_the_charge_endpoint_runs_a_charge_whose_refill_was_unforeseen_again(ten
     holder = charge_held_open(bot, "6", release)
     outcome: dict[str, Any] = {}
 
-    def second() -> None:
-        try:
-            outcome["answer"] = charge_thread(bot_key.secret, bot.wallet_id, "late", "6")
-        finally:
-            connections.close_all()
-
-    waiter = threading.Thread(target=second)
-    waiter.start()
-    wait_for_a_lock_wait()
+    waiter = waiting_for_a_lock(
+        lambda: outcome.update(answer=charge_thread(bot_key.secret, bot.wallet_id, "late", "6"))
+    )
     release.set()
     holder.join(30)
     waiter.join(30)
@@ -894,6 +919,39 @@ def test_the_charge_endpoint_runs_a_charge_whose_refill_was_unforeseen_again(ten
     assert LedgerEntry.objects.filter(wallet=bot, kind="refill").count() == 1
     assert LedgerEntry.objects.filter(wallet=bot, kind="charge").count() == 2
     assert_chain_recomputes(tenant.sponsor.wallet_id)
+
+
+@races
+@pytest.mark.parametrize(("units", "answer"), [("1", "replay"), ("2", "idempotency_key_reused")])
+def test_a_record_that_commits_while_the_charge_waits_for_the_lock_answers_as_a_stored_one(tenant, units, answer):
+    """A keyed charge finds no record before the locks, waits for the wallet's lock behind the first
+    charge of its key, and finds that charge's record once it commits (billing_debit's 'replay'): it
+    answers as a record found before the locks does (billing_charge_replay), with nothing written."""
+    factories.top_up(tenant.agent, 100)
+    release = threading.Event()
+    first: dict[str, Any] = {}
+
+    def charge() -> None:
+        first.update(billing_charge(prepared(tenant.agent, units="1", key="dup")[1]))
+
+    holder = held_open(charge, release)
+    outcome: dict[str, Any] = {}
+
+    waiter = waiting_for_a_lock(
+        lambda: outcome.update(billing_charge(prepared(tenant.agent, units=units, key="dup")[1]))
+    )
+    release.set()
+    holder.join(30)
+    waiter.join(30)
+    counts = written()
+    assert first["code"] == "ok"
+    assert (outcome["code"], outcome["response_status"]) == (answer, 200)
+    assert json.loads(outcome["body"]) == json.loads(first["body"])
+    again = billing_charge(prepared(tenant.agent, units=units, key="dup")[1])  # the record found before the locks
+    assert (again["code"], again["response_status"], again["body"]) == (answer, 200, outcome["body"])
+    assert written() == counts
+    tenant.agent.refresh_from_db()
+    assert tenant.agent.balance == D("99")
 
 
 @races

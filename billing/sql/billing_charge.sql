@@ -10,8 +10,9 @@
 -- 2. Idempotency, as billing.services did it in Python: with p_idempotency_key, a stored record
 --    of (wallet, key) answers before any lock: 'idempotency_key_reused' when its request hash
 --    differs from p_request_hash, 'idempotency_key_in_progress' when it holds no response yet,
---    else 'replay' with the stored status and body. A record that commits while this call waits
---    for the wallet's lock is found by billing_debit ('replay') and answered the same way.
+--    else 'replay' with the stored status and body (billing_charge_replay, below). A record that
+--    commits while this call waits for the wallet's lock is found by billing_debit ('replay') and
+--    answered the same way, by the same function.
 -- 3. Price. Credits per unit from billing_service_price, else p_default_price (the built-in
 --    price; NULL: 'unknown_category'); amount = round(price * units, 8), the half-up rounding of
 --    billing.services.to_money ('amount_too_small' when it is zero). Prices are read in the
@@ -145,6 +146,7 @@ DECLARE
     wallet_path text;
     refills boolean;
     stored billing_charge_idempotency;
+    answer record;    -- billing_charge_replay's answer
     d record;
     money_amount text;
     money_balance text;
@@ -186,11 +188,8 @@ BEGIN
         SELECT * INTO stored FROM billing_charge_idempotency c
          WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key AND c.tenant_id = p_tenant_id;
         IF FOUND THEN
-            code := CASE WHEN stored.request_hash <> p_request_hash THEN 'idempotency_key_reused'
-                         WHEN stored.status <> 'done' OR stored.response_status IS NULL
-                              THEN 'idempotency_key_in_progress'
-                         ELSE 'replay' END;
-            response_status := stored.response_status; body := stored.response_body::text;
+            answer := billing_charge_replay(stored, p_request_hash);
+            code := answer.code; response_status := answer.response_status; body := answer.body;
             RETURN;
         END IF;
     END IF;
@@ -250,11 +249,8 @@ BEGIN
     IF code = 'replay' THEN  -- a duplicate committed while this call waited for the wallet's lock
         SELECT * INTO stored FROM billing_charge_idempotency c
          WHERE c.wallet_id = p_wallet_id AND c.key = p_idempotency_key AND c.tenant_id = p_tenant_id;
-        code := CASE WHEN stored.request_hash <> p_request_hash THEN 'idempotency_key_reused'
-                     WHEN stored.status <> 'done' OR stored.response_status IS NULL
-                          THEN 'idempotency_key_in_progress'
-                     ELSE 'replay' END;
-        response_status := stored.response_status; body := stored.response_body::text;
+        answer := billing_charge_replay(stored, p_request_hash);
+        code := answer.code; response_status := answer.response_status; body := answer.body;
         RETURN;
     END IF;
     IF code <> 'ok' THEN
@@ -316,4 +312,27 @@ BEGIN
         'created_at', p_charge_created_at, 'prefix', encode(payload, 'hex'), 'suffix', encode(p_charge_parts[4], 'hex')
     ));
 END;
+$$;
+
+-- billing_charge_replay: what a charge's stored idempotency record answers (billing_charge, 2.), written once.
+--
+-- 'idempotency_key_reused' when the record's request hash differs from p_request_hash,
+-- 'idempotency_key_in_progress' when it holds no response yet, else 'replay'; with the record's
+-- response status and body. billing_charge calls it only when a record of its (wallet, key)
+-- exists: found before any lock, or committed while the charge waited for the wallet's lock
+-- (billing_debit's 'replay'). A charge without a record never calls it. Reads no table.
+CREATE OR REPLACE FUNCTION billing_charge_replay(
+    p_stored billing_charge_idempotency,
+    p_request_hash text,
+    OUT code text,
+    OUT response_status integer,
+    OUT body text
+)
+LANGUAGE sql IMMUTABLE AS $$
+    SELECT CASE WHEN p_stored.request_hash <> p_request_hash THEN 'idempotency_key_reused'
+                WHEN p_stored.status <> 'done' OR p_stored.response_status IS NULL
+                     THEN 'idempotency_key_in_progress'
+                ELSE 'replay' END,
+           p_stored.response_status,
+           p_stored.response_body::text
 $$;

@@ -141,9 +141,10 @@ BEGIN
         SELECT COALESCE(sum(c.balance), 0) INTO held_below FROM billing_wallet c
          WHERE c.parent_id = w.wallet_id AND c.tenant_id = p_tenant_id;
         IF w.balance + held_below - p_amount < w.refill_threshold THEN
+            -- The parent's status needs no check here: it is an ancestor, which the status rule above found
+            -- active and unexpired under its lock (billing_wallet_may_spend).
             SELECT * INTO parent FROM billing_wallet WHERE wallet_id = w.parent_id AND tenant_id = p_tenant_id;
-            refill_due := parent.status = 'active' AND (parent.expires_at IS NULL OR parent.expires_at > p_now)
-                          AND parent.balance >= w.refill_amount;
+            refill_due := parent.balance >= w.refill_amount;
         END IF;
     END IF;
     IF w.balance + (CASE WHEN refill_due THEN w.refill_amount ELSE 0 END) < p_amount THEN
